@@ -1,0 +1,1 @@
+"""ImpalaJob operator: reconciles impala.dev/v1alpha1 ImpalaJobs with kopf."""

@@ -1,0 +1,1 @@
+"""One module per `impalajob` subcommand, each with `register(parser)` and `run(args) -> int`."""

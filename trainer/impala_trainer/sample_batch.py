@@ -1,0 +1,122 @@
+"""Typed payloads between rollout workers, aggregators and the learner.
+
+Everything is time-major numpy: `[T, B, ...]` with T = rolloutFragmentLength and B = environments.
+Numpy (not torch) crosses process boundaries because Ray's object store hands numpy arrays to the
+reader zero-copy; the learner turns them into tensors with `torch.from_numpy`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Fragment:
+    """One rollout fragment: T steps of B environments, with what V-trace needs."""
+
+    obs: np.ndarray
+    """[T, B, *obs_shape] observation each action was taken in."""
+    actions: np.ndarray
+    """[T, B] int64 actions."""
+    behaviour_logits: np.ndarray
+    """[T, B, A] float32 logits of the policy that acted."""
+    rewards: np.ndarray
+    """[T, B] float32 rewards."""
+    terminateds: np.ndarray
+    """[T, B] bool: the episode ended at step t for good (no bootstrap through it)."""
+    truncateds: np.ndarray
+    """[T, B] bool: the episode was cut at step t by a time limit."""
+    truncation_values: np.ndarray
+    """[T, B] float32: the behaviour policy's value of the final observation where truncated, else
+    0. The loss adds gamma * this to the reward and cuts the trace, so time limits are not
+    mistaken for terminal states."""
+    bootstrap_obs: np.ndarray
+    """[B, *obs_shape] observation after the last step (the learner bootstraps from its value)."""
+    policy_version: int
+    """Version of the weights that produced behaviour_logits (off-policy lag = learner - this)."""
+    episode_returns: list[float] = field(default_factory=list)
+    """Returns of episodes that finished inside this fragment."""
+    episode_lengths: list[int] = field(default_factory=list)
+    """Lengths of those episodes."""
+    worker_id: str = ""
+    """Actor that produced it."""
+
+    @property
+    def env_steps(self) -> int:
+        return int(self.actions.shape[0] * self.actions.shape[1])
+
+
+@dataclass
+class TrainBatch:
+    """Fragments with the same T concatenated along the environment axis: what the learner eats."""
+
+    obs: np.ndarray
+    actions: np.ndarray
+    behaviour_logits: np.ndarray
+    rewards: np.ndarray
+    terminateds: np.ndarray
+    truncateds: np.ndarray
+    truncation_values: np.ndarray
+    bootstrap_obs: np.ndarray
+    policy_versions: np.ndarray
+    """[B] int64: behaviour policy version of each column."""
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
+    worker_ids: list[str] = field(default_factory=list)
+    """Actors whose fragments are in this batch (they get the next weight broadcast)."""
+    replayed: bool = False
+    """True when this batch came from the mixin replay buffer (not counted as new env steps)."""
+
+    @property
+    def env_steps(self) -> int:
+        return int(self.actions.shape[0] * self.actions.shape[1])
+
+    @property
+    def num_columns(self) -> int:
+        return int(self.actions.shape[1])
+
+
+_ARRAY_FIELDS = (
+    "obs",
+    "actions",
+    "behaviour_logits",
+    "rewards",
+    "terminateds",
+    "truncateds",
+    "truncation_values",
+)
+
+
+def concat_fragments(fragments: list[Fragment]) -> TrainBatch:
+    """Concatenate fragments along B. All must share T (rolloutFragmentLength)."""
+    if not fragments:
+        raise ValueError("concat_fragments needs at least one fragment")
+    lengths = {f.actions.shape[0] for f in fragments}
+    if len(lengths) != 1:
+        raise ValueError(f"fragments differ in length {sorted(lengths)}; they must share T")
+    arrays = {
+        name: np.concatenate([getattr(f, name) for f in fragments], axis=1)
+        for name in _ARRAY_FIELDS
+    }
+    return TrainBatch(
+        **arrays,
+        bootstrap_obs=np.concatenate([f.bootstrap_obs for f in fragments], axis=0),
+        policy_versions=np.concatenate(
+            [np.full(f.actions.shape[1], f.policy_version, dtype=np.int64) for f in fragments]
+        ),
+        episode_returns=[r for f in fragments for r in f.episode_returns],
+        episode_lengths=[n for f in fragments for n in f.episode_lengths],
+        worker_ids=sorted({f.worker_id for f in fragments}),
+    )
+
+
+def slice_columns(batch: TrainBatch, start: int, stop: int) -> TrainBatch:
+    """Columns [start, stop) of a batch (a shard for one tower); views, no copies."""
+    return TrainBatch(
+        **{name: getattr(batch, name)[:, start:stop] for name in _ARRAY_FIELDS},
+        bootstrap_obs=batch.bootstrap_obs[start:stop],
+        policy_versions=batch.policy_versions[start:stop],
+        replayed=batch.replayed,
+    )

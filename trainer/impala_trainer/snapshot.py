@@ -1,0 +1,201 @@
+"""The run directory's files, typed: what the learner writes and the status sidecar reads.
+
+A run directory holds `config.yaml`, `status.json` (latest snapshot, replaced atomically),
+`history.jsonl` (one `HistoryPoint` per line), `summary.json` (at the end) and `checkpoints/`.
+The sidecar never talks to the trainer process: these models are the whole contract, so they stay
+free of torch/ray imports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+STATUS_FILE = "status.json"
+HISTORY_FILE = "history.jsonl"
+SUMMARY_FILE = "summary.json"
+CONFIG_FILE = "config.yaml"
+CHECKPOINT_DIR = "checkpoints"
+
+RunPhase = Literal["Starting", "Running", "Succeeded", "Failed", "Stopped"]
+
+
+class Snap(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Counters(Snap):
+    env_steps_sampled: int = 0
+    """Env steps returned by rollout workers."""
+    env_steps_trained: int = 0
+    """Env steps the learner has trained on (once per batch, not per SGD pass)."""
+    episodes: int = 0
+    """Completed episodes."""
+    learner_updates: int = 0
+    """Optimiser steps taken."""
+    weight_broadcasts: int = 0
+    """Times the weights were put in the object store for the workers."""
+    learner_queue_full: int = 0
+    """Times a train batch found the learner queue full (RLlib's num_times_learner_queue_full)."""
+    policy_version: int = 0
+    """Version of the learner's weights (incremented per update)."""
+    replayed_batches: int = 0
+    """Train batches served from the mixin replay buffer."""
+    worker_restarts: int = 0
+    """Rollout/aggregator actors replaced after a failure."""
+
+
+class Throughput(Snap):
+    env_steps_per_s: float = 0.0
+    """Env steps sampled per second over the recent window."""
+    trained_steps_per_s: float = 0.0
+    """Env steps trained per second over the recent window."""
+    learner_updates_per_s: float = 0.0
+    """Optimiser steps per second over the recent window."""
+
+
+class LearnerQueue(Snap):
+    capacity: int = 0
+    """learnerQueueSize."""
+    size_mean: float = 0.0
+    """Mean queue size over the recent window."""
+    fill: float = 0.0
+    """size_mean / capacity, in [0, 1]: near 0 the learner starves, near 1 it is saturated."""
+    learner_idle_fraction: float = 0.0
+    """Fraction of recent wall time the learner thread waited for data."""
+
+
+class Member(Snap):
+    actor_id: str
+    """Stable id of the actor."""
+    role: Literal["rollout", "aggregator"]
+    """Which kind of actor."""
+    node_id: str = ""
+    """Ray node the actor lives on (one per pod on a cluster)."""
+    node_ip: str = ""
+    """Address of that node."""
+    state: Literal["starting", "healthy", "draining", "dead"] = "healthy"
+    """Lifecycle state."""
+    env_steps: int = 0
+    """Env steps this actor contributed."""
+
+
+class Membership(Snap):
+    rollout_workers: int = 0
+    """Healthy rollout actors."""
+    aggregator_workers: int = 0
+    """Healthy aggregator actors."""
+    rollout_nodes: int = 0
+    """Ray nodes offering the `rollout` resource."""
+    aggregator_nodes: int = 0
+    """Ray nodes offering the `aggregator` resource."""
+    members: list[Member] = Field(default_factory=list)
+    """Every actor the driver manages."""
+
+
+class CheckpointInfo(Snap):
+    path: str
+    """Checkpoint directory, relative to the run directory."""
+    time: float
+    """Unix time it was written."""
+    env_steps_sampled: int
+    """Counter value at that checkpoint."""
+
+
+class StopProgress(Snap):
+    criteria: dict[str, float] = Field(default_factory=dict)
+    """The stop criteria in force (timesteps, episodeReturnMean, timeLimitSeconds)."""
+    progress: float = 0.0
+    """Progress toward the nearest criterion, in [0, 1]."""
+    stopped_by: str | None = None
+    """The criterion that ended the run, once it has."""
+
+
+class StatusSnapshot(Snap):
+    job: str
+    """ImpalaJob name."""
+    phase: RunPhase = "Starting"
+    """Run phase as the trainer sees it."""
+    message: str | None = None
+    """Human-readable reason for the phase (errors included)."""
+    started_at: float = 0.0
+    """Unix time training started."""
+    updated_at: float = 0.0
+    """Unix time of this snapshot."""
+    wall_seconds: float = 0.0
+    """Seconds since start (training time, accumulated across resumes)."""
+    iteration: int = 0
+    """Driver loop iterations that wrote a snapshot."""
+    counters: Counters = Field(default_factory=Counters)
+    episode_return_mean: float | None = None
+    """Mean return of the last 100 episodes."""
+    episode_return_min: float | None = None
+    episode_return_max: float | None = None
+    episode_len_mean: float | None = None
+    """Mean length of the last 100 episodes."""
+    throughput: Throughput = Field(default_factory=Throughput)
+    learner: dict[str, float] = Field(default_factory=dict)
+    """Latest learner stats: policy_loss, vf_loss, entropy, grad_gnorm, cur_lr, ..."""
+    timing: dict[str, float] = Field(default_factory=dict)
+    """Timing breakdown in ms: learner dequeue/grad/load/load_wait, driver sample wait, ..."""
+    learner_queue: LearnerQueue = Field(default_factory=LearnerQueue)
+    membership: Membership = Field(default_factory=Membership)
+    checkpoint: CheckpointInfo | None = None
+    """Latest checkpoint written."""
+    stop: StopProgress = Field(default_factory=StopProgress)
+    policy_lag_mean: float = 0.0
+    """Mean learner-version minus behaviour-version of trained batches (off-policy lag)."""
+
+
+class HistoryPoint(Snap):
+    time: float
+    """Unix time."""
+    wall_seconds: float
+    env_steps: int
+    """env_steps_sampled at this point."""
+    episodes: int = 0
+    learner_updates: int = 0
+    episode_return_mean: float | None = None
+    env_steps_per_s: float = 0.0
+    trained_steps_per_s: float = 0.0
+    learner_queue_fill: float = 0.0
+    policy_loss: float | None = None
+    vf_loss: float | None = None
+    entropy: float | None = None
+
+
+class Summary(Snap):
+    job: str
+    timesteps: int
+    """env_steps_sampled at the end."""
+    episodes: int = 0
+    episode_return_mean: float | None = None
+    wall_seconds: float
+    stopped_by: str | None
+    """timesteps | episodeReturnMean | timeLimitSeconds, or None when the run failed/was stopped."""
+    phase: RunPhase = "Succeeded"
+    message: str | None = None
+
+
+def write_json_atomic(path: Path, model: BaseModel) -> None:
+    """Write a model as JSON via a temp file + rename, so readers never see a partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(model.model_dump_json())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def append_history(path: Path, point: HistoryPoint) -> None:
+    """Append one JSON line; a reader may see a partial last line and must skip it."""
+    with path.open("a") as f:
+        f.write(json.dumps(point.model_dump(mode="json"), separators=(",", ":")) + "\n")

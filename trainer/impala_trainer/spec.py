@@ -1,0 +1,495 @@
+"""The ImpalaJob manifest as one pydantic model: the single source of truth.
+
+The same model validates a manifest for `impalajob train -f`, is used by the operator, and
+generates the CRD's openAPIV3Schema. Keep it free of torch/ray imports: the operator image path and
+the CRD generator import it.
+
+Training fields use RLlib's IMPALAConfig names in camelCase, with RLlib's IMPALA defaults.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "impala.dev"
+API_VERSION = "v1alpha1"
+KIND = "ImpalaJob"
+PLURAL = "impalajobs"
+
+# Children are named "<job>-learner", "<job>-rollout", "<job>-aggregator", "<job>-status": keeping
+# the job name at most 40 characters leaves room under the 63-character label/DNS limit.
+MAX_NAME_LENGTH = 40
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+class SpecModel(BaseModel):
+    """Base for every manifest section: camelCase on the wire, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
+        validate_assignment=True,
+    )
+
+
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegFloat = Annotated[float, Field(ge=0.0)]
+Schedule = list[tuple[Annotated[int, Field(ge=0)], float]]
+
+
+def _check_schedule(value: Schedule | None, field: str) -> Schedule | None:
+    if value is None:
+        return value
+    if not value:
+        raise ValueError(f"{field} must list at least one [timestep, value] point, or be omitted")
+    steps = [step for step, _ in value]
+    if steps != sorted(steps) or len(set(steps)) != len(steps):
+        raise ValueError(
+            f"{field} timesteps must strictly increase, got {steps}; "
+            "write points as [[0, start], [N, end], ...]"
+        )
+    return value
+
+
+class EnvSpec(SpecModel):
+    """The environment every rollout worker steps."""
+
+    id: str = Field(default="CartPole-v1", min_length=1)
+    """Gymnasium environment id, e.g. CartPole-v1 or ALE/Pong-v5 (Atari ROMs ship in ale-py)."""
+
+    num_envs_per_worker: int = Field(default=16, ge=1, le=4096)
+    """Environments each rollout worker steps as one vector env with batched inference."""
+
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments passed to gymnasium.make."""
+
+    frame_stack: int | None = Field(default=None, ge=1, le=16)
+    """Frames stacked per observation (Atari; defaults to 4 for ALE/ environments)."""
+
+    frame_skip: int = Field(default=4, ge=1, le=16)
+    """Atari frame skip applied by the preprocessing wrapper."""
+
+    @property
+    def is_atari(self) -> bool:
+        return self.id.startswith("ALE/")
+
+    @property
+    def stacked_frames(self) -> int:
+        if self.frame_stack is not None:
+            return self.frame_stack
+        return 4 if self.is_atari else 1
+
+
+class ModelSpec(SpecModel):
+    """The policy/value network."""
+
+    type: Literal["auto", "mlp", "cnn"] = "auto"
+    """mlp for vector observations, cnn (IMPALA shallow CNN) for 84x84 stacked frames; auto picks."""
+
+    hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
+        default_factory=lambda: [256, 256], min_length=1, max_length=8
+    )
+    """Hidden layer sizes of the MLP, or of the fully connected head after the CNN."""
+
+    activation: Literal["tanh", "relu"] = "tanh"
+    """Hidden activation of the MLP."""
+
+
+class OptimizerSpec(SpecModel):
+    """Optimiser settings, as RLlib's IMPALA opt_type/decay/momentum/epsilon."""
+
+    type: Literal["adam", "rmsprop"] = "adam"
+    """adam or rmsprop."""
+
+    decay: float = Field(default=0.99, ge=0.0, le=1.0)
+    """RMSProp smoothing constant (alpha)."""
+
+    momentum: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """RMSProp momentum."""
+
+    epsilon: float | None = Field(default=None, gt=0.0, le=1.0)
+    """Denominator epsilon; omitted means 1e-8 for adam and 0.1 for rmsprop (RLlib's default)."""
+
+
+class TrainingSpec(SpecModel):
+    """Algorithm hyperparameters: RLlib IMPALAConfig names in camelCase, RLlib defaults."""
+
+    mode: Literal["vtrace", "async-gradients"] = "vtrace"
+    """vtrace: IMPALA with V-trace off-policy correction; async-gradients: A3C-style workers."""
+
+    seed: int | None = Field(default=None, ge=0)
+    """Seed for environments and networks; omitted means random."""
+
+    lr: float = Field(default=5e-4, gt=0.0, le=1.0)
+    """Learning rate (used when lrSchedule is omitted)."""
+
+    lr_schedule: Schedule | None = None
+    """Piecewise-linear learning rate over env steps: [[timestep, lr], ...]."""
+
+    gamma: float = Field(default=0.99, ge=0.0, le=1.0)
+    """Discount factor."""
+
+    train_batch_size: int = Field(default=500, ge=1, le=1_000_000)
+    """Env steps per learner update (fragments are concatenated up to this size)."""
+
+    rollout_fragment_length: int = Field(default=50, ge=1, le=10_000)
+    """Time steps per fragment a rollout worker returns, per environment."""
+
+    vtrace_clip_rho_threshold: float = Field(default=1.0, gt=0.0)
+    """V-trace rho-bar: clip on importance weights in the value target."""
+
+    vtrace_clip_pg_rho_threshold: float = Field(default=1.0, gt=0.0)
+    """V-trace clip on importance weights in the policy-gradient advantage."""
+
+    vf_loss_coeff: float = Field(default=0.5, ge=0.0)
+    """Weight of the value-function loss."""
+
+    entropy_coeff: float = Field(default=0.01, ge=0.0)
+    """Weight of the entropy bonus (used when entropyCoeffSchedule is omitted)."""
+
+    entropy_coeff_schedule: Schedule | None = None
+    """Piecewise-linear entropy coefficient over env steps: [[timestep, coeff], ...]."""
+
+    grad_clip: float | None = Field(default=40.0, gt=0.0)
+    """Global-norm gradient clip; null disables clipping."""
+
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    """Optimiser type and its parameters."""
+
+    separate_vf_optimizer: bool = False
+    """Train the value head with its own optimiser at lrVf."""
+
+    lr_vf: float = Field(default=5e-4, gt=0.0, le=1.0)
+    """Learning rate of the separate value-function optimiser."""
+
+    num_sgd_iter: int = Field(default=1, ge=1, le=64)
+    """Passes the minibatch buffer replays each train batch."""
+
+    minibatch_buffer_size: int = Field(default=1, ge=1, le=1024)
+    """Train batches held by the minibatch buffer while they are replayed."""
+
+    learner_queue_size: int = Field(default=16, ge=1, le=4096)
+    """Capacity of the learner's inbound queue of train batches."""
+
+    learner_queue_timeout: float = Field(default=300.0, gt=0.0)
+    """Seconds the learner may wait for a batch before the run fails as starved."""
+
+    num_multi_gpu_tower_stacks: int = Field(default=1, ge=1, le=64)
+    """Buffer slots per device for the multi-device learner (loaders fill idle ones)."""
+
+    num_gpu_loader_threads: int = Field(default=8, ge=1, le=64)
+    """Threads copying train batches into idle tower stacks (multi-device learner)."""
+
+    broadcast_interval: int = Field(default=1, ge=1, le=10_000)
+    """Learner updates between weight broadcasts to the rollout workers."""
+
+    max_requests_in_flight_per_worker: int = Field(default=2, ge=1, le=64)
+    """Sample requests outstanding per rollout worker (asynchronous sampling)."""
+
+    replay_proportion: float = Field(default=0.0, ge=0.0, le=100.0)
+    """Mixin replay: replayed batches per fresh batch (0 disables replay)."""
+
+    replay_buffer_num_slots: int = Field(default=0, ge=0, le=1_000_000)
+    """Mixin replay capacity in train batches."""
+
+    @field_validator("lr_schedule")
+    @classmethod
+    def _lr_schedule(cls, v: Schedule | None) -> Schedule | None:
+        return _check_schedule(v, "lrSchedule")
+
+    @field_validator("entropy_coeff_schedule")
+    @classmethod
+    def _entropy_schedule(cls, v: Schedule | None) -> Schedule | None:
+        return _check_schedule(v, "entropyCoeffSchedule")
+
+    @model_validator(mode="after")
+    def _replay(self) -> TrainingSpec:
+        if self.replay_proportion > 0 and self.replay_buffer_num_slots == 0:
+            raise ValueError(
+                "replayProportion > 0 needs replayBufferNumSlots >= 1 (the replay capacity)"
+            )
+        return self
+
+
+class Toleration(SpecModel):
+    """A Kubernetes toleration (core/v1 Toleration)."""
+
+    key: str | None = None
+    """Taint key the toleration applies to."""
+    operator: Literal["Exists", "Equal"] | None = None
+    """Exists or Equal."""
+    value: str | None = None
+    """Taint value to match with Equal."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to match."""
+    toleration_seconds: int | None = Field(default=None, ge=0)
+    """How long a NoExecute taint is tolerated."""
+
+
+Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")]
+
+
+class Resources(SpecModel):
+    """Container requests and limits, as core/v1 ResourceRequirements (quantities as strings)."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    """Minimum resources, e.g. {cpu: "1", memory: 2Gi}."""
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+    """Maximum resources."""
+
+
+class LearnerSpec(SpecModel):
+    """The learner pod: Ray head, IMPALA driver and learner threads."""
+
+    gpus: int = Field(default=0, ge=0, le=16)
+    """GPUs for the learner; more than one uses the multi-device learner (one tower per GPU)."""
+
+    fake_devices: int = Field(default=0, ge=0, le=16)
+    """With gpus 0: run the multi-device learner on this many CPU towers (testing, like _fake_gpus)."""
+
+    resources: Resources = Field(default_factory=Resources)
+    """Learner container resources (GPU requests are added from gpus)."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node selector for the learner pod."""
+
+    tolerations: list[Toleration] = Field(default_factory=list)
+    """Tolerations for the learner pod."""
+
+
+class AutoscalingSpec(SpecModel):
+    """How the operator moves replicas between min and max from the learner's metrics."""
+
+    enabled: bool = True
+    """Scale between minReplicas and maxReplicas automatically."""
+
+    scale_up_step: int = Field(default=1, ge=1, le=100)
+    """Most replicas added by one decision."""
+
+    scale_down_step: int = Field(default=1, ge=1, le=100)
+    """Most replicas removed by one decision."""
+
+    cooldown_seconds: int = Field(default=60, ge=0, le=86_400)
+    """Minimum seconds between two scaling decisions."""
+
+    stabilization_window_seconds: int = Field(default=120, ge=0, le=86_400)
+    """Metrics window a decision must hold over (no flapping on noisy input)."""
+
+    starved_queue_fill: float = Field(default=0.1, ge=0.0, le=1.0)
+    """Learner queue fill at or below which (with the learner waiting) rollouts scale up."""
+
+    saturated_queue_fill: float = Field(default=0.9, ge=0.0, le=1.0)
+    """Learner queue fill at or above which rollouts scale down."""
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> AutoscalingSpec:
+        if self.starved_queue_fill >= self.saturated_queue_fill:
+            raise ValueError("starvedQueueFill must be below saturatedQueueFill")
+        return self
+
+
+class ReplicaGroupSpec(SpecModel):
+    """A group of pods that join the learner's Ray cluster."""
+
+    replicas: int | None = Field(default=None, ge=0, le=1000)
+    """Desired pods (kubectl scale sets it); kept within [minReplicas, maxReplicas]."""
+
+    min_replicas: int = Field(default=1, ge=0, le=1000)
+    """Fewest pods."""
+
+    max_replicas: int = Field(default=4, ge=0, le=1000)
+    """Most pods."""
+
+    resources: Resources = Field(default_factory=Resources)
+    """Container resources of each pod."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node selector for these pods."""
+
+    tolerations: list[Toleration] = Field(default_factory=list)
+    """Tolerations for these pods."""
+
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    """Autoscaling policy."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ReplicaGroupSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"minReplicas ({self.min_replicas}) must be <= maxReplicas ({self.max_replicas})"
+            )
+        return self
+
+    @property
+    def initial_replicas(self) -> int:
+        """Replicas to start with: the requested count clamped into [min, max]."""
+        wanted = self.min_replicas if self.replicas is None else self.replicas
+        return max(self.min_replicas, min(self.max_replicas, wanted))
+
+
+class RolloutsSpec(ReplicaGroupSpec):
+    """Rollout pods: each runs workersPerPod rollout workers."""
+
+    min_replicas: int = Field(default=2, ge=0, le=1000)
+    """Fewest rollout pods."""
+
+    max_replicas: int = Field(default=4, ge=0, le=1000)
+    """Most rollout pods."""
+
+    workers_per_pod: int = Field(default=1, ge=1, le=256)
+    """Rollout workers (Ray actors) per pod; locally, workers per simulated pod."""
+
+
+class AggregatorsSpec(ReplicaGroupSpec):
+    """Aggregator pods: concatenate fragments into train batches and mix in replay."""
+
+    min_replicas: int = Field(default=0, ge=0, le=1000)
+    """Fewest aggregator pods (0: the driver aggregates)."""
+
+    max_replicas: int = Field(default=0, ge=0, le=1000)
+    """Most aggregator pods."""
+
+
+class StopSpec(SpecModel):
+    """When training ends successfully; the first criterion met stops it."""
+
+    timesteps: int | None = Field(default=None, ge=1)
+    """Env steps sampled."""
+
+    episode_return_mean: float | None = None
+    """Mean return over the last 100 episodes."""
+
+    time_limit_seconds: float | None = Field(default=None, gt=0.0)
+    """Wall-clock seconds of training."""
+
+
+class CheckpointSpec(SpecModel):
+    """Checkpointing of model, optimiser and counters."""
+
+    interval_seconds: float = Field(default=60.0, gt=0.0)
+    """Seconds between checkpoints (one is always written at the end)."""
+
+    keep: int = Field(default=3, ge=1, le=1000)
+    """Newest checkpoints kept."""
+
+    volume_claim: str | None = Field(default=None, pattern=r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$")
+    """Existing PersistentVolumeClaim for checkpoints (cluster only; else an emptyDir)."""
+
+
+class RunPolicy(SpecModel):
+    """Job lifecycle on the cluster (ignored by local runs)."""
+
+    suspend: bool = False
+    """Scale everything to zero and keep the checkpoint; false resumes."""
+
+    backoff_limit: int = Field(default=3, ge=0, le=1000)
+    """Learner restarts (each resuming from the latest checkpoint) before the job fails."""
+
+    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    """Seconds since start after which the job fails with DeadlineExceeded."""
+
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    """Seconds after Succeeded/Failed after which the ImpalaJob is deleted."""
+
+    clean_pod_policy: Literal["All", "Running", "None"] = "All"
+    """Pods removed when the job finishes: All, only Running ones, or None."""
+
+
+class ImpalaJobSpec(SpecModel):
+    """What to train and how to run it."""
+
+    image: str = Field(default="impalajob:0.1.0", min_length=1)
+    """Container image every role runs (cluster only)."""
+
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """Image pull policy (cluster only)."""
+
+    env: EnvSpec = Field(default_factory=EnvSpec)
+    """Environment (immutable after creation)."""
+
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    """Network (immutable after creation)."""
+
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    """Algorithm hyperparameters."""
+
+    learner: LearnerSpec = Field(default_factory=LearnerSpec)
+    """Learner pod."""
+
+    rollouts: RolloutsSpec = Field(default_factory=RolloutsSpec)
+    """Rollout pods."""
+
+    aggregators: AggregatorsSpec = Field(default_factory=AggregatorsSpec)
+    """Aggregator pods."""
+
+    stop: StopSpec = Field(default_factory=StopSpec)
+    """Stop criteria."""
+
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    """Checkpointing."""
+
+    run_policy: RunPolicy = Field(default_factory=RunPolicy)
+    """Lifecycle policy (cluster only)."""
+
+
+class ObjectMeta(BaseModel):
+    """The subset of metadata the job uses; other keys (uid, resourceVersion...) pass through."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH)
+    """Job name: a DNS-1035 label of at most 40 characters."""
+
+    namespace: str | None = None
+    """Namespace (cluster only)."""
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Labels, copied onto every child."""
+
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations."""
+
+    @field_validator("name")
+    @classmethod
+    def _dns(cls, v: str) -> str:
+        if not _DNS1035.match(v):
+            raise ValueError(
+                "must be lowercase letters, digits and '-', start with a letter and end with a "
+                "letter or digit (DNS-1035 label)"
+            )
+        return v
+
+
+class ImpalaJob(BaseModel):
+    """An ImpalaJob manifest (impala.dev/v1alpha1)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    api_version: Literal["impala.dev/v1alpha1"] = Field(
+        default="impala.dev/v1alpha1", alias="apiVersion"
+    )
+    kind: Literal["ImpalaJob"] = "ImpalaJob"
+    metadata: ObjectMeta
+    spec: ImpalaJobSpec = Field(default_factory=ImpalaJobSpec)
+    # Status is written by the operator; a manifest read back from the cluster may carry it.
+    status: dict[str, Any] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    def to_manifest(self) -> dict[str, Any]:
+        """The manifest as camelCase JSON-ready data, with defaults filled in."""
+        return self.model_dump(mode="json", by_alias=True, exclude={"status"})
