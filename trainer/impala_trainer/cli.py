@@ -14,10 +14,10 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("impala_trainer.commands.train", "train locally from an ImpalaJob manifest"),
     "learner": ("impala_trainer.commands.learner", "learner pod: Ray head + driver + learner"),
-    "rollout-node": ("impala_trainer.commands.nodes", "rollout pod: join the learner's Ray cluster"),
+    "rollout-node": ("impala_trainer.commands.nodes", "rollout pod: join the learner Ray cluster"),
     "aggregator-node": (
         "impala_trainer.commands.nodes",
-        "aggregator pod: join the learner's Ray cluster",
+        "aggregator pod: join the learner Ray cluster",
     ),
     "status-server": ("impala_trainer.status.server", "serve a run directory over REST"),
     "status": ("impala_trainer.commands.status", "print a job's training status"),

@@ -1,4 +1,4 @@
-"""Reading an ImpalaJob manifest: YAML, `--set` overrides, and validation errors people can act on."""
+"""Reading an ImpalaJob manifest: YAML, `--set` overrides, and actionable validation errors."""
 
 from __future__ import annotations
 

@@ -96,7 +96,7 @@ class ModelSpec(SpecModel):
     """The policy/value network."""
 
     type: Literal["auto", "mlp", "cnn"] = "auto"
-    """mlp for vector observations, cnn (IMPALA shallow CNN) for 84x84 stacked frames; auto picks."""
+    """mlp for vector observations, cnn (IMPALA shallow CNN) for 84x84 frames; auto picks."""
 
     hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
         default_factory=lambda: [256, 256], min_length=1, max_length=8
@@ -257,7 +257,7 @@ class LearnerSpec(SpecModel):
     """GPUs for the learner; more than one uses the multi-device learner (one tower per GPU)."""
 
     fake_devices: int = Field(default=0, ge=0, le=16)
-    """With gpus 0: run the multi-device learner on this many CPU towers (testing, like _fake_gpus)."""
+    """With gpus 0: run the multi-device learner on this many CPU towers (like _fake_gpus)."""
 
     resources: Resources = Field(default_factory=Resources)
     """Learner container resources (GPU requests are added from gpus)."""
