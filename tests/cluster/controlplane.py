@@ -1,0 +1,481 @@
+"""Run a real Kubernetes control plane as local processes: no Docker, no kubelet.
+
+etcd, kube-apiserver (RBAC, service-account tokens), kube-controller-manager, kube-scheduler and
+kwok (fake nodes that take pods to Running) are started from the binaries `build.sh` caches.
+Every process gets its own process group and is killed with it, also when pytest is interrupted
+(atexit) or killed (PR_SET_PDEATHSIG), so no process or port outlives the test session.
+
+    with ControlPlane.start(build_binaries()) as kube:
+        kube.kubectl("get", "nodes")
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from .kube import KWOK_NODE_ANNOTATION, Kube, b64file, wait_for, write_kubeconfig
+from .pki import ClusterPKI, KeyPair, make_pki
+
+HERE = Path(__file__).resolve().parent
+BUILD_SH = HERE / "build.sh"
+KWOK_STAGES = HERE / "kwok" / "stages.yaml"
+SERVICE_CIDR = "10.0.0.0/24"
+SERVICE_IP = "10.0.0.1"
+ISSUER = "https://kubernetes.default.svc.cluster.local"
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+    "helm",
+)
+
+
+def build_binaries(*, quiet: bool = False) -> Path:
+    """Run build.sh (a no-op when everything is cached) and return the cached bin directory."""
+    proc = subprocess.run(
+        ["bash", str(BUILD_SH)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL if quiet else None,  # progress goes to the terminal
+        text=True,
+        check=True,
+    )
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    """A TCP port that is free now; the tiny race until the server binds it is accepted."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec. If pytest is SIGKILLed no Python cleanup runs;
+    # the kernel then delivers SIGKILL to this child instead.
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+@dataclass
+class _Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    _log_file: IO[bytes]
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, grace: float) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=grace)
+        # The whole group, also when the leader already exited: a component may have children.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=5)
+        self._log_file.close()
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+
+@dataclass
+class NodeSpec:
+    """Capacity of each fake node; GPU pods need `nvidia.com/gpu` in allocatable to schedule."""
+
+    count: int = 3
+    cpu: str = "32"
+    memory: str = "128Gi"
+    gpus: int = 8
+    pods: int = 110
+
+
+@dataclass
+class ControlPlane:
+    """A running local control plane; use `ControlPlane.start(bin_dir)` as a context manager."""
+
+    bin_dir: Path
+    workdir: Path
+    nodes: NodeSpec = field(default_factory=NodeSpec)
+    keep_workdir: bool = False
+    """Leave logs and etcd data behind after stop (set IMPALA_E2E_KEEP=1)."""
+    processes: list[_Process] = field(default_factory=list)
+    ports: dict[str, int] = field(default_factory=dict)
+    kube: Kube | None = None
+    _stopped: bool = False
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    @contextlib.contextmanager
+    def start(
+        cls,
+        bin_dir: Path,
+        *,
+        nodes: NodeSpec | None = None,
+        keep_workdir: bool | None = None,
+        timeout: float = 120.0,
+    ) -> Iterator[Kube]:
+        """Start everything, yield a `Kube` for it, and tear it all down afterwards."""
+        workdir = Path(tempfile.mkdtemp(prefix="impala-k8s-"))
+        if keep_workdir is None:
+            keep_workdir = os.environ.get("IMPALA_E2E_KEEP", "") not in ("", "0")
+        cp = cls(
+            bin_dir=bin_dir, workdir=workdir, nodes=nodes or NodeSpec(), keep_workdir=keep_workdir
+        )
+        atexit.register(cp.stop)
+        try:
+            kube = cp._boot(timeout)
+        except BaseException as exc:
+            report = cp.report()
+            cp.stop()
+            if isinstance(exc, Exception):
+                raise RuntimeError(f"control plane failed to start: {exc}\n{report}") from exc
+            raise
+        try:
+            yield kube
+        finally:
+            cp.stop()
+            atexit.unregister(cp.stop)
+
+    def stop(self) -> None:
+        """Kill every component (reverse start order) and remove the work dir; idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for proc in reversed(self.processes):
+            # Data is thrown away, so graceful shutdown buys nothing but time.
+            proc.stop(grace=3.0)
+        if self.keep_workdir:
+            print(f"\n[controlplane] logs and data kept in {self.workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def report(self) -> str:
+        """Log tails of every component, for failure messages."""
+        parts = [f"work dir: {self.workdir}"]
+        for proc in self.processes:
+            state = "running" if proc.alive() else f"exited {proc.popen.returncode}"
+            parts.append(f"===== {proc.name} ({state}), {proc.log}\n{proc.tail()}")
+        return "\n".join(parts)
+
+    # ---- boot ------------------------------------------------------------------------------
+
+    def _boot(self, timeout: float) -> Kube:
+        deadline = time.monotonic() + timeout
+        missing = [c for c in COMPONENTS if not (self.bin_dir / c).exists()]
+        if missing:
+            raise FileNotFoundError(f"missing binaries in {self.bin_dir}: {missing}; run build.sh")
+        pki = make_pki(self.workdir / "pki", service_ip=SERVICE_IP)
+        for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler"):
+            self.ports[name] = free_port()
+
+        self._start_etcd()
+        etcd_url = f"http://127.0.0.1:{self.ports['etcd']}"
+        self._wait(lambda: self._http_ok(f"{etcd_url}/health"), deadline, "etcd /health")
+
+        self._start_apiserver(pki, etcd_url)
+        server = f"https://127.0.0.1:{self.ports['apiserver']}"
+        ctx = ssl.create_default_context(cafile=str(pki.ca.cert))
+        ctx.load_cert_chain(str(pki.admin.cert), str(pki.admin.key))
+        self._wait(lambda: self._http_ok(f"{server}/readyz", ctx), deadline, "apiserver /readyz")
+
+        kubeconfigs = self.workdir / "kubeconfigs"
+        kubeconfigs.mkdir()
+        admin = self._kubeconfig(kubeconfigs / "admin", server, pki.ca, pki.admin, "admin")
+        kcm = self._kubeconfig(
+            kubeconfigs / "controller-manager",
+            server,
+            pki.ca,
+            pki.controller_manager,
+            "system:kube-controller-manager",
+        )
+        sched = self._kubeconfig(
+            kubeconfigs / "scheduler", server, pki.ca, pki.scheduler, "system:kube-scheduler"
+        )
+
+        self._start_controller_manager(pki, kcm)
+        self._start_scheduler(sched)
+        self._start_kwok(admin)
+
+        with urllib.request.urlopen(f"{server}/version", context=ctx, timeout=5) as resp:
+            version = json.load(resp)["gitVersion"]
+        kube = Kube(
+            kubeconfig=admin,
+            bin_dir=self.bin_dir,
+            workdir=self.workdir,
+            is_local=True,
+            version=version,
+        )
+        kube.apply(self._node_list())
+        # The `default` ServiceAccount proves the controller-manager runs; Ready nodes prove kwok.
+        self._wait(
+            lambda: kube.kubectl("get", "serviceaccount", "default", "-n", "default"),
+            deadline,
+            "controller-manager (default ServiceAccount)",
+        )
+        self._wait(lambda: self._nodes_ready(kube), deadline, "kwok nodes Ready")
+        self.kube = kube
+        return kube
+
+    def _wait(self, check: Any, deadline: float, what: str) -> None:
+        def probe() -> Any:
+            dead = [p.name for p in self.processes if not p.alive()]
+            if dead:
+                raise _Dead(f"{', '.join(dead)} exited")
+            return check()
+
+        try:
+            wait_for(probe, timeout=max(1.0, deadline - time.monotonic()), interval=0.2, what=what)
+        except TimeoutError as exc:
+            if isinstance(exc.__cause__, _Dead):
+                raise RuntimeError(f"while waiting for {what}: {exc.__cause__}") from None
+            raise
+
+    @staticmethod
+    def _http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
+        with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
+            return bool(resp.status == 200)
+
+    def _nodes_ready(self, kube: Kube) -> bool:
+        items = kube.get("nodes")["items"]
+        ready = [
+            n
+            for n in items
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in n.get("status", {}).get("conditions", [])
+            )
+        ]
+        return len(ready) >= self.nodes.count
+
+    # ---- components ------------------------------------------------------------------------
+
+    def _spawn(self, name: str, args: Sequence[str]) -> _Process:
+        log = self.workdir / "logs" / f"{name}.log"
+        log.parent.mkdir(exist_ok=True)
+        log_file = log.open("wb")
+        argv = [str(self.bin_dir / name), *args]
+        log_file.write((" ".join(argv) + "\n\n").encode())
+        log_file.flush()
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=self.workdir,
+            # Own process group: a terminal Ctrl-C reaches only pytest, which then tears the
+            # cluster down in order instead of every component dying mid-request.
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        proc = _Process(name=name, popen=popen, log=log, _log_file=log_file)
+        self.processes.append(proc)
+        return proc
+
+    def _start_etcd(self) -> None:
+        client = f"http://127.0.0.1:{self.ports['etcd']}"
+        peer = f"http://127.0.0.1:{self.ports['etcd-peer']}"
+        self._spawn(
+            "etcd",
+            [
+                "--name=e2e",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=e2e={peer}",
+                # The data is discarded after the session: durability is pure cost here.
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+
+    def _start_apiserver(self, pki: ClusterPKI, etcd_url: str) -> None:
+        self._spawn(
+            "kube-apiserver",
+            [
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.ports['apiserver']}",
+                f"--cert-dir={self.workdir / 'apiserver-certs'}",
+                f"--tls-cert-file={pki.apiserver.cert}",
+                f"--tls-private-key-file={pki.apiserver.key}",
+                f"--client-ca-file={pki.ca.cert}",
+                "--authorization-mode=Node,RBAC",
+                f"--service-account-issuer={ISSUER}",
+                f"--service-account-key-file={pki.sa_pub}",
+                f"--service-account-signing-key-file={pki.sa_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--allow-privileged=true",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+
+    def _start_controller_manager(self, pki: ClusterPKI, kubeconfig: Path) -> None:
+        self._spawn(
+            "kube-controller-manager",
+            [
+                f"--kubeconfig={kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports['controller-manager']}",
+                # Alone in the cluster: skipping the leader lease saves seconds at start-up.
+                "--leader-elect=false",
+                "--controllers=*",
+                # Each controller acts as its own ServiceAccount, so RBAC gaps show up as they would
+                # on a kubeadm cluster.
+                "--use-service-account-credentials=true",
+                f"--root-ca-file={pki.ca.cert}",
+                f"--service-account-private-key-file={pki.sa_key}",
+                f"--cluster-signing-cert-file={pki.ca.cert}",
+                f"--cluster-signing-key-file={pki.ca.key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--cluster-name=impala-e2e",
+                "--profiling=false",
+            ],
+        )
+
+    def _start_scheduler(self, kubeconfig: Path) -> None:
+        # kwok only fakes kubelets; binding pods to nodes is the real scheduler's job.
+        self._spawn(
+            "kube-scheduler",
+            [
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports['scheduler']}",
+                "--leader-elect=false",
+                "--profiling=false",
+            ],
+        )
+
+    def _start_kwok(self, kubeconfig: Path) -> None:
+        self._spawn(
+            "kwok",
+            [
+                f"--kubeconfig={kubeconfig}",
+                f"--config={KWOK_STAGES}",
+                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+                "--node-lease-duration-seconds=40",
+                "--cidr=10.244.0.0/16",
+            ],
+        )
+
+    def _node_list(self) -> dict[str, Any]:
+        spec = self.nodes
+        resources = {
+            "cpu": spec.cpu,
+            "memory": spec.memory,
+            "pods": str(spec.pods),
+            "ephemeral-storage": "500Gi",
+        }
+        if spec.gpus:
+            resources["nvidia.com/gpu"] = str(spec.gpus)
+        items = []
+        for i in range(spec.count):
+            name = f"kwok-node-{i}"
+            items.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {
+                        "name": name,
+                        "annotations": {KWOK_NODE_ANNOTATION: "fake"},
+                        "labels": {
+                            "type": "kwok",
+                            "kubernetes.io/hostname": name,
+                            "kubernetes.io/os": "linux",
+                            "kubernetes.io/arch": "amd64",
+                            **({"nvidia.com/gpu.present": "true"} if spec.gpus else {}),
+                        },
+                    },
+                    # Status is accepted on create (as from a registering kubelet); kwok then keeps
+                    # the capacity and adds conditions, addresses and node info.
+                    "status": {"allocatable": resources, "capacity": resources},
+                }
+            )
+        return {"apiVersion": "v1", "kind": "List", "items": items}
+
+    def _kubeconfig(self, path: Path, server: str, ca: KeyPair, client: KeyPair, user: str) -> Path:
+        write_kubeconfig(
+            path,
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "impala-e2e",
+                        "cluster": {
+                            "server": server,
+                            "certificate-authority-data": b64file(ca.cert),
+                        },
+                    }
+                ],
+                "users": [
+                    {
+                        "name": user,
+                        "user": {
+                            "client-certificate-data": b64file(client.cert),
+                            "client-key-data": b64file(client.key),
+                        },
+                    }
+                ],
+                "contexts": [
+                    {"name": "impala-e2e", "context": {"cluster": "impala-e2e", "user": user}}
+                ],
+                "current-context": "impala-e2e",
+            },
+        )
+        return path
+
+
+class _Dead(RuntimeError):
+    """A component exited while the control plane was starting."""
+
+
+def main() -> None:
+    """`python -m cluster.controlplane` (from tests/): start a cluster and wait for Ctrl-C."""
+    bin_dir = build_binaries()
+    t0 = time.monotonic()
+    with ControlPlane.start(bin_dir) as kube:
+        print(f"control plane {kube.version} ready in {time.monotonic() - t0:.1f}s")
+        print(f"export KUBECONFIG={kube.kubeconfig} PATH={bin_dir}:$PATH")
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
+
+
+if __name__ == "__main__":
+    main()
