@@ -1,0 +1,119 @@
+"""The ImpalaJob model: RLlib defaults, camelCase on the wire, and errors that name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from impala_trainer.manifest import ManifestError, apply_overrides, load_manifest, parse_manifest
+from impala_trainer.spec import ImpalaJob, TrainingSpec
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "manifests" / "examples"
+
+
+def _job(spec: dict) -> dict:
+    return {"apiVersion": "impala.dev/v1alpha1", "kind": "ImpalaJob",
+            "metadata": {"name": "t"}, "spec": spec}
+
+
+def _problems(spec: dict) -> list[str]:
+    with pytest.raises(ManifestError) as exc:
+        parse_manifest(_job(spec))
+    return exc.value.problems
+
+
+def test_rllib_impala_defaults() -> None:
+    t = TrainingSpec()
+    assert (t.lr, t.gamma, t.rollout_fragment_length, t.train_batch_size) == (5e-4, 0.99, 50, 500)
+    assert (t.vtrace_clip_rho_threshold, t.vtrace_clip_pg_rho_threshold) == (1.0, 1.0)
+    assert (t.vf_loss_coeff, t.entropy_coeff, t.grad_clip) == (0.5, 0.01, 40.0)
+    assert (t.learner_queue_size, t.learner_queue_timeout) == (16, 300.0)
+    assert (t.num_sgd_iter, t.minibatch_buffer_size, t.num_multi_gpu_tower_stacks) == (1, 1, 1)
+    assert (t.broadcast_interval, t.replay_proportion) == (1, 0.0)
+
+
+def test_camel_case_round_trip() -> None:
+    job = parse_manifest(_job({"training": {"trainBatchSize": 1000, "vfLossCoeff": 0.25}}))
+    assert job.spec.training.train_batch_size == 1000
+    manifest = job.to_manifest()
+    assert manifest["spec"]["training"]["trainBatchSize"] == 1000
+    assert manifest["spec"]["runPolicy"]["cleanPodPolicy"] == "All"
+    assert ImpalaJob.model_validate(manifest) == job
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_are_valid(path: Path) -> None:
+    assert load_manifest(path).kind == "ImpalaJob"
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"training": {"numSgdIter": 0}},
+         ["spec.training.numSgdIter", "got 0", ">= 1"]),
+        ({"training": {"lr": -1}}, ["spec.training.lr", "got -1", "> 0.0"]),
+        ({"training": {"gamma": 1.5}}, ["spec.training.gamma", "got 1.5", "<= 1.0"]),
+        ({"training": {"optimizer": {"type": "sgd"}}},
+         ["spec.training.optimizer.type", "'adam' or 'rmsprop'", "got 'sgd'"]),
+        ({"training": {"trainBatchSise": 10}},
+         ["spec.training.trainBatchSise", "unknown field", "did you mean 'trainBatchSize'"]),
+        ({"rollouts": {"minReplicas": 5, "maxReplicas": 2}},
+         ["spec.rollouts", "minReplicas (5) must be <= maxReplicas (2)"]),
+        ({"training": {"replayProportion": 0.5}},
+         ["spec.training", "replayBufferNumSlots >= 1"]),
+        ({"training": {"lrSchedule": [[100, 0.1], [50, 0.01]]}},
+         ["spec.training.lrSchedule", "strictly increase"]),
+        ({"env": {"numEnvsPerWorker": 0}}, ["spec.env.numEnvsPerWorker", ">= 1"]),
+        ({"learner": {"resources": {"limits": {"cpu": "lots"}}}},
+         ["spec.learner.resources.limits.cpu", "got 'lots'"]),
+    ],
+)
+def test_errors_name_field_value_and_range(spec: dict, expected: list[str]) -> None:
+    problems = _problems(spec)
+    assert len(problems) == 1, problems
+    for fragment in expected:
+        assert fragment in problems[0], (fragment, problems[0])
+
+
+def test_bad_name_is_rejected_with_the_rule() -> None:
+    with pytest.raises(ManifestError) as exc:
+        parse_manifest({"kind": "ImpalaJob", "metadata": {"name": "Bad_Name"}})
+    assert "metadata.name" in exc.value.problems[0]
+    assert "DNS-1035" in exc.value.problems[0]
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    problems = _problems({"training": {"lr": 0, "gamma": 2}, "stop": {"timesteps": 0}})
+    assert {p.split(":")[0] for p in problems} == {
+        "spec.training.lr", "spec.training.gamma", "spec.stop.timesteps"}
+
+
+def test_overrides_parse_yaml_values_and_default_to_spec() -> None:
+    data = apply_overrides(_job({}), ["training.lr=1e-3", "spec.stop.timesteps=100",
+                                      "model.hidden=[32, 32]", "metadata.name=renamed"])
+    job = parse_manifest(data)
+    assert job.spec.training.lr == 1e-3
+    assert job.spec.stop.timesteps == 100
+    assert job.spec.model.hidden == [32, 32]
+    assert job.name == "renamed"
+
+
+def test_override_without_equals_is_an_error() -> None:
+    with pytest.raises(ManifestError, match="KEY=VALUE"):
+        apply_overrides(_job({}), ["training.lr"])
+
+
+def test_load_manifest_finds_the_impalajob_among_documents(tmp_path: Path) -> None:
+    path = tmp_path / "multi.yaml"
+    path.write_text("kind: ConfigMap\nmetadata: {name: x}\n---\n"
+                    "apiVersion: impala.dev/v1alpha1\nkind: ImpalaJob\nmetadata: {name: j}\n")
+    assert load_manifest(path).name == "j"
+    (tmp_path / "none.yaml").write_text("kind: ConfigMap\n")
+    with pytest.raises(ManifestError, match="no document with kind: ImpalaJob"):
+        load_manifest(tmp_path / "none.yaml")
+
+
+def test_replica_bounds_clamp_the_initial_count() -> None:
+    job = parse_manifest(_job({"rollouts": {"minReplicas": 1, "maxReplicas": 3, "replicas": 9}}))
+    assert job.spec.rollouts.initial_replicas == 3
