@@ -1,0 +1,80 @@
+"""Vector envs: same-step autoreset for the numpy CartPole, Atari preprocessing shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+from impala_trainer.envs import env_spaces, final_observations, make_vector_env
+from impala_trainer.spec import EnvSpec
+
+X_LIMIT = 2.4
+THETA_LIMIT = 12 * 2 * np.pi / 360
+
+
+def test_cartpole_uses_numpy_vector_env_with_same_step_autoreset() -> None:
+    env = make_vector_env(EnvSpec(id="CartPole-v1"), 8, seed=0)
+    assert type(env.unwrapped).__name__ == "CartPoleVectorEnv"
+    assert env.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
+
+
+def test_terminated_envs_reset_in_the_same_step() -> None:
+    env = make_vector_env(EnvSpec(id="CartPole-v1"), 16, seed=1)
+    actions = np.ones(16, np.int64)  # always push right: every episode falls within ~10 steps
+    seen_done = 0
+    for _ in range(60):
+        obs, rewards, term, trunc, infos = env.step(actions)
+        assert (rewards == 1.0).all(), "a dummy step after reset would give reward 0"
+        if term.any():
+            seen_done += int(term.sum())
+            assert (infos["_final_obs"] == (term | trunc)).all()
+            final = final_observations(infos, term)
+            out = (np.abs(final[:, 0]) > X_LIMIT) | (np.abs(final[:, 2]) > THETA_LIMIT)
+            assert out.all(), "final observations of terminated episodes must be out of bounds"
+            # The returned observation is already the fresh reset state.
+            assert (np.abs(obs[term]) <= 0.05).all()
+    assert seen_done >= 16
+
+
+def test_truncation_every_max_episode_steps_without_dummy_steps() -> None:
+    env = make_vector_env(EnvSpec(id="CartPole-v1", kwargs={"max_episode_steps": 5}), 4, 2)
+    trunc_steps = []
+    for t in range(20):
+        # Alternate actions so the pole stays up and only the time limit ends episodes.
+        _, _, term, trunc, infos = env.step(np.full(4, t % 2, np.int64))
+        assert not term.any()
+        if trunc.any():
+            assert trunc.all()
+            assert final_observations(infos, trunc).shape == (4, 4)
+            trunc_steps.append(t)
+    # A next-step autoreset would make every episode after the first one step longer.
+    assert trunc_steps == [4, 9, 14, 19]
+
+
+def test_same_seed_same_trajectory() -> None:
+    a = make_vector_env(EnvSpec(id="CartPole-v1"), 4, seed=7)
+    b = make_vector_env(EnvSpec(id="CartPole-v1"), 4, seed=7)
+    for _ in range(30):
+        act = np.ones(4, np.int64)
+        oa, *_ = a.step(act)
+        ob, *_ = b.step(act)
+        np.testing.assert_array_equal(oa, ob)
+
+
+def test_other_envs_use_sync_vector_env_same_step() -> None:
+    env = make_vector_env(EnvSpec(id="Acrobot-v1"), 2, seed=0)
+    assert env.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
+    assert env_spaces(EnvSpec(id="Acrobot-v1")) == ((6,), 3)
+
+
+def test_atari_preprocessing_and_frame_stack() -> None:
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    spec = EnvSpec(id="ALE/Pong-v5")
+    env = make_vector_env(spec, 2, seed=0)
+    obs, *_ = env.step(np.zeros(2, np.int64))
+    assert obs.shape == (2, 4, 84, 84)
+    assert obs.dtype == np.uint8
+    assert env_spaces(spec) == ((4, 84, 84), 6)
+    env.close()

@@ -1,0 +1,121 @@
+"""RolloutWorker: fragment layout, truncation values, episode statistics, weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from impala_trainer.rollout_worker import RolloutWorker
+from impala_trainer.spec import ImpalaJobSpec
+
+
+def _spec(**env: Any) -> ImpalaJobSpec:
+    return ImpalaJobSpec.model_validate(
+        {
+            "env": {"id": "CartPole-v1", "numEnvsPerWorker": 6, **env},
+            "model": {"hidden": [16]},
+            "training": {"rolloutFragmentLength": 20},
+        }
+    )
+
+
+def test_fragment_shapes_and_dtypes() -> None:
+    w = RolloutWorker(_spec(), "w0", seed=0)
+    f = w.sample()
+    assert (w.obs_shape, w.num_actions) == ((4,), 2)
+    assert f.obs.shape == (20, 6, 4) and f.obs.dtype == np.float32
+    assert f.actions.shape == (20, 6) and f.actions.dtype == np.int64
+    assert f.behaviour_logits.shape == (20, 6, 2) and f.behaviour_logits.dtype == np.float32
+    for name in ("rewards", "terminateds", "truncateds", "truncation_values"):
+        assert getattr(f, name).shape == (20, 6)
+    assert f.bootstrap_obs.shape == (6, 4)
+    assert f.env_steps == 120 and f.worker_id == "w0" and f.policy_version == 0
+    assert set(np.unique(f.actions)) <= {0, 1}
+
+
+def test_behaviour_logits_are_the_models_logits_for_the_recorded_obs() -> None:
+    w = RolloutWorker(_spec(), "w0", seed=3)
+    f = w.sample()
+    with torch.no_grad():
+        logits, _ = w.model(torch.from_numpy(f.obs.reshape(-1, 4)))
+    np.testing.assert_allclose(f.behaviour_logits.reshape(-1, 2), logits.numpy(), rtol=1e-5)
+
+
+def test_consecutive_fragments_continue_the_trajectory() -> None:
+    w = RolloutWorker(_spec(), "w0", seed=1)
+    first, second = w.sample(), w.sample()
+    np.testing.assert_array_equal(first.bootstrap_obs, second.obs[0])
+
+
+def test_episode_stats_match_done_flags() -> None:
+    w = RolloutWorker(_spec(), "w0", seed=2)
+    returns: list[float] = []
+    lengths: list[int] = []
+    dones = 0
+    for _ in range(5):
+        f = w.sample()
+        returns += f.episode_returns
+        lengths += f.episode_lengths
+        dones += int((f.terminateds | f.truncateds).sum())
+    assert len(returns) == len(lengths) == dones > 0
+    # CartPole pays 1 per step, so a return equals its episode's length.
+    assert returns == [float(n) for n in lengths]
+
+
+def test_truncation_values_are_behaviour_values_of_final_obs() -> None:
+    w = RolloutWorker(_spec(kwargs={"max_episode_steps": 7}), "w0", seed=4)
+    captured: list[tuple[np.ndarray, np.ndarray]] = []
+    step = w.env.step
+
+    def recording_step(actions: np.ndarray) -> Any:
+        out = step(actions)
+        term, trunc, infos = out[2], out[3], out[4]
+        cut = trunc & ~term
+        if cut.any():
+            captured.append((cut.copy(), np.stack(list(infos["final_obs"][cut]))))
+        return out
+
+    w.env.step = recording_step  # type: ignore[method-assign]
+    f = w.sample()
+    cut = f.truncateds & ~f.terminateds
+    assert cut.any(), "episodes of 7 steps must be truncated inside a 20-step fragment"
+    assert (f.truncation_values[~cut] == 0).all()
+    final_obs = np.concatenate([obs for _, obs in captured])
+    with torch.no_grad():
+        _, values = w.model(torch.from_numpy(final_obs))
+    np.testing.assert_allclose(f.truncation_values[cut], values.numpy(), rtol=1e-5)
+    assert (f.truncation_values[cut] != 0).all()
+
+
+def test_set_weights_changes_policy_and_version() -> None:
+    a = RolloutWorker(_spec(), "a", seed=0)
+    b = RolloutWorker(_spec(), "b", seed=1)
+    weights = {k: v * 3.0 for k, v in b.get_weights().items()}
+    a.set_weights(weights, policy_version=9)
+    for k, v in a.get_weights().items():
+        np.testing.assert_array_equal(v, weights[k])
+    assert a.sample().policy_version == 9
+
+
+def test_same_seed_same_fragment() -> None:
+    f1 = RolloutWorker(_spec(), "a", seed=5).sample()
+    f2 = RolloutWorker(_spec(), "a", seed=5).sample()
+    np.testing.assert_array_equal(f1.actions, f2.actions)
+    np.testing.assert_array_equal(f1.obs, f2.obs)
+
+
+def test_atari_worker_fragment_is_uint8_frames() -> None:
+    spec = ImpalaJobSpec.model_validate(
+        {
+            "env": {"id": "ALE/Pong-v5", "numEnvsPerWorker": 2},
+            "model": {"hidden": [32]},
+            "training": {"rolloutFragmentLength": 4},
+        }
+    )
+    w = RolloutWorker(spec, "p", seed=0)
+    f = w.sample()
+    assert f.obs.shape == (4, 2, 4, 84, 84) and f.obs.dtype == np.uint8
+    assert f.behaviour_logits.shape == (4, 2, 6)
+    assert f.bootstrap_obs.shape == (2, 4, 84, 84)
