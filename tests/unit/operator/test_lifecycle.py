@@ -1,0 +1,198 @@
+"""runPolicy state machine: phases, restarts with backoff, suspend, deadline, cleanup and TTL."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from impala_operator.lifecycle import (
+    JobState,
+    LearnerPod,
+    Outcome,
+    parse_time,
+    restart_delay,
+    rfc3339,
+    set_condition,
+    step,
+)
+from impala_trainer.spec import RunPolicy
+
+T0 = 1_700_000_000.0
+
+
+def _pod(attempt: int = 0, **kw: object) -> LearnerPod:
+    return LearnerPod(name=f"j-learner-{attempt}", attempt=attempt, **kw)  # type: ignore[arg-type]
+
+
+RUNNING = {"phase": "Running", "ready": True}
+
+
+def _cond(out: Outcome, type_: str) -> dict:
+    return next(c for c in out.state.conditions if c["type"] == type_)
+
+
+def _reasons(out: Outcome) -> list[str]:
+    return [e.reason for e in out.events]
+
+
+def _run(policy: RunPolicy, state: JobState, pods: list[LearnerPod], now: float) -> Outcome:
+    return step(policy, pods, state, now, restart_backoff=10.0)
+
+
+def test_new_job_goes_pending_starting_running() -> None:
+    policy = RunPolicy()
+    out = _run(policy, JobState(), [], T0)
+    assert out.state.phase == "Pending" and out.run_learner and out.run_workers
+    assert out.state.start_time == T0 and _reasons(out) == ["Created"]
+    assert _cond(out, "Created")["status"] == "True"
+
+    out = _run(policy, out.state, [_pod(phase="Running", ready=False)], T0 + 1)
+    assert (out.state.phase, _reasons(out)) == ("Starting", ["LearnerStarting"])
+
+    out = _run(policy, out.state, [_pod(**RUNNING)], T0 + 2)
+    assert (out.state.phase, _reasons(out)) == ("Running", ["Running"])
+    assert _cond(out, "Running")["status"] == "True"
+    # Steady state: no new events, the condition keeps its transition time.
+    again = _run(policy, out.state, [_pod(**RUNNING)], T0 + 50)
+    assert again.events == () and again.state == out.state
+
+
+def test_success_cleans_all_pods_and_stops_workers() -> None:
+    policy = RunPolicy(clean_pod_policy="All")
+    running = _run(policy, JobState(phase="Running", start_time=T0), [_pod(**RUNNING)], T0)
+    done = _run(
+        policy, running.state, [_pod(phase="Running", exit_code=0, reason="Completed")], T0 + 9
+    )
+    assert done.state.phase == "Succeeded" and done.state.completion_time == T0 + 9
+    assert done.delete_pods == ("j-learner-0",) and not done.run_learner and not done.run_workers
+    assert _cond(done, "Succeeded")["status"] == "True"
+    assert _cond(done, "Running")["status"] == "False"
+    assert "Completed" in _reasons(done)
+
+
+def test_clean_pod_policy_running_keeps_finished_pods_and_none_keeps_all() -> None:
+    pods = [_pod(0, phase="Failed", exit_code=1), _pod(1, phase="Succeeded", exit_code=0)]
+    state = JobState(phase="Running", start_time=T0, restarts=1)
+    assert _run(RunPolicy(clean_pod_policy="Running"), state, pods, T0).delete_pods == ()
+    assert _run(RunPolicy(clean_pod_policy="All"), state, pods, T0).delete_pods == (
+        "j-learner-0",
+        "j-learner-1",
+    )
+    none = _run(RunPolicy(clean_pod_policy="None"), state, pods, T0)
+    assert none.delete_pods == () and none.run_workers
+    # A still-running sidecar keeps a finished learner's pod Running: "Running" removes it.
+    sidecar_up = [_pod(0, phase="Running", exit_code=0)]
+    running = _run(RunPolicy(clean_pod_policy="Running"), replace(state, restarts=0), sidecar_up, 1)
+    assert running.state.phase == "Succeeded" and running.delete_pods == ("j-learner-0",)
+
+
+def test_failure_restarts_with_backoff_then_fails() -> None:
+    policy = RunPolicy(backoff_limit=2)
+    state = JobState(phase="Running", start_time=T0)
+    out = _run(policy, state, [_pod(0, phase="Running", exit_code=137, reason="OOMKilled")], T0)
+    assert out.state.restarts == 1 and out.state.phase == "Pending"
+    assert _reasons(out) == ["LearnerFailed"] and out.events[0].type == "Warning"
+    assert "OOMKilled" in out.events[0].message and "restart 1 of 2" in out.events[0].message
+    assert _cond(out, "Restarting")["status"] == "True"
+    # The failed attempt-0 pod is kept for its logs; attempt 1 waits for the backoff delay.
+    assert not out.run_learner and out.requeue_after == 10.0 and out.delete_pods == ()
+    failed0 = _pod(0, phase="Failed", exit_code=137)
+
+    # Seen again (operator restarted, status already saved): no double counting.
+    same = _run(policy, out.state, [failed0], T0 + 5)
+    assert same.state.restarts == 1 and same.events == ()
+    out = _run(policy, out.state, [failed0], T0 + 10)
+    assert out.run_learner
+
+    out = _run(policy, out.state, [failed0, _pod(1, **RUNNING)], T0 + 12)
+    assert out.state.phase == "Running" and _cond(out, "Restarting")["status"] == "False"
+
+    out = _run(policy, out.state, [failed0, _pod(1, phase="Failed", exit_code=1)], T0 + 20)
+    assert out.state.restarts == 2 and out.requeue_after == 20.0  # doubled delay
+    out = _run(policy, out.state, [failed0, _pod(2, phase="Failed", exit_code=1)], T0 + 60)
+    assert out.state.phase == "Failed" and out.state.reason == "BackoffLimitExceeded"
+    assert out.state.completion_time == T0 + 60 and not out.run_learner
+    assert _cond(out, "Failed")["reason"] == "BackoffLimitExceeded"
+    # Terminal is sticky: a later observation never revives the job.
+    later = _run(policy, out.state, [_pod(2, **RUNNING)], T0 + 70)
+    assert later.state.phase == "Failed" and not later.run_learner
+
+
+def test_backoff_limit_zero_fails_on_first_failure() -> None:
+    out = _run(
+        RunPolicy(backoff_limit=0),
+        JobState(phase="Running", start_time=T0),
+        [_pod(0, phase="Failed")],
+        T0,
+    )
+    assert (out.state.phase, out.state.reason) == ("Failed", "BackoffLimitExceeded")
+
+
+def test_restart_delay_doubles_and_caps() -> None:
+    assert [restart_delay(n, 10.0) for n in (1, 2, 3)] == [10.0, 20.0, 40.0]
+    assert restart_delay(30, 10.0) == 360.0 and restart_delay(3, 0.0) == 0.0
+
+
+def test_suspend_stops_everything_and_resume_restarts_the_clock() -> None:
+    policy = RunPolicy(suspend=True, active_deadline_seconds=100)
+    state = JobState(phase="Running", start_time=T0, restarts=1)
+    pods = [_pod(0, phase="Failed", exit_code=1), _pod(1, **RUNNING)]
+    out = _run(policy, state, pods, T0 + 90)
+    assert out.state.phase == "Suspended" and out.delete_pods == ("j-learner-1",)
+    assert not out.run_learner and not out.run_workers and out.state.start_time is None
+    assert _cond(out, "Suspended")["status"] == "True" and _reasons(out) == ["Suspended"]
+    # Long suspensions do not count against the deadline.
+    resumed = _run(RunPolicy(active_deadline_seconds=100), out.state, [pods[0]], T0 + 500)
+    assert resumed.state.phase == "Pending" and resumed.state.reason == "Resumed"
+    assert resumed.run_learner and resumed.state.start_time == T0 + 500
+    assert resumed.state.restarts == 1  # same attempt: the learner resumes from its checkpoint
+    assert _cond(resumed, "Suspended")["status"] == "False"
+
+
+def test_deleting_pods_are_ignored() -> None:
+    state = JobState(phase="Running", start_time=T0)
+    out = _run(RunPolicy(), state, [_pod(0, phase="Failed", exit_code=143, deleting=True)], T0)
+    assert out.state.restarts == 0 and out.state.phase == "Pending" and out.run_learner
+
+
+def test_deadline_fails_the_job_and_requeues_until_then() -> None:
+    policy = RunPolicy(active_deadline_seconds=60)
+    out = _run(policy, JobState(phase="Running", start_time=T0), [_pod(**RUNNING)], T0 + 45)
+    assert out.state.phase == "Running" and out.requeue_after == 15
+    out = _run(policy, out.state, [_pod(**RUNNING)], T0 + 60)
+    assert (out.state.phase, out.state.reason) == ("Failed", "DeadlineExceeded")
+    assert out.delete_pods == ("j-learner-0",) and out.events[-1].type == "Warning"
+
+
+def test_ttl_deletes_finished_job() -> None:
+    policy = RunPolicy(ttl_seconds_after_finished=30)
+    done = JobState(phase="Succeeded", reason="Completed", start_time=T0, completion_time=T0 + 10)
+    out = _run(policy, done, [], T0 + 20)
+    assert not out.delete_job and out.requeue_after == 20
+    out = _run(policy, done, [], T0 + 40)
+    assert out.delete_job and "TTLExpired" in _reasons(out)
+    assert not _run(RunPolicy(), done, [], T0 + 10_000).delete_job
+
+
+def test_invalid_spec_failure_is_not_terminal() -> None:
+    state = JobState(phase="Failed", reason="InvalidSpec", message="spec.x: bad")
+    out = _run(RunPolicy(), state, [], T0)
+    assert out.state.phase == "Pending" and out.run_learner
+
+
+def test_lost_learner_pod_is_recreated_without_counting_a_failure() -> None:
+    out = _run(RunPolicy(), JobState(phase="Running", start_time=T0), [], T0)
+    assert out.state.phase == "Pending" and out.state.restarts == 0 and out.run_learner
+    assert _reasons(out) == ["LearnerPending"] and _cond(out, "Running")["status"] == "False"
+
+
+def test_set_condition_keeps_transition_time_unless_status_flips() -> None:
+    conds = set_condition((), "Ready", True, "A", "a", T0)
+    conds = set_condition(conds, "Ready", True, "B", "b", T0 + 5)
+    assert conds[0]["lastTransitionTime"] == rfc3339(T0) and conds[0]["reason"] == "B"
+    conds = set_condition(conds, "Ready", False, "C", "c", T0 + 9)
+    assert conds[0]["lastTransitionTime"] == rfc3339(T0 + 9) and len(conds) == 1
+
+
+def test_time_round_trip() -> None:
+    assert parse_time(rfc3339(T0)) == T0 and parse_time(None) is None
+    assert rfc3339(0) == "1970-01-01T00:00:00Z"
