@@ -1,0 +1,100 @@
+"""Checkpoints: learner state (model, optimisers, policy version) plus the driver's counters.
+
+Layout: `checkpoints/ckpt-<seq>/` with `learner.pt` (torch) and `state.json` (counters, the
+episode-return window, accumulated wall seconds). A checkpoint is written into a hidden temporary
+directory and renamed into place, so a crash mid-write never leaves a half checkpoint that
+`latest_checkpoint` would pick. No RNG state is saved: a resumed run continues the counters and
+the learning, not the exact random streams.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+LEARNER_FILE = "learner.pt"
+STATE_FILE = "state.json"
+_NAME = re.compile(r"^ckpt-(\d{6,})$")
+
+
+@dataclass
+class DriverState:
+    """What the driver needs to continue a run exactly where the checkpoint left it."""
+
+    counters: dict[str, int] = field(default_factory=dict)
+    """snapshot.Counters as a dict."""
+    wall_seconds: float = 0.0
+    """Training seconds accumulated over every run so far."""
+    episode_returns: list[float] = field(default_factory=list)
+    """The last (up to 100) episode returns: the stop criterion's window."""
+    episode_lengths: list[int] = field(default_factory=list)
+    """Their lengths."""
+    iteration: int = 0
+    """Driver iterations that wrote a snapshot."""
+    started_at: float = 0.0
+    """Unix time the first run started."""
+
+
+def _seq(path: Path) -> int | None:
+    m = _NAME.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def list_checkpoints(checkpoint_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    if not checkpoint_dir.is_dir():
+        return []
+    found = [
+        p
+        for p in checkpoint_dir.iterdir()
+        if _seq(p) is not None and (p / STATE_FILE).is_file() and (p / LEARNER_FILE).is_file()
+    ]
+    return sorted(found, key=lambda p: _seq(p) or 0)
+
+
+def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
+    """The newest complete checkpoint, or None."""
+    found = list_checkpoints(checkpoint_dir)
+    return found[-1] if found else None
+
+
+def save_checkpoint(
+    checkpoint_dir: Path, learner_state: dict[str, Any], state: DriverState, keep: int
+) -> Path:
+    """Write a new checkpoint atomically, then delete all but the newest `keep`."""
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    for stale in checkpoint_dir.glob(".tmp-ckpt-*"):  # left by a crash mid-write
+        shutil.rmtree(stale, ignore_errors=True)
+    existing = list_checkpoints(checkpoint_dir)
+    seq = (_seq(existing[-1]) or 0) + 1 if existing else 1
+    final = checkpoint_dir / f"ckpt-{seq:06d}"
+    tmp = Path(tempfile.mkdtemp(dir=checkpoint_dir, prefix=".tmp-ckpt-"))
+    try:
+        torch.save(learner_state, tmp / LEARNER_FILE)
+        (tmp / STATE_FILE).write_text(json.dumps(asdict(state), separators=(",", ":")))
+        for name in (LEARNER_FILE, STATE_FILE):
+            with open(tmp / name, "rb") as f:
+                os.fsync(f.fileno())
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in list_checkpoints(checkpoint_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(path: Path) -> tuple[dict[str, Any], DriverState]:
+    """(learner state for Learner.load_state_dict, driver state) of one checkpoint directory."""
+    learner_state = torch.load(path / LEARNER_FILE, map_location="cpu", weights_only=True)
+    raw = json.loads((path / STATE_FILE).read_text())
+    known = {k: v for k, v in raw.items() if k in DriverState.__dataclass_fields__}
+    return learner_state, DriverState(**known)
