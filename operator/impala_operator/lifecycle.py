@@ -52,6 +52,8 @@ class LearnerPod:
     message: str = ""
     deleting: bool = False
     """The pod has a deletionTimestamp: it is going away and says nothing about the run."""
+    finished_at: float | None = None
+    """When the learner container terminated (unix seconds)."""
 
     @property
     def succeeded(self) -> bool:
@@ -85,6 +87,7 @@ class JobState:
     start_time: float | None = None
     completion_time: float | None = None
     last_failure_time: float | None = None
+    """When the previous attempt failed, if known (else read from that pod's finishedAt)."""
     conditions: tuple[dict[str, Any], ...] = ()
 
     @property
@@ -271,8 +274,11 @@ def step(
 
     waits = [] if deadline is None else [state.start_time + deadline - now]
     run_learner = True
-    if current is None and state.restarts > 0 and state.last_failure_time is not None:
-        due = state.last_failure_time + restart_delay(state.restarts, restart_backoff)
+    failed_at = state.last_failure_time or next(
+        (p.finished_at for p in pods if p.attempt == state.restarts - 1 and p.finished_at), None
+    )
+    if current is None and state.restarts > 0 and failed_at is not None:
+        due = failed_at + restart_delay(state.restarts, restart_backoff)
         if now < due:
             run_learner = False
             waits.append(due - now)

@@ -1,0 +1,259 @@
+"""Status computation from child objects and the sidecar's snapshot; the sidecar client."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from impala_operator.crd import status_schema
+from impala_operator.lifecycle import JobState, rfc3339, set_condition
+from impala_operator.settings import Settings
+from impala_operator.sidecar_client import SidecarClient
+from impala_operator.status import (
+    REQUESTED_ANNOTATION,
+    compute_status,
+    deployment_view,
+    invalid_spec_status,
+    job_state,
+    learner_pod_view,
+    metric_sample,
+    sidecar_url,
+    status_patch,
+)
+from impala_trainer.snapshot import (
+    STATUS_FILE,
+    Counters,
+    LearnerQueue,
+    StatusSnapshot,
+    Throughput,
+    write_json_atomic,
+)
+from impala_trainer.status.main import create_app
+from impala_trainer.status.settings import Settings as SidecarSettings
+
+T0 = 1_700_000_000.0
+
+
+def _pod(attempt: int, phase: str, *, ready: bool = False, exit_code: int | None = None) -> dict:
+    state: dict[str, Any] = {"running": {"startedAt": rfc3339(T0)}}
+    if exit_code is not None:
+        state = {
+            "terminated": {"exitCode": exit_code, "reason": "Error", "finishedAt": rfc3339(T0 + 5)}
+        }
+    return {
+        "metadata": {
+            "name": f"cp-learner-{attempt}",
+            "labels": {"impala.dev/restart": str(attempt)},
+        },
+        "status": {
+            "phase": phase,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [
+                {"name": "status", "state": {"running": {}}},
+                {"name": "learner", "state": state, "restartCount": 0},
+            ],
+        },
+    }
+
+
+def _snapshot(**kw: Any) -> StatusSnapshot:
+    base: dict[str, Any] = {
+        "job": "cp",
+        "phase": "Running",
+        "updated_at": T0,
+        "counters": Counters(env_steps_sampled=12_000, episodes=300, policy_version=24),
+        "episode_return_mean": 87.5,
+        "throughput": Throughput(env_steps_per_s=650.25),
+        "learner_queue": LearnerQueue(capacity=16, fill=0.0625, learner_idle_fraction=0.8),
+    }
+    base.update(kw)
+    return StatusSnapshot(**base)
+
+
+def test_learner_pod_view_reads_the_learner_container() -> None:
+    view = learner_pod_view(_pod(2, "Running", ready=True))
+    assert (view.name, view.attempt, view.phase, view.ready) == ("cp-learner-2", 2, "Running", True)
+    assert view.exit_code is None and not view.failed and not view.succeeded
+    failed = learner_pod_view(_pod(0, "Failed", exit_code=137))
+    assert failed.failed and failed.exit_code == 137 and failed.finished_at == T0 + 5
+    assert learner_pod_view({"metadata": {"name": "x"}}).phase == "Pending"
+    deleting = _pod(0, "Running")
+    deleting["metadata"]["deletionTimestamp"] = rfc3339(T0)
+    assert learner_pod_view(deleting).deleting
+
+
+def test_deployment_view() -> None:
+    d = deployment_view(
+        {
+            "metadata": {"name": "cp-rollout", "annotations": {REQUESTED_ANNOTATION: "3"}},
+            "spec": {"replicas": 3},
+            "status": {"readyReplicas": 2},
+        }
+    )
+    assert (d.name, d.replicas, d.ready, d.requested) == ("cp-rollout", 3, 2, "3")
+    bare = deployment_view({"metadata": {"name": "n"}, "spec": {"replicas": 0}, "status": {}})
+    assert (bare.replicas, bare.ready, bare.requested) == (0, 0, None)
+
+
+def test_sidecar_url_default_and_annotation() -> None:
+    assert sidecar_url("cp", "ns", {}) == "http://cp-status.ns.svc:8080/status"
+    url = "http://127.0.0.1:9/status"
+    assert sidecar_url("cp", "ns", {"impala.dev/status-url": url}) == url
+
+
+def test_metric_sample_availability() -> None:
+    snap = _snapshot()
+    s = metric_sample(snap, T0 + 5, stale_after=30)
+    assert s.available and s.queue_fill == 0.0625 and s.idle_fraction == 0.8
+    assert s.env_steps_per_s == 650.25 and s.time == T0 + 5
+    assert not metric_sample(None, T0, 30).available
+    assert not metric_sample(snap, T0 + 31, 30).available  # stale snapshot
+    assert not metric_sample(_snapshot(phase="Starting"), T0, 30).available
+
+
+def _compute(**kw: Any) -> dict:
+    args: dict[str, Any] = {
+        "name": "cp",
+        "namespace": "ns",
+        "generation": 3,
+        "state": JobState(phase="Running", restarts=1, start_time=T0, conditions=()),
+        "learner_pods": [
+            learner_pod_view(_pod(0, "Failed", exit_code=1)),
+            learner_pod_view(_pod(1, "Running", ready=True)),
+        ],
+        "rollouts": deployment_view(
+            {
+                "metadata": {"name": "cp-rollout"},
+                "spec": {"replicas": 3},
+                "status": {"readyReplicas": 2},
+            }
+        ),
+        "aggregators": None,
+        "desired_rollouts": 3,
+        "desired_aggregators": 0,
+        "snapshot": _snapshot(),
+        "previous": {},
+        "last_scale_time": T0 + 60,
+    }
+    args.update(kw)
+    return compute_status(**args)
+
+
+def test_compute_status_fields() -> None:
+    st = _compute()
+    assert st["phase"] == "Running" and st["observedGeneration"] == 3
+    assert st["learner"] == {
+        "ready": True,
+        "restarts": 1,
+        "podName": "cp-learner-1",
+        "lastExitCode": 1,
+    }
+    assert st["rollouts"] == {
+        "desired": 3,
+        "ready": 2,
+        "selector": "app.kubernetes.io/component=rollout,app.kubernetes.io/instance=cp,"
+        "app.kubernetes.io/name=impalajob",
+        "summary": "2/3",
+    }
+    assert st["aggregators"]["summary"] == "0/0"
+    assert st["progress"] == {
+        "timesteps": 12_000,
+        "episodes": 300,
+        "episodeReturnMean": 87.5,
+        "envStepsPerSecond": 650.25,
+        "learnerQueueFill": 0.0625,
+        "policyVersion": 24,
+        "updatedAt": rfc3339(T0),
+    }
+    assert st["startTime"] == rfc3339(T0) and st["completionTime"] is None
+    assert st["lastScaleTime"] == rfc3339(T0 + 60)
+    assert st["statusURL"] == "http://cp-status.ns.svc:8080/status"
+
+
+def test_status_fits_the_crd_schema() -> None:
+    # The API server prunes unknown status fields: every key written must be in the schema.
+    def check(value: Any, schema: dict, path: str) -> None:
+        if isinstance(value, dict) and "properties" in schema:
+            for k, v in value.items():
+                assert k in schema["properties"], f"{path}.{k} is not in the CRD status schema"
+                check(v, schema["properties"][k], f"{path}.{k}")
+        elif isinstance(value, list) and "items" in schema:
+            for item in value:
+                check(item, schema["items"], path + "[]")
+
+    conds = set_condition((), "Running", True, "Running", "ok", T0)
+    st = _compute(state=JobState(phase="Running", start_time=T0, conditions=conds))
+    check(st, status_schema(), "status")
+    check(invalid_spec_status("spec.x: bad", 1, T0), status_schema(), "status")
+    assert st["phase"] in status_schema()["properties"]["phase"]["enum"]
+
+
+def test_progress_is_kept_while_the_sidecar_is_away() -> None:
+    first = _compute()
+    again = _compute(snapshot=None, previous=first)
+    assert again["progress"] == first["progress"]
+    assert "progress" not in _compute(snapshot=None, previous={})
+
+
+def test_job_state_round_trip() -> None:
+    conds = set_condition((), "Failed", True, "DeadlineExceeded", "too long", T0)
+    state = JobState(
+        phase="Failed",
+        reason="DeadlineExceeded",
+        message="too long",
+        restarts=2,
+        start_time=T0,
+        completion_time=T0 + 9,
+        conditions=conds,
+    )
+    st = _compute(state=state)
+    back = job_state(st)
+    assert back == state
+    assert job_state({}).phase is None and job_state({}).restarts == 0
+
+
+def test_status_patch_has_only_changes() -> None:
+    old = _compute()
+    assert status_patch(old, _compute()) == {}
+    new = _compute(desired_rollouts=4)
+    assert status_patch(old, new) == {"rollouts": new["rollouts"]}
+    assert status_patch({}, {"completionTime": None}) == {}
+
+
+def test_settings_from_environment(monkeypatch: Any) -> None:
+    monkeypatch.setenv("IMPALA_OPERATOR_NAMESPACES", "a, b")
+    monkeypatch.setenv("IMPALA_OPERATOR_RECONCILE_INTERVAL", "1.5")
+    s = Settings()
+    assert s.namespaces == ["a", "b"] and s.reconcile_interval == 1.5
+
+
+def test_sidecar_client_reads_the_real_sidecar(tmp_path: Path) -> None:
+    write_json_atomic(tmp_path / STATUS_FILE, _snapshot(updated_at=T0 + 1))
+    app = create_app(SidecarSettings(run_dir=tmp_path))
+
+    async def go() -> tuple[StatusSnapshot | None, StatusSnapshot | None]:
+        client = SidecarClient(timeout=2.0, transport=httpx.ASGITransport(app=app))
+        try:
+            good = await client.fetch_status("http://sidecar/status")
+            missing = await client.fetch_status("http://sidecar/nothing-here")
+        finally:
+            await client.aclose()
+        return good, missing
+
+    good, missing = asyncio.run(go())
+    assert good is not None and good.counters.env_steps_sampled == 12_000
+    assert good.learner_queue.learner_idle_fraction == 0.8 and missing is None
+
+
+def test_sidecar_client_unreachable_is_none() -> None:
+    async def go() -> StatusSnapshot | None:
+        client = SidecarClient(timeout=0.5)
+        try:
+            return await client.fetch_status("http://127.0.0.1:9/status")
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(go()) is None
