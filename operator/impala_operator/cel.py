@@ -1,0 +1,108 @@
+"""CEL rules (`x-kubernetes-validations`) of the ImpalaJob CRD.
+
+Each rule restates a pydantic validator of `impala_trainer.spec` (or an invariant pydantic cannot
+see, such as immutability), so the API server rejects what `impalajob validate` rejects. Every
+message names the field, because `kubectl apply` shows the message and nothing else of the rule.
+Paths are relative to `.spec`; `[]` means "each item".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Rule = dict[str, Any]
+
+
+def _rule(rule: str, message: str, field: str | None = None, expr: str | None = None) -> Rule:
+    out: Rule = {"rule": rule, "message": message}
+    if expr is not None:
+        # messageExpression adds the offending values; `message` stays as the fallback.
+        out["messageExpression"] = expr
+    if field is not None:
+        out["fieldPath"] = field
+        out["reason"] = "FieldValueInvalid"
+    return out
+
+
+def _immutable(field: str, what: str) -> list[Rule]:
+    return [
+        _rule(
+            "self == oldSelf",
+            f"spec.{field} is immutable: create a new ImpalaJob to change the {what}",
+        )
+    ]
+
+
+def _replica_group(group: str) -> list[Rule]:
+    p = f"spec.{group}"
+    return [
+        _rule(
+            "self.minReplicas <= self.maxReplicas",
+            f"{p}.minReplicas must be <= {p}.maxReplicas",
+            ".minReplicas",
+            f"'{p}.minReplicas (' + string(self.minReplicas) + ') must be <= {p}.maxReplicas ('"
+            " + string(self.maxReplicas) + ')'",
+        ),
+        # No rule on `replicas` itself: the spec model keeps a requested count within
+        # [minReplicas, maxReplicas] by clamping (ReplicaGroupSpec.initial_replicas), so an
+        # out-of-range `kubectl scale` is accepted and clamped, as `impalajob validate` accepts it.
+    ]
+
+
+def _autoscaling(group: str) -> list[Rule]:
+    p = f"spec.{group}.autoscaling"
+    return [
+        _rule(
+            "self.starvedQueueFill < self.saturatedQueueFill",
+            f"{p}.starvedQueueFill must be below {p}.saturatedQueueFill",
+            ".starvedQueueFill",
+        )
+    ]
+
+
+def _schedule(field: str) -> list[Rule]:
+    p = f"spec.training.{field}"
+    return [
+        _rule(
+            "size(self) >= 1",
+            f"{p} must list at least one [timestep, value] point, or be omitted",
+        ),
+        _rule(
+            # Two-variable comprehension (Kubernetes >= 1.33): compare each point with the one
+            # before it, O(n), so the rule needs no maxItems to stay within the cost budget.
+            "self.all(i, pt, i == 0 || self[i - 1][0] < pt[0])",
+            f"{p} timesteps must strictly increase; write points as [[0, start], [N, end], ...]",
+        )
+    ]
+
+
+def _schedule_point(field: str) -> list[Rule]:
+    return [
+        _rule(
+            "self[0] >= 0.0 && double(int(self[0])) == self[0]",
+            f"spec.training.{field}: each point is [timestep, value] with a whole-number "
+            "timestep >= 0",
+        )
+    ]
+
+
+RULES: dict[tuple[str, ...], list[Rule]] = {
+    ("env",): _immutable("env", "environment"),
+    ("model",): _immutable("model", "network"),
+    ("training",): [
+        _rule(
+            "self.replayProportion == 0.0 || self.replayBufferNumSlots >= 1",
+            "spec.training.replayProportion > 0 needs spec.training.replayBufferNumSlots >= 1 "
+            "(the replay capacity)",
+            ".replayBufferNumSlots",
+        )
+    ],
+    ("training", "lrSchedule"): _schedule("lrSchedule"),
+    ("training", "lrSchedule", "[]"): _schedule_point("lrSchedule"),
+    ("training", "entropyCoeffSchedule"): _schedule("entropyCoeffSchedule"),
+    ("training", "entropyCoeffSchedule", "[]"): _schedule_point("entropyCoeffSchedule"),
+    ("rollouts",): _replica_group("rollouts"),
+    ("aggregators",): _replica_group("aggregators"),
+    ("rollouts", "autoscaling"): _autoscaling("rollouts"),
+    ("aggregators", "autoscaling"): _autoscaling("aggregators"),
+}

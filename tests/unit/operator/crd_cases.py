@@ -1,0 +1,209 @@
+"""ImpalaJob manifests the CRD must reject (and accept), shared by the unit and e2e tests.
+
+Each invalid case names the field the error message must mention. The unit tests check that the
+pydantic model rejects every case and that the CRD's OpenAPI schema rejects the schema-level ones;
+the e2e tests send every case to a real API server and assert on its message. Together they keep
+`impalajob validate` and `kubectl apply` agreeing.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["schema", "unknown", "cel", "immutable", "name"]
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """A manifest change the API server must refuse."""
+
+    id: str
+    kind: Kind
+    """schema: bounds/enums/patterns; unknown: a field not in the schema (strict validation);
+    cel: a cross-field rule; immutable: a rule checked on update; name: metadata.name."""
+    patch: dict[str, Any]
+    """Deep-merged into `base_job()['spec']` (for `immutable`: into the spec of an update)."""
+    field: str
+    """Field path the error message must name."""
+
+
+def base_job(name: str = "valid") -> dict[str, Any]:
+    """A small valid ImpalaJob."""
+    return {
+        "apiVersion": "impala.dev/v1alpha1",
+        "kind": "ImpalaJob",
+        "metadata": {"name": name},
+        "spec": {
+            "env": {"id": "CartPole-v1", "numEnvsPerWorker": 4},
+            "model": {"type": "mlp", "hidden": [32, 32]},
+            "training": {"lr": 0.001, "trainBatchSize": 200},
+            "rollouts": {"minReplicas": 1, "maxReplicas": 3},
+        },
+    }
+
+
+def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge (lists and scalars in `patch` replace)."""
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def job_with(case: Invalid, name: str = "bad") -> dict[str, Any]:
+    """The base job with the case's change applied (for `immutable`: the updated object)."""
+    job = base_job(LONG_NAME if case.kind == "name" else name)
+    job["spec"] = merge(job["spec"], case.patch)
+    return job
+
+
+INVALID: list[Invalid] = [
+    # --- bounds, enums, patterns (openAPIV3Schema)
+    Invalid("lr-zero", "schema", {"training": {"lr": 0}}, "spec.training.lr"),
+    Invalid("lr-above-one", "schema", {"training": {"lr": 2.0}}, "spec.training.lr"),
+    Invalid("gamma-above-one", "schema", {"training": {"gamma": 1.5}}, "spec.training.gamma"),
+    Invalid("no-envs", "schema", {"env": {"numEnvsPerWorker": 0}}, "spec.env.numEnvsPerWorker"),
+    Invalid(
+        "batch-zero", "schema", {"training": {"trainBatchSize": 0}}, "spec.training.trainBatchSize"
+    ),
+    Invalid("hidden-empty", "schema", {"model": {"hidden": []}}, "spec.model.hidden"),
+    Invalid("hidden-zero-units", "schema", {"model": {"hidden": [0]}}, "spec.model.hidden"),
+    Invalid(
+        "max-replicas-too-many",
+        "schema",
+        {"rollouts": {"maxReplicas": 1001}},
+        "spec.rollouts.maxReplicas",
+    ),
+    Invalid("gpus-too-many", "schema", {"learner": {"gpus": 17}}, "spec.learner.gpus"),
+    Invalid(
+        "backoff-negative", "schema", {"runPolicy": {"backoffLimit": -1}},
+        "spec.runPolicy.backoffLimit",
+    ),
+    Invalid("keep-zero", "schema", {"checkpoint": {"keep": 0}}, "spec.checkpoint.keep"),
+    Invalid(
+        "claim-bad-name", "schema", {"checkpoint": {"volumeClaim": "Bad_Name"}},
+        "spec.checkpoint.volumeClaim",
+    ),
+    Invalid(
+        "cpu-not-a-quantity",
+        "schema",
+        {"learner": {"resources": {"requests": {"cpu": "lots"}}}},
+        "spec.learner.resources.requests.cpu",
+    ),
+    Invalid(
+        "momentum-one", "schema", {"training": {"optimizer": {"momentum": 1.0}}},
+        "spec.training.optimizer.momentum",
+    ),
+    Invalid(
+        "schedule-point-of-three", "schema", {"training": {"lrSchedule": [[0, 0.1, 3]]}},
+        "spec.training.lrSchedule",
+    ),
+    Invalid("model-type", "schema", {"model": {"type": "transformer"}}, "spec.model.type"),
+    Invalid("training-mode", "schema", {"training": {"mode": "ppo"}}, "spec.training.mode"),
+    Invalid(
+        "clean-pod-policy", "schema", {"runPolicy": {"cleanPodPolicy": "Some"}},
+        "spec.runPolicy.cleanPodPolicy",
+    ),
+    Invalid("pull-policy", "schema", {"imagePullPolicy": "Sometimes"}, "spec.imagePullPolicy"),
+    Invalid(
+        "toleration-operator",
+        "schema",
+        {"learner": {"tolerations": [{"key": "gpu", "operator": "Maybe"}]}},
+        "spec.learner.tolerations[0].operator",
+    ),
+    # --- unknown fields (strict field validation)
+    Invalid(
+        "unknown-training-field", "unknown", {"training": {"learningRate": 0.1}},
+        "spec.training.learningRate",
+    ),
+    Invalid("unknown-section", "unknown", {"rollout": {"minReplicas": 1}}, "spec.rollout"),
+    # --- cross-field rules (CEL)
+    Invalid(
+        "rollout-min-above-max", "cel", {"rollouts": {"minReplicas": 5, "maxReplicas": 4}},
+        "spec.rollouts.minReplicas",
+    ),
+    Invalid(
+        "aggregator-min-above-max", "cel", {"aggregators": {"minReplicas": 2, "maxReplicas": 1}},
+        "spec.aggregators.minReplicas",
+    ),
+    Invalid(
+        "starved-above-saturated",
+        "cel",
+        {"rollouts": {"autoscaling": {"starvedQueueFill": 0.9, "saturatedQueueFill": 0.5}}},
+        "spec.rollouts.autoscaling.starvedQueueFill",
+    ),
+    Invalid(
+        "replay-without-slots", "cel", {"training": {"replayProportion": 0.5}},
+        "spec.training.replayBufferNumSlots",
+    ),
+    Invalid(
+        "schedule-decreasing",
+        "cel",
+        {"training": {"lrSchedule": [[1000, 0.001], [0, 0.0001]]}},
+        "spec.training.lrSchedule",
+    ),
+    Invalid(
+        "schedule-repeated-step",
+        "cel",
+        {"training": {"entropyCoeffSchedule": [[0, 0.01], [0, 0.001]]}},
+        "spec.training.entropyCoeffSchedule",
+    ),
+    Invalid(
+        "schedule-negative-step", "cel", {"training": {"lrSchedule": [[-5, 0.001]]}},
+        "spec.training.lrSchedule",
+    ),
+    Invalid(
+        "schedule-fractional-step", "cel", {"training": {"lrSchedule": [[0.5, 0.001]]}},
+        "spec.training.lrSchedule",
+    ),
+    Invalid(
+        "schedule-empty", "cel", {"training": {"entropyCoeffSchedule": []}},
+        "spec.training.entropyCoeffSchedule",
+    ),
+    # --- immutable fields (CEL transition rules, checked on update)
+    Invalid("env-changed", "immutable", {"env": {"id": "Acrobot-v1"}}, "spec.env"),
+    Invalid("model-changed", "immutable", {"model": {"hidden": [64]}}, "spec.model"),
+    # --- metadata.name: children append up to 11 characters and must fit in 63
+    Invalid("name-too-long", "name", {}, "metadata.name"),
+]
+
+LONG_NAME = "j" + "x" * 40
+"""41 characters: one over the limit (used by the `name` case)."""
+
+VALID: dict[str, dict[str, Any]] = {
+    "minimal": {"apiVersion": "impala.dev/v1alpha1", "kind": "ImpalaJob",
+                "metadata": {"name": "minimal"}},
+    "base": base_job("base"),
+    "everything": merge(
+        base_job("everything"),
+        {"spec": {
+            "image": "registry.example/impalajob:1.2.3",
+            "env": {"kwargs": {"max_episode_steps": 200, "render_mode": None}},
+            "training": {
+                "lrSchedule": [[0, 0.001], [100000, 0.0001]],
+                "entropyCoeffSchedule": [[0, 0.01], [50000, 0.001]],
+                "replayProportion": 1.0,
+                "replayBufferNumSlots": 8,
+                "gradClip": None,
+                "optimizer": {"type": "rmsprop", "epsilon": 0.1},
+            },
+            "learner": {
+                "gpus": 1,
+                "resources": {"requests": {"cpu": "2", "memory": "4Gi"}},
+                "nodeSelector": {"pool": "gpu"},
+                "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            },
+            "rollouts": {"replicas": 2, "workersPerPod": 2},
+            "aggregators": {"minReplicas": 0, "maxReplicas": 2},
+            "stop": {"timesteps": 1000000, "episodeReturnMean": 450},
+            "checkpoint": {"volumeClaim": "ckpt-store", "keep": 5},
+            "runPolicy": {"backoffLimit": 1, "activeDeadlineSeconds": 3600,
+                          "ttlSecondsAfterFinished": 60, "cleanPodPolicy": "Running"},
+        }},
+    ),
+}
