@@ -1,0 +1,286 @@
+"""The pure child builders and role_command: what the operator would create, with no cluster."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+import yaml
+
+from impala_operator import builders as b
+from impala_operator import labels as L
+from impala_trainer.manifest import parse_manifest
+from impala_trainer.roles import DEFAULT_PORTS, POD_IP, RayPorts, role_command
+from impala_trainer.spec import ImpalaJob
+
+UID = "0c1d2e3f-0000-4000-8000-000000000001"
+
+
+def _job(name: str = "cartpole", labels: dict[str, str] | None = None, **spec: Any) -> ImpalaJob:
+    return parse_manifest(
+        {
+            "apiVersion": "impala.dev/v1alpha1",
+            "kind": "ImpalaJob",
+            "metadata": {"name": name, "namespace": "team-a", "labels": labels or {}},
+            "spec": {"rollouts": {"minReplicas": 2, "maxReplicas": 5, "workersPerPod": 3}, **spec},
+        }
+    )
+
+
+def _by_kind(children: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for child in children:
+        out.setdefault(child["kind"], []).append(child)
+    return out
+
+
+def _pod_specs(children: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    specs = []
+    for child in children:
+        if child["kind"] == "Pod":
+            specs.append(child["spec"])
+        elif child["kind"] == "Deployment":
+            specs.append(child["spec"]["template"]["spec"])
+    return specs
+
+
+def _containers(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*pod_spec.get("initContainers", []), *pod_spec["containers"]]
+
+
+def _learner(children: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(c for c in children if c["kind"] == "Pod")
+
+
+def _container(pod_spec: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in _containers(pod_spec) if c["name"] == name)
+
+
+def test_all_children_exist_with_owner_labels_and_short_names() -> None:
+    job = _job("j" + "x" * 39, labels={"team": "rl", L.COMPONENT: "hijack"})  # 40 characters
+    children = b.build_children(job, UID, restart_count=999)
+    kinds = {c["kind"] for c in children}
+    assert kinds == {"ConfigMap", "Pod", "Service", "Deployment", "NetworkPolicy"}
+    for child in children:
+        meta = child["metadata"]
+        assert len(meta["name"]) <= 63, meta["name"]
+        assert meta["namespace"] == "team-a"
+        (owner,) = meta["ownerReferences"]
+        assert owner == {
+            "apiVersion": "impala.dev/v1alpha1", "kind": "ImpalaJob", "name": job.name,
+            "uid": UID, "controller": True, "blockOwnerDeletion": True,
+        }
+        labels = meta["labels"]
+        assert labels["team"] == "rl"  # the job's own labels are copied ...
+        assert labels[L.COMPONENT] != "hijack"  # ... but never override the operator's
+        for key in (L.NAME, L.INSTANCE, L.COMPONENT, L.PART_OF_KEY, L.MANAGED_BY_KEY):
+            assert labels[key] and len(labels[key]) <= 63
+        assert labels[L.INSTANCE] == job.name
+
+
+def test_deployment_selectors_match_their_pod_templates() -> None:
+    job = _job(labels={"team": "rl"})
+    for dep in _by_kind(b.build_children(job, UID))["Deployment"]:
+        selector = dep["spec"]["selector"]["matchLabels"]
+        template_labels = dep["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= template_labels.items()
+        assert "team" not in selector  # mutable labels must stay out of an immutable selector
+        component = selector[L.COMPONENT]
+        text = L.selector_string(job.name, component)
+        assert dict(kv.split("=") for kv in text.split(",")) == selector
+
+
+def test_learner_pod_runs_trainer_and_status_sidecar() -> None:
+    job = _job()
+    pod = _learner(b.build_children(job, UID))
+    spec = pod["spec"]
+    assert pod["metadata"]["name"] == "cartpole-learner-0"
+    assert spec["restartPolicy"] == "Never"
+    trainer = _container(spec, "learner")
+    assert trainer["command"] == role_command(
+        "learner", job, run_dir=b.RUN_DIR, config_path=b.CONFIG_PATH, node_ip=POD_IP, resume=True
+    )
+    (sidecar,) = spec["initContainers"]
+    assert sidecar["restartPolicy"] == "Always"  # native sidecar: pod phase = learner outcome
+    assert sidecar["command"][:2] == ["impalajob", "status-server"]
+    assert f"--run-dir={b.RUN_DIR}" in sidecar["command"]
+    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8080}
+    assert sidecar["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 8080}
+    # both containers share the run directory; the config map is mounted where -f points
+    run_volume = next(v for v in spec["volumes"] if v["name"] == "run")
+    assert run_volume == {"name": "run", "emptyDir": {}}
+    for c in (trainer, sidecar):
+        assert any(m["name"] == "run" and m["mountPath"] == b.RUN_DIR for m in c["volumeMounts"])
+    assert any(m["mountPath"] == "/etc/impalajob" for m in trainer["volumeMounts"])
+
+
+def test_gpu_request_only_with_gpus() -> None:
+    cpu = _container(_learner(b.build_children(_job(), UID))["spec"], "learner")
+    assert "nvidia.com/gpu" not in str(cpu["resources"])
+    resources = {"requests": {"cpu": "4"}, "limits": {"memory": "8Gi"}}
+    job = _job(learner={"gpus": 2, "resources": resources})
+    spec = _learner(b.build_children(job, UID))["spec"]
+    res = _container(spec, "learner")["resources"]
+    assert res["limits"] == {"memory": "8Gi", "nvidia.com/gpu": "2"}
+    assert res["requests"] == {"cpu": "4", "nvidia.com/gpu": "2"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+
+
+def test_checkpoint_claim_or_empty_dir() -> None:
+    spec = _learner(b.build_children(_job(), UID))["spec"]
+    assert not any("persistentVolumeClaim" in v for v in spec["volumes"])
+    job = _job(checkpoint={"volumeClaim": "ckpt"})
+    spec = _learner(b.build_children(job, UID))["spec"]
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}} in spec[
+        "volumes"
+    ]
+    mounts = _container(spec, "learner")["volumeMounts"]
+    assert {"name": "checkpoints", "mountPath": b.CHECKPOINT_DIR} in mounts
+    # the sidecar never mounts checkpoints (a nested mount under a read-only mount cannot start)
+    assert all(m["name"] != "checkpoints" for m in _container(spec, "status")["volumeMounts"])
+
+
+def test_every_container_is_non_root_and_locked_down() -> None:
+    job = _job(aggregators={"minReplicas": 1, "maxReplicas": 2})
+    for pod_spec in _pod_specs(b.build_children(job, UID)):
+        assert pod_spec["securityContext"]["runAsNonRoot"] is True
+        assert pod_spec["securityContext"]["runAsUser"] == 1000
+        assert pod_spec["automountServiceAccountToken"] is False
+        volumes = {v["name"]: v for v in pod_spec["volumes"]}
+        assert volumes["tmp"] == {"name": "tmp", "emptyDir": {}}
+        for c in _containers(pod_spec):
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"] == {"drop": ["ALL"]}
+            assert sc["readOnlyRootFilesystem"] is True and sc["runAsNonRoot"] is True
+            assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+            env = {e["name"]: e for e in c["env"]}
+            assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+            assert c["image"] == job.spec.image
+
+
+def test_node_deployments_join_the_learner_service() -> None:
+    job = _job(aggregators={"minReplicas": 1, "maxReplicas": 2})
+    deps = {d["metadata"]["name"]: d for d in _by_kind(b.build_children(job, UID))["Deployment"]}
+    rollout = deps["cartpole-rollout"]["spec"]["template"]["spec"]
+    cmd = rollout["containers"][0]["command"]
+    assert cmd == role_command(
+        "rollout", job, learner_host="cartpole-learner.team-a.svc", node_ip=POD_IP
+    )
+    assert "--address=cartpole-learner.team-a.svc:6379" in cmd and "--workers=3" in cmd
+    assert "--node-ip-address=$(POD_IP)" in cmd
+    assert rollout["terminationGracePeriodSeconds"] == b.NODE_GRACE_SECONDS
+    agg = deps["cartpole-aggregator"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert agg[:2] == ["impalajob", "aggregator-node"] and not any("--workers" in a for a in agg)
+
+
+def test_replicas_follow_the_decision_and_suspend() -> None:
+    job = _job(aggregators={"minReplicas": 1, "maxReplicas": 2})
+
+    def replicas(**kw: Any) -> dict[str, int]:
+        children = b.build_children(job, UID, **kw)
+        return {
+            d["metadata"]["name"].rsplit("-", 1)[1]: d["spec"]["replicas"]
+            for d in _by_kind(children)["Deployment"]
+        }
+
+    assert replicas() == {"rollout": 2, "aggregator": 1}  # initial: min (replicas unset)
+    assert replicas(rollout_replicas=4, aggregator_replicas=2) == {"rollout": 4, "aggregator": 2}
+    assert replicas(rollout_replicas=4, suspended=True) == {"rollout": 0, "aggregator": 0}
+    assert "Pod" not in _by_kind(b.build_children(job, UID, suspended=True))
+    suspended_job = _job(runPolicy={"suspend": True})
+    children = b.build_children(suspended_job, UID)
+    assert "Pod" not in _by_kind(children)
+    assert all(d["spec"]["replicas"] == 0 for d in _by_kind(children)["Deployment"])
+    assert "ConfigMap" in _by_kind(children)  # the job's config survives a suspend
+    assert "Pod" not in _by_kind(b.build_children(job, UID, include_learner=False))
+
+
+def test_restart_gets_a_new_learner_pod_that_resumes() -> None:
+    pod = _learner(b.build_children(_job(), UID, restart_count=3))
+    assert pod["metadata"]["name"] == "cartpole-learner-3"
+    assert pod["metadata"]["labels"][L.RESTART_KEY] == "3"
+    assert "--resume" in _container(pod["spec"], "learner")["command"]
+
+
+def test_services_and_network_policy() -> None:
+    job = _job()
+    children = b.build_children(job, UID)
+    services = {s["metadata"]["name"]: s["spec"] for s in _by_kind(children)["Service"]}
+    learner_svc = services["cartpole-learner"]
+    assert learner_svc["clusterIP"] == "None" and learner_svc["publishNotReadyAddresses"]
+    assert {p["port"] for p in learner_svc["ports"]} == {6379, 8080}
+    status_svc = services["cartpole-status"]
+    assert status_svc["ports"] == [{"name": "http", "port": 8080, "targetPort": 8080}]
+    pod_labels = _learner(children)["metadata"]["labels"]
+    for svc in services.values():
+        assert svc["selector"].items() <= pod_labels.items()
+    assert L.status_url(job.name, "team-a", 8080) == "http://cartpole-status.team-a.svc:8080"
+    (policy,) = _by_kind(children)["NetworkPolicy"]
+    job_pods = {"matchLabels": L.selector_labels(job.name)}
+    assert policy["spec"]["podSelector"] == job_pods
+    ray_rule, status_rule = policy["spec"]["ingress"]
+    assert ray_rule == {"from": [{"podSelector": job_pods}]}  # Ray: the job's own pods only
+    assert status_rule == {"ports": [{"protocol": "TCP", "port": 8080}]}  # status: anyone
+
+
+def test_config_map_round_trips_the_job() -> None:
+    raw = _job(training={"lr": 0.002, "lrSchedule": [[0, 0.002], [1000, 0.001]]}).to_manifest()
+    raw["metadata"].update(resourceVersion="123", uid=UID, managedFields=[{"manager": "kubectl"}])
+    job = parse_manifest(raw)  # as read back from the cluster
+    cm = b.build_config_map(job, UID)
+    parsed = parse_manifest(yaml.safe_load(cm["data"]["job.yaml"]))
+    assert parsed.spec == job.spec and parsed.name == job.name
+    # only what the trainer needs: server-side metadata would change the hash on every update
+    assert "resourceVersion" not in cm["data"]["job.yaml"] and "managedFields" not in cm["data"][
+        "job.yaml"
+    ]
+    pod = _learner(b.build_children(job, UID))
+    assert pod["metadata"]["annotations"][L.CONFIG_HASH_KEY] == b.config_hash(job)
+    assert b.config_hash(_job(training={"lr": 0.003})) != b.config_hash(job)
+
+
+def test_placement_is_copied_and_empty_placement_left_out() -> None:
+    tol = {"key": "pool", "operator": "Equal", "value": "cpu", "effect": "NoSchedule"}
+    job = _job(rollouts={"nodeSelector": {"pool": "cpu"}, "tolerations": [tol],
+                         "resources": {"requests": {"cpu": "500m"}}})
+    dep = next(d for d in _by_kind(b.build_children(job, UID))["Deployment"]
+               if d["metadata"]["name"].endswith("rollout"))
+    spec = dep["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"pool": "cpu"} and spec["tolerations"] == [tol]
+    assert spec["containers"][0]["resources"] == {"requests": {"cpu": "500m"}}
+    assert "nodeSelector" not in _learner(b.build_children(job, UID))["spec"]
+
+
+def test_a_job_without_namespace_is_refused() -> None:
+    job = _job()
+    job.metadata.namespace = None
+    with pytest.raises(ValueError, match="namespace"):
+        b.build_children(job, UID)
+
+
+def test_role_command_for_local_processes() -> None:
+    job = _job()
+    exe = (sys.executable, "-m", "impala_trainer.cli")
+    ports = DEFAULT_PORTS.shifted(100)
+    cmd = role_command(
+        "rollout", job, learner_host="127.0.0.1", ports=ports,
+        learner_gcs_port=DEFAULT_PORTS.gcs, node_ip="127.0.0.1", executable=exe,
+    )
+    assert cmd[:4] == [*exe, "rollout-node"]
+    assert "--address=127.0.0.1:6379" in cmd  # still the learner's GCS port
+    assert "--node-manager-port=6480" in cmd and "--min-worker-port=10102" in cmd
+    assert "--node-ip-address=127.0.0.1" in cmd
+    learner = role_command("learner", job, run_dir="/r", config_path="/c.yaml", resume=False,
+                           ports=RayPorts(gcs=7000))
+    assert "--port=7000" in learner and "--resume" not in learner
+    assert not any(a.startswith("--node-ip-address") for a in learner)
+    status = role_command("status", job, run_dir="/r", status_port=9000)
+    assert status == ["impalajob", "status-server", "--run-dir=/r", "--port=9000"]
+    with pytest.raises(ValueError, match="learner_host"):
+        role_command("aggregator", job)
+    with pytest.raises(ValueError, match="run_dir"):
+        role_command("learner", job, config_path="/c.yaml")
