@@ -121,6 +121,17 @@ def _ordered(node: dict[str, Any]) -> dict[str, Any]:
     return head | {k: v for k, v in node.items() if k not in head}
 
 
+def _filled(node: dict[str, Any], value: Any) -> Any:
+    """`value` with the schema's defaults applied inside it, as the API server would."""
+    if isinstance(value, dict) and "properties" in node:
+        for name, prop in node["properties"].items():
+            if name not in value and "default" in prop:
+                value[name] = copy.deepcopy(prop["default"])
+            if name in value:
+                value[name] = _filled(prop, value[name])
+    return value
+
+
 def _attach_rules(schema: dict[str, Any]) -> None:
     """Put each CEL rule on the schema node it is written against."""
     for path, rules in cel.RULES.items():
@@ -128,6 +139,10 @@ def _attach_rules(schema: dict[str, Any]) -> None:
         for part in path:
             node = node["items"] if part == "[]" else node["properties"][part]
         node.setdefault("x-kubernetes-validations", []).extend(copy.deepcopy(rules))
+        if "default" in node and any("oldSelf" not in r["rule"] for r in rules):
+            # The API server checks a default against the rules as written, without defaulting
+            # inside it first, so a section with rules defaults to its complete default value.
+            node["default"] = _filled(node, {})
 
 
 def spec_schema() -> dict[str, Any]:

@@ -46,7 +46,12 @@ class SpecModel(BaseModel):
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegFloat = Annotated[float, Field(ge=0.0)]
-Schedule = list[tuple[Annotated[int, Field(ge=0)], float]]
+# A schedule's points are bounded so the CRD's CEL rule on their order stays within the API
+# server's cost budget (an unbounded list is estimated at megabytes of points).
+MAX_SCHEDULE_POINTS = 1000
+Schedule = Annotated[
+    list[tuple[Annotated[int, Field(ge=0)], float]], Field(max_length=MAX_SCHEDULE_POINTS)
+]
 
 
 def _check_schedule(value: Schedule | None, field: str) -> Schedule | None:
