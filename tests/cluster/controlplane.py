@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -247,19 +247,15 @@ class ControlPlane:
         self.kube = kube
         return kube
 
-    def _wait(self, check: Any, deadline: float, what: str) -> None:
-        def probe() -> Any:
+    def _wait(self, check: Callable[[], object], deadline: float, what: str) -> None:
+        def probe() -> object:
             dead = [p.name for p in self.processes if not p.alive()]
             if dead:
-                raise _Dead(f"{', '.join(dead)} exited")
+                raise _Dead(f"{', '.join(dead)} exited while waiting for {what}")
             return check()
 
-        try:
-            wait_for(probe, timeout=max(1.0, deadline - time.monotonic()), interval=0.2, what=what)
-        except TimeoutError as exc:
-            if isinstance(exc.__cause__, _Dead):
-                raise RuntimeError(f"while waiting for {what}: {exc.__cause__}") from None
-            raise
+        remaining = max(1.0, deadline - time.monotonic())
+        wait_for(probe, timeout=remaining, interval=0.2, what=what, fatal=(_Dead,))
 
     @staticmethod
     def _http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
@@ -328,6 +324,9 @@ class ControlPlane:
                 f"--etcd-servers={etcd_url}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
+                # The endpoint reconciler refuses a loopback advertise address, and nothing runs
+                # in a pod that could use the `kubernetes` Service's endpoints anyway.
+                "--endpoint-reconciler-type=none",
                 f"--secure-port={self.ports['apiserver']}",
                 f"--cert-dir={self.workdir / 'apiserver-certs'}",
                 f"--tls-cert-file={pki.apiserver.cert}",
@@ -424,7 +423,15 @@ class ControlPlane:
                     },
                     # Status is accepted on create (as from a registering kubelet); kwok then keeps
                     # the capacity and adds conditions, addresses and node info.
-                    "status": {"allocatable": resources, "capacity": resources},
+                    "status": {
+                        "allocatable": resources,
+                        "capacity": resources,
+                        # Distinct node IPs, so pods' hostIP tells nodes apart as on a real cluster.
+                        "addresses": [
+                            {"type": "InternalIP", "address": f"10.240.0.{i + 1}"},
+                            {"type": "Hostname", "address": name},
+                        ],
+                    },
                 }
             )
         return {"apiVersion": "v1", "kind": "List", "items": items}

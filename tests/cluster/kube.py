@@ -43,9 +43,17 @@ class CommandError(RuntimeError):
 
 
 def wait_for(
-    check: Callable[[], T | None], *, timeout: float = 60.0, interval: float = 0.5, what: str = ""
+    check: Callable[[], T | None],
+    *,
+    timeout: float = 60.0,
+    interval: float = 0.5,
+    what: str = "",
+    fatal: tuple[type[BaseException], ...] = (),
 ) -> T:
-    """Poll `check` until it returns something truthy; exceptions count as "not yet"."""
+    """Poll `check` until it returns something truthy.
+
+    Exceptions count as "not yet" (the object may not exist yet), except those in `fatal`.
+    """
     deadline = time.monotonic() + timeout
     last: BaseException | None = None
     while True:
@@ -53,7 +61,9 @@ def wait_for(
             value = check()
             if value:
                 return value
-        except Exception as exc:  # the resource may not exist yet: keep polling
+        except fatal:
+            raise
+        except Exception as exc:
             last = exc
         if time.monotonic() > deadline:
             raise TimeoutError(

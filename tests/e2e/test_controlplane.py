@@ -6,6 +6,7 @@ garbage collection follows ownerReferences, RBAC is enforced, Helm works, kwok f
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -67,7 +68,7 @@ def _wait_running(kube: Kube, ns: str, selector: str, count: int) -> list[dict[s
 
 
 def test_version_reports_built_release(kube: Kube) -> None:
-    version = kube.get("--raw", "/version")
+    version = json.loads(kube.kubectl("get", "--raw", "/version").stdout)
     assert re.fullmatch(r"v1\.\d+\.\d+", version["gitVersion"]), version
     assert version["gitVersion"] == kube.version
     assert version["major"] == "1" and version["minor"] == version["gitVersion"].split(".")[1]
@@ -75,7 +76,7 @@ def test_version_reports_built_release(kube: Kube) -> None:
         assert kube.bin_dir is not None
         versions = (kube.bin_dir.parent / "versions.env").read_text()
         assert f"K8S_VERSION={version['gitVersion']}\n" in versions
-        client = kube.get("version", "--client")  # kubectl version -o json
+        client = json.loads(kube.kubectl("version", "--client", "-o", "json").stdout)
         assert client["clientVersion"]["gitVersion"] == version["gitVersion"]
 
 
@@ -117,7 +118,7 @@ def test_rbac_is_enforced_for_service_accounts(kube: Kube, namespace: str) -> No
     )  # fmt: skip
     env = kube.env_for(kube.sa_kubeconfig(namespace, "limited"))
 
-    whoami = kube.get("auth", "whoami", env=env)
+    whoami = json.loads(kube.kubectl("auth", "whoami", "-o", "json", env=env).stdout)
     assert whoami["status"]["userInfo"]["username"] == f"system:serviceaccount:{namespace}:limited"
 
     kube.kubectl("get", "pods", "-n", namespace, env=env)  # allowed by the Role
