@@ -153,10 +153,15 @@ class Learner:
         stats["entropy_coeff"] = coeffs.entropy_coeff
         return stats
 
+    def zero_grad(self) -> None:
+        """Drop gradients (set_to_none: no memset, and the next backward writes fresh)."""
+        for p in self.params:
+            p.grad = None
+
     def learn_on_batch(self, batch: TrainBatch) -> dict[str, float]:
         """One optimiser step on the batch; returns the learner stats."""
         coeffs = self.coefficients()
-        self.model.zero_grad(set_to_none=True)
+        self.zero_grad()
         out = impala_loss(self.model, batch_to_tensors(batch, self.device), coeffs)
         out.total_loss.backward()
         gnorm = self._clip_gradients()
@@ -168,7 +173,7 @@ class Learner:
     def compute_gradients(self, batch: TrainBatch) -> tuple[list[np.ndarray], dict[str, float]]:
         """Clipped gradients of the loss on `batch` (parameter order), without stepping."""
         coeffs = self.coefficients()
-        self.model.zero_grad(set_to_none=True)
+        self.zero_grad()
         out = impala_loss(self.model, batch_to_tensors(batch, self.device), coeffs)
         out.total_loss.backward()
         gnorm = self._clip_gradients()
@@ -185,7 +190,8 @@ class Learner:
         if len(grads) != len(self.params):
             raise ValueError(f"expected {len(self.params)} gradients, got {len(grads)}")
         for p, g in zip(self.params, grads, strict=True):
-            p.grad = torch.from_numpy(np.asarray(g)).to(device=p.device, dtype=p.dtype)
+            # A copy: arrays from Ray's object store are read-only shared memory.
+            p.grad = torch.from_numpy(np.asarray(g)).to(device=p.device, dtype=p.dtype, copy=True)
         self._step()
 
     # -- weights and checkpoints ----------------------------------------------------------------
@@ -282,8 +288,12 @@ class MultiDeviceLearner(Learner):
         if device.type != "cuda":
             return batch_to_tensors(batch, device)
         # Loader threads copy on their own stream so loading overlaps the learner's compute.
-        streams = self._copy_streams.__dict__.setdefault("by_device", {})
-        stream = streams.setdefault(device.index, torch.cuda.Stream(device))
+        streams: dict[int, torch.cuda.Stream] = self._copy_streams.__dict__.setdefault(
+            "by_device", {}
+        )
+        stream = streams.get(device.index)
+        if stream is None:
+            stream = streams[device.index] = torch.cuda.Stream(device)
         with torch.cuda.stream(stream):
             tensors = batch_to_tensors(batch, device)
         stream.synchronize()
@@ -297,7 +307,8 @@ class MultiDeviceLearner(Learner):
 
     def _tower_loss(self, tower_index: int, tensors: BatchTensors, coeffs: LossCoefficients):
         tower = self.towers[tower_index]
-        tower.zero_grad(set_to_none=True)
+        for p in tower.parameters():
+            p.grad = None
         out = impala_loss(tower, tensors, coeffs)
         out.total_loss.backward()
         return out.stats

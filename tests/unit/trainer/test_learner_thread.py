@@ -1,0 +1,166 @@
+"""LearnerThread: SGD passes, env-step accounting, starvation timeout, queue-full, stats."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import pytest
+
+from impala_trainer.learner import Learner, MultiDeviceLearner
+from impala_trainer.learner_thread import LearnerStarvedError, LearnerThread, make_learner_thread
+from impala_trainer.minibatch_buffer import MinibatchBuffer
+from impala_trainer.multi_gpu_learner_thread import MultiGPULearnerThread
+from impala_trainer.sample_batch import TrainBatch
+from tests.unit.trainer.test_learner import make_batch, make_spec, single_torch_thread  # noqa: F401
+
+
+class CountingLearner:
+    """Records which batches learn_on_batch saw, in order."""
+
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.seen: list[int] = []
+        self.fail_after = fail_after
+
+    def learn_on_batch(self, batch: TrainBatch) -> dict[str, float]:
+        if self.fail_after is not None and len(self.seen) >= self.fail_after:
+            raise FloatingPointError("loss is nan")
+        self.seen.append(id(batch))
+        return {"total_loss": float(len(self.seen))}
+
+
+def drain(thread: LearnerThread, n: int, timeout: float = 10.0) -> list[tuple[int, dict]]:
+    return [thread.outqueue.get(timeout=timeout) for _ in range(n)]
+
+
+def stop(thread: LearnerThread) -> None:
+    thread.stop()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+
+
+def test_each_batch_is_replayed_num_sgd_iter_times_with_steps_counted_once() -> None:
+    learner = CountingLearner()
+    thread = LearnerThread(
+        learner, 1, num_sgd_iter=3, learner_queue_size=8, learner_queue_timeout=30
+    )
+    batches = [make_batch(T=5, B=2 + i) for i in range(3)]
+    thread.start()
+    for b in batches:
+        thread.inqueue.put(b)
+    out = drain(thread, 9)
+    stop(thread)
+    assert learner.seen == [id(b) for b in batches for _ in range(3)]
+    assert [steps for steps, _ in out] == [10, 0, 0, 15, 0, 0, 20, 0, 0]
+    assert [s["total_loss"] for _, s in out] == list(range(1, 10))
+    assert thread.num_steps == 9 and thread.error is None
+
+
+def test_minibatch_buffer_interleaves_slots() -> None:
+    q: queue.Queue[str] = queue.Queue()
+    for item in "AB":
+        q.put(item)
+    buf = MinibatchBuffer(q, size=2, timeout=1.0, num_passes=2)
+    got = [buf.get() for _ in range(4)]
+    assert [g.item for g in got] == ["A", "B", "A", "B"]
+    assert [g.first_pass for g in got] == [True, True, False, False]
+    assert [g.released for g in got] == [False, False, True, True]
+    with pytest.raises(queue.Empty):
+        buf.get(timeout=0.01)
+
+
+def test_starvation_records_a_clear_error_and_stops() -> None:
+    thread = LearnerThread(CountingLearner(), 1, 1, learner_queue_size=4, learner_queue_timeout=0.3)
+    thread.start()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    assert isinstance(thread.error, LearnerStarvedError)
+    message = str(thread.error)
+    assert "learner starved: no train batch for 0.3 s (learnerQueueTimeout)" in message
+    assert "rollout workers alive" in message
+
+
+def test_stop_is_prompt_and_not_an_error() -> None:
+    thread = LearnerThread(CountingLearner(), 1, 1, learner_queue_size=4, learner_queue_timeout=300)
+    thread.start()
+    time.sleep(0.05)
+    start = time.monotonic()
+    stop(thread)
+    assert time.monotonic() - start < 2.0
+    assert thread.error is None
+
+
+def test_learner_exception_is_recorded() -> None:
+    thread = LearnerThread(CountingLearner(fail_after=1), 1, 1, 4, 30)
+    thread.start()
+    thread.inqueue.put(make_batch())
+    thread.inqueue.put(make_batch())
+    thread.join(timeout=5)
+    assert isinstance(thread.error, FloatingPointError)
+    assert thread.outqueue.qsize() == 1
+
+
+def test_full_inqueue_raises_queue_full_for_the_driver_to_count() -> None:
+    thread = LearnerThread(CountingLearner(), 1, 1, learner_queue_size=2, learner_queue_timeout=30)
+    thread.inqueue.put_nowait(make_batch())
+    thread.inqueue.put_nowait(make_batch())
+    with pytest.raises(queue.Full):
+        thread.inqueue.put_nowait(make_batch())
+    assert thread.stats()["learner_queue_capacity"] == 2.0
+
+
+def test_stats_keys_and_values() -> None:
+    thread = LearnerThread(CountingLearner(), 1, 1, learner_queue_size=4, learner_queue_timeout=30)
+    thread.start()
+    for _ in range(3):
+        thread.inqueue.put(make_batch())
+    drain(thread, 3)
+    time.sleep(0.2)  # idle: waiting for the next batch
+    stats = thread.stats()
+    stop(thread)
+    assert set(stats) == {
+        "learner_dequeue_time_ms",
+        "learner_grad_time_ms",
+        "learner_load_time_ms",
+        "learner_load_wait_time_ms",
+        "learner_queue_size_mean",
+        "learner_queue_size_max",
+        "learner_queue_size_now",
+        "learner_queue_capacity",
+        "learner_idle_fraction",
+        "num_learner_updates",
+    }
+    assert stats["num_learner_updates"] == 3.0
+    assert 0.5 < stats["learner_idle_fraction"] <= 1.0
+    assert stats["learner_dequeue_time_ms"] > 0.0
+    result = thread.add_learner_metrics({"info": {}})
+    assert result["info"]["learner"] == {"total_loss": 3.0}
+    assert set(result["info"]["timing_breakdown"]) == {
+        "learner_dequeue_time_ms",
+        "learner_grad_time_ms",
+        "learner_load_time_ms",
+        "learner_load_wait_time_ms",
+    }
+
+
+def test_with_a_real_learner() -> None:
+    learner = Learner(make_spec(), (4,), 2)
+    thread = LearnerThread(learner, 1, 2, 4, 30)
+    thread.start()
+    thread.inqueue.put(make_batch(T=8, B=3))
+    out = drain(thread, 2)
+    stop(thread)
+    assert [steps for steps, _ in out] == [24, 0]
+    assert learner.policy_version == 2
+    assert {"policy_loss", "vf_loss", "grad_gnorm"} <= set(out[0][1])
+
+
+def test_make_learner_thread_picks_by_devices() -> None:
+    plain = make_learner_thread(make_spec(), (4,), 2)
+    assert type(plain) is LearnerThread and type(plain.learner) is Learner
+    multi = make_learner_thread(make_spec(learner={"fakeDevices": 2}), (4,), 2)
+    assert isinstance(multi, MultiGPULearnerThread)
+    assert isinstance(multi.learner, MultiDeviceLearner) and len(multi.learner.towers) == 2
+    assert threading.active_count() >= 1  # nothing started until .start()
+    assert not multi.is_alive()

@@ -1,0 +1,118 @@
+"""The IMPALA loss: gradient directions, truncation handling, mean reduction."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from impala_trainer.learner import batch_to_tensors
+from impala_trainer.losses import STAT_NAMES, LossCoefficients, impala_loss
+from impala_trainer.models import build_model
+from impala_trainer.sample_batch import TrainBatch, slice_columns
+from impala_trainer.spec import ModelSpec
+from tests.unit.trainer.test_learner import make_batch, single_torch_thread  # noqa: F401
+
+CPU = torch.device("cpu")
+
+
+def coeffs(vf: float = 0.5, ent: float = 0.01, gamma: float = 0.99) -> LossCoefficients:
+    return LossCoefficients(gamma, vf, ent, 1.0, 1.0)
+
+
+def model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return build_model(ModelSpec(hidden=[16]), (4,), 2).double()
+
+
+def loss_of(m: torch.nn.Module, batch: TrainBatch, c: LossCoefficients) -> torch.Tensor:
+    return impala_loss(m, batch_to_tensors(batch, CPU), c).total_loss
+
+
+def sgd_step(m: torch.nn.Module, loss: torch.Tensor, lr: float) -> None:
+    m.zero_grad()
+    loss.backward()
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.grad is not None:
+                p -= lr * p.grad
+
+
+def test_policy_gradient_raises_log_prob_of_advantaged_action() -> None:
+    batch = make_batch(T=6, B=8, seed=1)
+    batch.actions[:] = 0
+    batch.rewards[:] = 1.0  # every step of action 0 pays: positive advantages
+    batch.behaviour_logits[:] = 0.0
+    m = model()
+    tensors = batch_to_tensors(batch, CPU)
+    obs = tensors.obs.reshape(-1, 4)
+    before = m(obs)[0].log_softmax(-1)[:, 0]
+    sgd_step(m, loss_of(m, batch, coeffs(vf=0.0, ent=0.0)), lr=0.1)
+    after = m(obs)[0].log_softmax(-1)[:, 0]
+    assert (after > before).all()
+
+
+def test_entropy_bonus_raises_entropy() -> None:
+    batch = make_batch(seed=2)
+    batch.rewards[:] = 0.0
+    m = model()
+    with torch.no_grad():
+        m.policy_head.weight.mul_(300)  # start from a peaked policy
+
+    def entropy() -> float:
+        logp = m(batch_to_tensors(batch, CPU).obs.reshape(-1, 4))[0].log_softmax(-1)
+        return float(-(logp.exp() * logp).sum(-1).mean().detach())
+
+    before = entropy()
+    c = LossCoefficients(0.99, 0.0, 1.0, 1.0, 1.0)
+    out = impala_loss(m, batch_to_tensors(batch, CPU), c)
+    m.zero_grad()
+    (out.total_loss - out.stats[0]).backward()  # the entropy term only (policy loss detached)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.grad is not None:
+                p -= 0.01 * p.grad
+    assert entropy() > before
+
+
+def test_truncation_bootstraps_from_the_truncation_value() -> None:
+    """A truncated step equals a terminated step whose reward includes gamma * V(final obs)."""
+    gamma = 0.9
+    truncated = make_batch(T=5, B=3, seed=3)
+    truncated.terminateds[:] = False
+    truncated.truncateds[:] = False
+    truncated.truncateds[2, 1] = True
+    truncated.truncation_values[:] = 0.0
+    truncated.truncation_values[2, 1] = 7.0
+    terminated = make_batch(T=5, B=3, seed=3)
+    terminated.terminateds[:] = False
+    terminated.truncateds[:] = False
+    terminated.terminateds[2, 1] = True
+    terminated.rewards[2, 1] += gamma * 7.0
+    m = model()
+    c = coeffs(gamma=gamma)
+    torch.testing.assert_close(loss_of(m, truncated, c), loss_of(m, terminated, c))
+    # ...and differs from ignoring the truncation value.
+    ignored = make_batch(T=5, B=3, seed=3)
+    ignored.terminateds[:] = False
+    ignored.truncateds[:] = False
+    ignored.terminateds[2, 1] = True
+    assert not torch.allclose(loss_of(m, truncated, c), loss_of(m, ignored, c))
+
+
+def test_loss_is_the_mean_over_column_shards() -> None:
+    """Mean reduction: the loss (and so the gradient) of the batch = mean over equal shards."""
+    batch = make_batch(T=7, B=6, seed=4)
+    m = model()
+    c = coeffs()
+    whole = loss_of(m, batch, c)
+    shards = [loss_of(m, slice_columns(batch, i, i + 2), c) for i in (0, 2, 4)]
+    torch.testing.assert_close(whole, sum(shards) / 3)
+
+
+def test_stats_are_finite_and_named() -> None:
+    out = impala_loss(model(), batch_to_tensors(make_batch(), CPU), coeffs())
+    assert out.stats.shape == (len(STAT_NAMES),)
+    assert torch.isfinite(out.stats).all()
+    stats = dict(zip(STAT_NAMES, out.stats.tolist(), strict=True))
+    assert stats["total_loss"] == np.float64(out.total_loss.item())
+    assert 0.0 < stats["entropy"] <= np.log(2) + 1e-9

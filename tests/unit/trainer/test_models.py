@@ -1,0 +1,61 @@
+"""Models: output shapes, uint8 scaling, auto selection, initialisation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from impala_trainer.models import ImpalaShallowCNN, MLPActorCritic, build_model
+from impala_trainer.spec import ModelSpec
+
+
+@pytest.mark.parametrize("obs_shape", [(4,), (3, 2)])
+def test_mlp_shapes(obs_shape: tuple[int, ...]) -> None:
+    model = build_model(ModelSpec(hidden=[64, 64]), obs_shape, 3)
+    assert isinstance(model, MLPActorCritic)
+    logits, values = model(torch.randn(10, *obs_shape))
+    assert logits.shape == (10, 3) and values.shape == (10,)
+
+
+def test_cnn_shapes_and_uint8_scaling() -> None:
+    model = build_model(ModelSpec(hidden=[256]), (4, 84, 84), 6)
+    assert isinstance(model, ImpalaShallowCNN)
+    frames = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    logits, values = model(frames)
+    assert logits.shape == (5, 6) and values.shape == (5,)
+    scaled_logits, scaled_values = model(frames.float() / 255.0)
+    torch.testing.assert_close(logits, scaled_logits)
+    torch.testing.assert_close(values, scaled_values)
+    # conv 16x8x8/4 -> 20x20, conv 32x4x4/2 -> 9x9: 2592 features into the fc layer
+    assert model.fc[0].in_features == 32 * 9 * 9
+
+
+def test_explicit_type_and_errors() -> None:
+    assert isinstance(build_model(ModelSpec(type="mlp", hidden=[8]), (4, 84, 84), 2), MLPActorCritic)
+    with pytest.raises(ValueError, match="cnn"):
+        build_model(ModelSpec(type="cnn"), (4,), 2)
+
+
+def test_initial_policy_is_near_uniform() -> None:
+    torch.manual_seed(0)
+    model = build_model(ModelSpec(hidden=[64, 64]), (4,), 2)
+    logits, _ = model(torch.randn(256, 4) * 3)
+    probs = logits.softmax(-1)
+    assert (probs - 0.5).abs().max() < 0.05
+
+
+def test_value_function_parameters_are_disjoint_from_the_policy() -> None:
+    for model in (
+        build_model(ModelSpec(hidden=[8]), (4,), 2),
+        build_model(ModelSpec(hidden=[8]), (4, 84, 84), 2),
+    ):
+        vf = {id(p) for p in model.value_function_parameters()}
+        assert vf and id(model.policy_head.weight) not in vf
+        assert id(model.value_head.weight) in vf
+        # The policy output does not depend on value-only parameters.
+        obs = torch.randn(3, *((4,) if isinstance(model, MLPActorCritic) else (4, 84, 84)))
+        logits, _ = model(obs)
+        grads = torch.autograd.grad(
+            logits.sum(), list(model.value_function_parameters()), allow_unused=True
+        )
+        assert all(g is None or torch.count_nonzero(g) == 0 for g in grads)
