@@ -192,8 +192,9 @@ def _finish(
 def _transition(
     state: JobState, phase: Phase, reason: str, message: str, now: float, events: list[Event]
 ) -> JobState:
-    """Move to `phase` (recording an Event and conditions) unless already there for this reason."""
-    if state.phase == phase and state.reason == reason:
+    """Move to `phase`, recording an Event and conditions, unless already there (phases, not
+    reasons, are compared: only the phase and conditions persist in status)."""
+    if state.phase == phase:
         return replace(state, message=message)
     warning = phase == "Failed" or reason == "LearnerFailed"
     events.append(Event("Warning" if warning else "Normal", reason, message))

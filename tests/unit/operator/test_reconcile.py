@@ -1,0 +1,190 @@
+"""The planned reconcile: what one timer tick writes, for the situations a job goes through."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from impala_operator import status as st
+from impala_operator.autoscaler import MetricSample
+from impala_operator.lifecycle import LearnerPod
+from impala_operator.reconcile import TickPlan, plan_children, plan_tick
+from impala_operator.settings import Settings
+from impala_trainer.spec import ImpalaJob
+
+T0 = 1_700_000_000.0
+UID = "0f9a5a3c-1111-2222-3333-444455556666"
+SETTINGS = Settings(restart_backoff_seconds=0.0, rollout_workers_per_aggregator=2)
+
+
+def _job(**spec: Any) -> ImpalaJob:
+    base: dict[str, Any] = {
+        "rollouts": {
+            "minReplicas": 1,
+            "maxReplicas": 5,
+            "workersPerPod": 2,
+            "autoscaling": {"cooldownSeconds": 0, "stabilizationWindowSeconds": 10},
+        },
+        "aggregators": {"minReplicas": 0, "maxReplicas": 4},
+    }
+    base.update(spec)
+    return ImpalaJob.model_validate({"metadata": {"name": "cp", "namespace": "ns"}, "spec": base})
+
+
+def _dep(replicas: int, requested: str = "", ready: int | None = None) -> st.DeploymentView:
+    return st.DeploymentView("x", replicas, replicas if ready is None else ready, requested)
+
+
+def _plan(job: ImpalaJob, **kw: Any) -> TickPlan:
+    args: dict[str, Any] = {
+        "generation": 1,
+        "status": {},
+        "pods": [],
+        "deployments": {"rollout": None, "aggregator": None},
+        "samples": [],
+        "snapshot": None,
+        "now": T0,
+        "settings": SETTINGS,
+    }
+    args.update(kw)
+    return plan_tick(job, UID, **args)
+
+
+def _replicas(plan: TickPlan) -> dict[str, int]:
+    return {m["metadata"]["name"]: m["spec"]["replicas"] for m in plan.apply}
+
+
+def _running(attempt: int = 0) -> LearnerPod:
+    return LearnerPod(name=f"cp-learner-{attempt}", attempt=attempt, phase="Running", ready=True)
+
+
+def _converge(job: ImpalaJob, plan: TickPlan, now: float, **kw: Any) -> TickPlan:
+    """The next tick after `plan` was executed and the cluster caught up."""
+    views = {
+        m["metadata"]["labels"]["app.kubernetes.io/component"]: st.deployment_view(
+            {**m, "status": {"readyReplicas": m["spec"]["replicas"]}}
+        )
+        for m in plan.apply
+    }
+    deployments = {**kw.pop("deployments", {}), **views}
+    return _plan(job, status=plan.status, deployments=deployments, now=now, **kw)
+
+
+def test_first_tick_creates_everything_then_converges() -> None:
+    job = _job()
+    plan = _plan(job)
+    assert _replicas(plan) == {"cp-rollout": 1, "cp-aggregator": 1}  # ceil(1 pod * 2 / 2)
+    assert [m["metadata"]["name"] for m in plan.create] == ["cp-learner-0"]
+    assert plan.status["phase"] == "Pending" and [e.reason for e in plan.events] == ["Created"]
+    annotations = plan.apply[0]["metadata"]["annotations"]
+    assert annotations[st.REQUESTED_ANNOTATION] == ""
+    assert plan.apply[0]["metadata"]["ownerReferences"][0]["uid"] == UID
+
+    # The learner runs, Deployments exist as applied: nothing more to write (no duplicates).
+    again = _converge(job, plan, T0 + 5, pods=[_running()])
+    assert again.apply == [] and again.create == [] and again.delete_pods == []
+    assert again.status["phase"] == "Running" and again.status["rollouts"]["summary"] == "1/1"
+    steady = _plan(
+        job,
+        status=again.status,
+        pods=[_running()],
+        now=T0 + 10,
+        deployments={"rollout": _dep(1), "aggregator": _dep(1)},
+    )
+    assert steady.apply == [] and steady.create == [] and steady.events == []
+    assert st.status_patch(again.status, steady.status) == {}
+
+
+def test_starved_learner_scales_rollouts_and_aggregators_up() -> None:
+    job = _job()
+    deps = {"rollout": _dep(1), "aggregator": _dep(1)}
+    status = _plan(job, pods=[_running()], deployments=deps).status
+    samples = [
+        MetricSample(time=T0 + t, available=True, queue_fill=0.0, idle_fraction=0.9)
+        for t in range(0, 21, 5)
+    ]
+    plan = _plan(
+        job, status=status, pods=[_running()], deployments=deps, samples=samples, now=T0 + 20
+    )
+    assert _replicas(plan) == {"cp-rollout": 2, "cp-aggregator": 2}
+    assert [e.reason for e in plan.events] == ["LearnerStarved", "AggregatorsScaled"]
+    assert plan.status["lastScaleTime"] == "2023-11-14T22:13:40Z"
+    assert plan.status["rollouts"]["desired"] == 2 and plan.scale is not None
+
+
+def test_kubectl_scale_request_is_honoured_once() -> None:
+    job = _job(rollouts={"minReplicas": 1, "maxReplicas": 5, "replicas": 4})
+    deps = {"rollout": _dep(2, requested=""), "aggregator": _dep(0)}
+    plan = _plan(job, status={"phase": "Running"}, pods=[_running()], deployments=deps)
+    assert _replicas(plan) == {"cp-rollout": 4, "cp-aggregator": 2}  # 4 workers / 2
+    assert plan.events[0].reason == "ManualScale"
+    assert plan.apply[0]["metadata"]["annotations"][st.REQUESTED_ANNOTATION] == "4"
+    # Once recorded, the autoscaler owns the count again (here: holds, no metrics).
+    later = _plan(
+        job,
+        status=plan.status,
+        pods=[_running()],
+        now=T0 + 60,
+        deployments={"rollout": _dep(4, "4"), "aggregator": _dep(2)},
+    )
+    assert later.apply == [] and later.events == []
+
+
+def test_suspend_scales_to_zero_and_resume_restores() -> None:
+    job = _job(runPolicy={"suspend": True})
+    deps = {"rollout": _dep(3), "aggregator": _dep(2)}
+    plan = _plan(job, status={"phase": "Running"}, pods=[_running()], deployments=deps)
+    assert _replicas(plan) == {"cp-rollout": 0, "cp-aggregator": 0}
+    assert plan.delete_pods == ["cp-learner-0"] and plan.create == []
+    assert plan.status["phase"] == "Suspended" and plan.status["rollouts"]["desired"] == 0
+
+    resumed = _plan(
+        _job(),
+        status=plan.status,
+        now=T0 + 100,
+        deployments={"rollout": _dep(0), "aggregator": _dep(0)},
+    )
+    assert _replicas(resumed) == {"cp-rollout": 1, "cp-aggregator": 1}
+    assert [m["metadata"]["name"] for m in resumed.create] == ["cp-learner-0"]
+    assert resumed.status["phase"] == "Pending"
+
+
+def test_learner_failure_creates_the_next_attempt() -> None:
+    job = _job()
+    deps = {"rollout": _dep(1), "aggregator": _dep(1)}
+    failed = LearnerPod("cp-learner-0", 0, phase="Failed", exit_code=1, finished_at=T0)
+    plan = _plan(job, status={"phase": "Running"}, pods=[failed], deployments=deps)
+    assert [m["metadata"]["name"] for m in plan.create] == ["cp-learner-1"]
+    assert plan.create[0]["metadata"]["labels"]["impala.dev/restart"] == "1"
+    assert plan.status["learner"]["restarts"] == 1 and plan.delete_pods == []
+
+
+def test_success_cleans_up_and_ttl_deletes() -> None:
+    job = _job(runPolicy={"ttlSecondsAfterFinished": 5})
+    deps = {"rollout": _dep(2), "aggregator": _dep(1)}
+    done = LearnerPod("cp-learner-0", 0, phase="Succeeded", exit_code=0)
+    plan = _plan(job, status={"phase": "Running"}, pods=[done], deployments=deps)
+    assert plan.status["phase"] == "Succeeded" and plan.delete_pods == ["cp-learner-0"]
+    assert _replicas(plan) == {"cp-rollout": 0, "cp-aggregator": 0} and not plan.delete_job
+    gone = _plan(
+        job, status=plan.status, now=T0 + 6, deployments={"rollout": _dep(0), "aggregator": _dep(0)}
+    )
+    assert gone.delete_job and gone.apply == []
+
+
+def test_plan_children_keeps_live_replicas() -> None:
+    job = _job()
+    fresh = {m["kind"] + "/" + m["metadata"]["name"]: m for m in plan_children(job, UID, {})}
+    assert set(fresh) == {
+        "ConfigMap/cp-config",
+        "Service/cp-learner",
+        "Service/cp-status",
+        "NetworkPolicy/cp-network",
+        "Deployment/cp-rollout",
+        "Deployment/cp-aggregator",
+    }
+    assert fresh["Deployment/cp-rollout"]["spec"]["replicas"] == 1
+    live = plan_children(job, UID, {"rollout": _dep(4, "")})
+    rollout = next(m for m in live if m["metadata"]["name"] == "cp-rollout")
+    assert rollout["spec"]["replicas"] == 4
+    suspended = plan_children(_job(runPolicy={"suspend": True}), UID, {})
+    assert all(m["spec"]["replicas"] == 0 for m in suspended if m["kind"] == "Deployment")
