@@ -1,0 +1,70 @@
+"""The builders' children pass the real API server's validation: strict field validation (no
+misspelt or unknown fields), the `restricted` Pod Security Standard, and ownerReferences to a
+live ImpalaJob. No operator runs here; `tests/e2e/test_operator_*.py` runs it end to end."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from cluster import Kube, wait_for
+from impala_operator.builders import build_children
+from impala_trainer.manifest import parse_manifest
+from tests.e2e.test_crd_validation import install_crd
+from tests.unit.operator.crd_cases import VALID
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+@pytest.mark.parametrize("name", ["base", "everything"])
+def test_children_pass_strict_validation_and_restricted_pod_security(
+    kube: Kube, namespace: str, name: str
+) -> None:
+    install_crd(kube)
+    kube.kubectl(
+        "label", "namespace", namespace, "--overwrite",
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/warn=restricted",
+    )
+    manifest = VALID[name]
+    kube.kubectl("create", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
+    live = kube.get("ij", manifest["metadata"]["name"], "-n", namespace)
+    job = parse_manifest(live)
+    children = build_children(
+        job, live["metadata"]["uid"], rollout_replicas=2, aggregator_replicas=1
+    )
+    listing: dict[str, Any] = {"apiVersion": "v1", "kind": "List", "items": children}
+    proc = kube.kubectl(
+        "apply", "--server-side", "--field-manager=e2e", "--dry-run=server",
+        "--validate=strict", "-f", "-", stdin=json.dumps(listing),
+    )
+    # Strict validation and Pod Security report problems as warnings on stderr when they do not
+    # reject outright; a clean child set produces none.
+    assert "Warning" not in proc.stderr, proc.stderr
+    assert proc.stdout.count("serverside-applied") == len(children), proc.stdout
+
+
+def test_children_are_garbage_collected_with_the_job(kube: Kube, namespace: str) -> None:
+    install_crd(kube)
+    manifest = VALID["base"]
+    kube.kubectl("create", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
+    live = kube.get("ij", manifest["metadata"]["name"], "-n", namespace)
+    children = build_children(parse_manifest(live), live["metadata"]["uid"])
+    kube.kubectl(
+        "apply", "--server-side", "--field-manager=e2e", "-f", "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": children}),
+    )
+    selector = f"app.kubernetes.io/instance={manifest['metadata']['name']}"
+    kinds = "configmaps,services,deployments,networkpolicies,pods"
+    assert len(kube.get(kinds, "-n", namespace, "-l", selector)["items"]) == len(children)
+    kube.kubectl("delete", "ij", manifest["metadata"]["name"], "-n", namespace, "--wait=true")
+    wait_for(
+        lambda: not [
+            o for o in kube.get(kinds, "-n", namespace, "-l", selector)["items"]
+            if o["kind"] != "ReplicaSet"
+        ],
+        timeout=60,
+        what="garbage collection of the job's children",
+    )

@@ -1,0 +1,146 @@
+"""The CRD on a real API server: invalid ImpalaJobs rejected naming the field, valid ones accepted
+and defaulted exactly as the spec model defaults them, the scale and status subresources."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cluster import CommandError, Kube
+from impala_trainer.manifest import parse_manifest
+from impala_trainer.spec import ImpalaJobSpec
+from tests.unit.operator.crd_cases import INVALID, VALID, Invalid, base_job, job_with
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "manifests" / "crd.yaml"
+EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+
+
+def install_crd(kube: Kube) -> None:
+    """Apply the CRD and wait until the API server serves it (idempotent; other modules too)."""
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    kube.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/impalajobs.impala.dev"
+    )
+
+
+@pytest.fixture(scope="module")
+def crd(kube: Kube) -> Kube:
+    install_crd(kube)
+    return kube
+
+
+def _apply(kube: Kube, ns: str, manifest: dict[str, Any], *extra: str) -> None:
+    kube.kubectl(
+        "apply", "-n", ns, "--validate=strict", *extra, "-f", "-", stdin=json.dumps(manifest)
+    )
+
+
+@pytest.mark.parametrize("case", INVALID, ids=lambda c: c.id)
+def test_invalid_job_is_rejected_naming_the_field(crd: Kube, namespace: str, case: Invalid) -> None:
+    if case.kind == "immutable":
+        _apply(crd, namespace, base_job("bad"))  # create, then change the immutable field
+        update = job_with(case, "bad")
+        with pytest.raises(CommandError) as err:
+            _apply(crd, namespace, update)
+        assert "immutable" in err.value.stderr
+    else:
+        with pytest.raises(CommandError) as err:
+            _apply(crd, namespace, job_with(case), "--dry-run=server")
+    message = err.value.stderr
+    assert case.field in message, f"{case.id}: the error does not name {case.field}:\n{message}"
+
+
+def _leaves(value: Any, path: str = "") -> dict[str, Any]:
+    """Non-empty leaves of a nested dict by dotted path (None/{}/[] are "unset")."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_leaves(v, f"{path}.{k}" if path else k))
+        return out
+    return {} if value in (None, [], {}) else {path: value}
+
+
+@pytest.mark.parametrize("name", sorted(VALID))
+def test_valid_job_is_accepted_and_defaulted_like_the_model(
+    crd: Kube, namespace: str, name: str
+) -> None:
+    manifest = VALID[name]
+    # `create`, not client-side `apply`: apply drops explicit nulls (e.g. gradClip: null, which
+    # disables clipping) before they reach the server.
+    crd.kubectl(
+        "create", "-n", namespace, "--validate=strict", "-f", "-", stdin=json.dumps(manifest)
+    )
+    stored = crd.get("impalajob", manifest["metadata"]["name"], "-n", namespace)["spec"]
+    expected = parse_manifest(manifest).spec
+    assert ImpalaJobSpec.model_validate(stored) == expected
+    # The server filled in every default itself (not just "nothing contradicts the model").
+    stored_leaves = _leaves(stored)
+    for path, value in _leaves(expected.model_dump(mode="json", by_alias=True)).items():
+        assert stored_leaves.get(path) == value, f"{name}: {path} is {stored_leaves.get(path)}"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_accepted(crd: Kube, namespace: str, path: Path) -> None:
+    parse_manifest(yaml.safe_load(path.read_text()))
+    crd.kubectl("apply", "-n", namespace, "--validate=strict", "--dry-run=server", "-f", str(path))
+
+
+def test_scale_subresource_and_printer_columns(crd: Kube, namespace: str) -> None:
+    _apply(crd, namespace, base_job("scaled"))
+    crd.kubectl("scale", "ij/scaled", "-n", namespace, "--replicas=3")
+    job = crd.get("ij", "scaled", "-n", namespace)
+    assert job["spec"]["rollouts"]["replicas"] == 3
+    status = {
+        "phase": "Running",
+        "rollouts": {
+            "desired": 3, "ready": 2, "summary": "2/3",
+            "selector": "app.kubernetes.io/instance=scaled,app.kubernetes.io/component=rollout",
+        },
+        "progress": {"timesteps": 12345, "episodeReturnMean": 87.5},
+    }
+    crd.kubectl(
+        "patch", "ij", "scaled", "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": status}),
+    )
+    scale = json.loads(
+        crd.kubectl(
+            "get", "--raw",
+            f"/apis/impala.dev/v1alpha1/namespaces/{namespace}/impalajobs/scaled/scale",
+        ).stdout
+    )
+    assert scale["spec"]["replicas"] == 3
+    assert scale["status"] == {"replicas": 2, "selector": status["rollouts"]["selector"]}
+    table = crd.kubectl("get", "ij", "scaled", "-n", namespace).stdout.split("\n")
+    assert table[0].split() == ["NAME", "PHASE", "ROLLOUTS", "STEPS", "RETURN", "AGE"]
+    assert table[1].split()[:5] == ["scaled", "Running", "2/3", "12345", "87.5"]
+
+
+def test_status_is_validated_and_pruned(crd: Kube, namespace: str) -> None:
+    _apply(crd, namespace, base_job("statusy"))
+
+    def patch(status: dict[str, Any]) -> None:
+        crd.kubectl(
+            "patch", "ij", "statusy", "-n", namespace, "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": status}),
+        )
+
+    with pytest.raises(CommandError) as err:
+        patch({"phase": "Exploding"})
+    assert "status.phase" in err.value.stderr
+    patch({"phase": "Pending", "madeUp": 1, "kopf": {"progress": {"h": {"retries": 1}}}})
+    stored = crd.get("ij", "statusy", "-n", namespace)["status"]
+    assert "madeUp" not in stored  # pruned: only the schema's fields are stored
+    assert stored["kopf"] == {"progress": {"h": {"retries": 1}}}  # kopf's area is free-form
+    # the status subresource ignores spec changes and vice versa
+    crd.kubectl(
+        "patch", "ij", "statusy", "-n", namespace, "--type=merge",
+        "-p", json.dumps({"status": {"phase": "Failed"}}),
+    )
+    assert crd.get("ij", "statusy", "-n", namespace)["status"]["phase"] == "Pending"

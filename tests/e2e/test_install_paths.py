@@ -1,0 +1,180 @@
+"""Both install paths on a real API server: the Helm chart (lint, template, install, namespaced
+mode) and `kubectl apply -f manifests/`; RBAC is least-privilege and enough for the operator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cluster import CommandError, Kube
+from tests.e2e.test_crd_validation import install_crd
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = str(ROOT / "charts" / "impala-operator")
+MANIFESTS = ROOT / "manifests"
+
+# (verb, resource) the operator needs, and some it must not have.
+NEEDED = [
+    *[(v, "impalajobs.impala.dev") for v in ("get", "list", "watch", "patch", "update", "delete")],
+    *[(v, "impalajobs.impala.dev/status") for v in ("get", "patch", "update")],
+    *[
+        (v, r)
+        for r in ("pods", "services", "configmaps", "deployments.apps",
+                  "networkpolicies.networking.k8s.io")
+        for v in ("create", "get", "list", "watch", "patch", "update", "delete")
+    ],
+    *[(v, "persistentvolumeclaims") for v in ("get", "list", "watch")],
+    ("create", "events"),
+]
+FORBIDDEN = [
+    ("get", "secrets"),
+    ("create", "persistentvolumeclaims"),
+    ("create", "impalajobs.impala.dev"),
+    ("create", "roles.rbac.authorization.k8s.io"),
+    ("delete", "namespaces"),
+    ("create", "pods/exec"),
+]
+
+
+def _docs(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def _template(kube: Kube, *args: str) -> list[dict[str, Any]]:
+    out = kube.helm("template", "impala", CHART, "--namespace", "impala-system", *args).stdout
+    return _docs(out)
+
+
+def _rules(docs: list[dict[str, Any]], kind: str = "ClusterRole") -> list[dict[str, Any]]:
+    (role,) = [d for d in docs if d["kind"] == kind]
+    return list(role["rules"])
+
+
+def _can(kube: Kube, sa: str, verb: str, resource: str, ns: str) -> bool:
+    proc = kube.kubectl("auth", "can-i", verb, resource, "-n", ns, f"--as={sa}", check=False)
+    return proc.stdout.strip() == "yes"
+
+
+def test_helm_lint_is_clean(kube: Kube) -> None:
+    proc = kube.helm("lint", "--strict", CHART)
+    assert "0 chart(s) failed" in proc.stdout, proc.stdout
+    kube.helm("lint", "--strict", CHART, "--set", "watchNamespaces={team-a,team-b}")
+    # values.schema.json closes every level: a misspelt key fails instead of being ignored
+    with pytest.raises(CommandError) as err:
+        kube.helm("lint", "--strict", CHART, "--set", "metrics.prot=9091")
+    assert "prot" in err.value.stdout + err.value.stderr
+
+
+def test_template_renders_one_object_per_template_with_short_names(kube: Kube) -> None:
+    docs = _template(kube, "--set", "fullnameOverride=" + "x" * 63)
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == [
+        "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"
+    ]
+    for doc in docs:
+        assert len(doc["metadata"]["name"]) <= 63, doc["metadata"]["name"]
+        for value in doc["metadata"].get("labels", {}).values():
+            assert len(str(value)) <= 63
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    command = dep["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:3] == ["impalajob", "operator", "--all-namespaces"]
+    # CRDs are not templated: they ship untouched in crds/
+    assert not any(d["kind"] == "CustomResourceDefinition" for d in docs)
+
+
+def test_chart_and_manifests_grant_the_same_least_privilege(kube: Kube) -> None:
+    chart_rules = _rules(_template(kube))
+    manifest_rules = _rules(_docs((MANIFESTS / "rbac.yaml").read_text()))
+    assert chart_rules == manifest_rules
+    namespaced = _template(kube, "--set", "watchNamespaces={team-a}")
+    for rules in (chart_rules, _rules(namespaced), _rules(namespaced, "Role")):
+        for rule in rules:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], rule
+    # namespaced mode: only kopf's CRD discovery stays cluster-wide
+    assert _rules(namespaced) == [
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+         "verbs": ["list", "watch"]}
+    ]
+    (role,) = [d for d in namespaced if d["kind"] == "Role"]
+    assert role["metadata"]["namespace"] == "team-a"
+
+
+def test_helm_install_grants_the_operator_what_it_needs(kube: Kube, namespace: str) -> None:
+    install_crd(kube)
+    release = "impala-e2e"
+    proc = kube.helm("install", release, CHART, "--namespace", namespace)
+    assert "kubectl get ij" in proc.stdout  # NOTES.txt tells the next command
+    try:
+        fullname = f"{release}-impala-operator"
+        sa = f"system:serviceaccount:{namespace}:{fullname}"
+        dep = kube.get("deployment", fullname, "-n", namespace)
+        assert dep["spec"]["template"]["spec"]["serviceAccountName"] == fullname
+        kube.kubectl("rollout", "status", f"deployment/{fullname}", "-n", namespace,
+                     "--timeout=120s")
+        kube.get("service", f"{fullname}-metrics", "-n", namespace)
+        for verb, resource in NEEDED:
+            assert _can(kube, sa, verb, resource, "some-other-namespace"), (verb, resource)
+        for verb, resource in FORBIDDEN:
+            assert not _can(kube, sa, verb, resource, namespace), (verb, resource)
+        # and the account really works as a client (token from the TokenRequest API)
+        env = kube.env_for(kube.sa_kubeconfig(namespace, fullname))
+        kube.kubectl("get", "impalajobs", "--all-namespaces", env=env)
+    finally:
+        kube.helm("uninstall", release, "--namespace", namespace, check=False)
+
+
+def test_helm_install_namespaced_mode(kube: Kube, namespace: str) -> None:
+    install_crd(kube)
+    release = "impala-ns"
+    with kube.namespace("watched") as watched:
+        kube.helm(
+            "install", release, CHART, "--namespace", namespace,
+            "--set", f"watchNamespaces={{{watched}}}",
+        )
+        try:
+            fullname = f"{release}-impala-operator"
+            sa = f"system:serviceaccount:{namespace}:{fullname}"
+            dep = kube.get("deployment", fullname, "-n", namespace)
+            command = dep["spec"]["template"]["spec"]["containers"][0]["command"]
+            assert f"--namespace={watched}" in command and "--all-namespaces" not in command
+            assert _can(kube, sa, "create", "pods", watched)
+            assert _can(kube, sa, "patch", "impalajobs.impala.dev/status", watched)
+            assert not _can(kube, sa, "create", "pods", namespace)
+            assert not _can(kube, sa, "list", "impalajobs.impala.dev", "default")
+        finally:
+            kube.helm("uninstall", release, "--namespace", namespace, check=False)
+
+
+def test_kubectl_apply_manifests_installs_the_operator(kube: Kube) -> None:
+    proc = kube.kubectl("apply", "--validate=strict", "-f", str(MANIFESTS))
+    assert "Warning" not in proc.stderr, proc.stderr
+    sa = "system:serviceaccount:impala-system:impala-operator"
+    kube.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/impalajobs.impala.dev"
+    )
+    kube.kubectl("rollout", "status", "deployment/impala-operator", "-n", "impala-system",
+                 "--timeout=120s")
+    for verb, resource in NEEDED:
+        assert _can(kube, sa, verb, resource, "default"), (verb, resource)
+    for verb, resource in FORBIDDEN:
+        assert not _can(kube, sa, verb, resource, "default"), (verb, resource)
+    # idempotent: a second apply changes nothing
+    again = kube.kubectl("apply", "-f", str(MANIFESTS)).stdout
+    assert all(line.endswith("unchanged") for line in again.strip().splitlines()), again
+    # the operator's own namespace enforces the restricted Pod Security Standard, which the
+    # operator pod meets (it was admitted above); the example job is accepted too
+    ns = kube.get("namespace", "impala-system")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    kube.kubectl("apply", "--dry-run=server", "-n", "default", "-f",
+                 str(MANIFESTS / "examples" / "cartpole.yaml"))
+    assert json.loads(
+        kube.kubectl("get", "deployment", "impala-operator", "-n", "impala-system", "-o",
+                     "json").stdout
+    )["spec"]["strategy"]["type"] == "Recreate"
