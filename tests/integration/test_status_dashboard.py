@@ -1,0 +1,137 @@
+"""Headless Chromium loads the dashboard from a run directory with real history.
+
+The page draws each history point as an SVG <circle class="pt" data-x data-y>; the test reads
+the rendered DOM back and checks the plots hold exactly the points written to history.jsonl.
+A screenshot is saved under pytest's tmp dir as an artefact (its path is printed).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from impala_trainer.status.sample_run import write_sample_run
+from impala_trainer.status.server import serve_in_thread
+from impala_trainer.status.settings import Settings
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--virtual-time-budget=5000",
+]
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.skip("chromium is not installed (tests/setup-system.sh installs it)")
+
+
+class _Plots(HTMLParser):
+    """Collects the data points of every <svg id=...> plot and the key-number cards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.points: dict[str, list[tuple[float, float]]] = {}
+        self.cards: dict[str, str] = {}
+        self._svg: str | None = None
+        self._card_field: str | None = None
+        self._label = ""
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "svg" and a.get("id"):
+            self._svg = a["id"]
+            self.points.setdefault(self._svg, [])
+        elif tag == "circle" and self._svg and a.get("class") == "pt":
+            self.points[self._svg].append(
+                (float(a["data-x"] or "nan"), float(a["data-y"] or "nan"))
+            )
+        elif tag == "div" and a.get("class") in ("label", "value"):
+            self._card_field = a["class"]
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "svg":
+            self._svg = None
+        if tag == "div":
+            self._card_field = None
+
+    def handle_data(self, data: str) -> None:
+        if self._card_field == "label":
+            self._label = data
+        elif self._card_field == "value":
+            self.cards[self._label] = data
+
+
+@pytest.fixture
+def dashboard_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, list]]:
+    for key in list(os.environ):
+        if key.startswith("IMPALA_STATUS_"):
+            monkeypatch.delenv(key)
+    run_dir = tmp_path / "run"
+    snap, history = write_sample_run(run_dir, job="cartpole-browser", points=60)
+    url, stop = serve_in_thread(run_dir, "127.0.0.1", 0, settings=Settings())
+    yield url, [snap, history]
+    stop()
+
+
+def _run_chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_dashboard_plots_hold_the_history(dashboard_url: tuple[str, list], tmp_path: Path) -> None:
+    url, (snap, history) = dashboard_url
+    proc = _run_chromium(tmp_path, "--dump-dom", f"{url}/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    page = _Plots()
+    page.feed(proc.stdout)
+
+    with_return = [p for p in history if p.episode_return_mean is not None]
+    assert len(with_return) == len(history) - 1  # the first point has no episodes yet
+    assert page.points["plot-return"] == [(p.env_steps, p.episode_return_mean) for p in with_return]
+    assert page.points["plot-throughput"] == [(p.wall_seconds, p.env_steps_per_s) for p in history]
+
+    assert page.cards["Env steps sampled"] == f"{snap.counters.env_steps_sampled:,}"
+    assert page.cards["Mean return (100 ep)"] == f"{snap.episode_return_mean:.2f}"
+    assert page.cards["Rollouts / aggregators"] == "4 / 2"
+    assert "cartpole-browser" in proc.stdout
+    assert 'id="error" class="error" hidden' in proc.stdout  # no error banner
+
+
+def test_dashboard_screenshot(dashboard_url: tuple[str, list], tmp_path: Path) -> None:
+    url, _ = dashboard_url
+    shot = tmp_path / "dashboard.png"
+    proc = _run_chromium(tmp_path, f"--screenshot={shot}", "--window-size=1280,900", f"{url}/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    print(f"dashboard screenshot: {shot}")
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000  # a drawn page, not blank
+
+
+def test_dashboard_explains_a_missing_snapshot(tmp_path: Path) -> None:
+    url, stop = serve_in_thread(tmp_path / "empty", "127.0.0.1", 0, settings=Settings())
+    try:
+        proc = _run_chromium(tmp_path, "--dump-dom", f"{url}/")
+    finally:
+        stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "status → 503 missing: run directory" in proc.stdout
+    assert 'id="error" class="error" hidden' not in proc.stdout

@@ -1,0 +1,233 @@
+"""`impalajob status TARGET`: a job's training status from its sidecar, as a table or JSON.
+
+TARGET is the sidecar's URL, or an ImpalaJob name: then the URL is the job's `status.statusURL`
+(set by the operator), read with the Kubernetes client from the current (or --namespace)
+namespace. The Kubernetes client is imported only for names, so URL targets start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from impala_trainer.spec import API_GROUP, API_VERSION, PLURAL
+from impala_trainer.status.models import StatusResponse
+
+_SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+class StatusCommandError(Exception):
+    """A failure to report to the user as one message (exit status 1)."""
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", help="sidecar URL (http://host:8080) or ImpalaJob name")
+    parser.add_argument("--json", action="store_true", help="print the raw /status JSON")
+    parser.add_argument(
+        "--token", default=None, help="bearer token (default: $IMPALA_STATUS_TOKEN)"
+    )
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        default=None,
+        help="namespace of the ImpalaJob (default: the kubeconfig context's)",
+    )
+    parser.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout in seconds")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        url = resolve_url(args.target, args.namespace)
+        token = args.token if args.token is not None else os.environ.get("IMPALA_STATUS_TOKEN")
+        data = fetch_status(url, token, args.timeout, via_cluster=not is_url(args.target))
+    except StatusCommandError as err:
+        print(f"impalajob status: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print_table(StatusResponse.model_validate(data))
+    return 0
+
+
+def is_url(target: str) -> bool:
+    return target.startswith(("http://", "https://"))
+
+
+def resolve_url(target: str, namespace: str | None) -> str:
+    """The sidecar base URL for a URL or a job name."""
+    if is_url(target):
+        return target.rstrip("/")
+    return status_url_from_cluster(target, namespace)
+
+
+def status_url_from_cluster(name: str, namespace: str | None) -> str:
+    """Read `status.statusURL` of ImpalaJob `name` through the Kubernetes API."""
+    from kubernetes import client, config
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config.config_exception import ConfigException
+
+    try:
+        config.load_kube_config()
+        if namespace is None:
+            _, active = config.list_kube_config_contexts()
+            namespace = (active or {}).get("context", {}).get("namespace")
+    except ConfigException:
+        try:
+            config.load_incluster_config()
+        except ConfigException as err:
+            raise StatusCommandError(
+                f"{name!r} is not a URL, and there is no kubeconfig or in-cluster config to "
+                f"look the job up with ({err})"
+            ) from err
+        if namespace is None and os.path.exists(_SA_NAMESPACE):
+            with open(_SA_NAMESPACE) as f:
+                namespace = f.read().strip()
+    namespace = namespace or "default"
+    try:
+        obj: dict[str, Any] = client.CustomObjectsApi().get_namespaced_custom_object(
+            API_GROUP, API_VERSION, namespace, PLURAL, name
+        )
+    except ApiException as err:
+        if err.status == 404:
+            raise StatusCommandError(f"ImpalaJob {namespace}/{name} not found") from err
+        raise StatusCommandError(
+            f"cannot read ImpalaJob {namespace}/{name}: {err.status} {err.reason}"
+        ) from err
+    except Exception as err:  # urllib3 connection errors and the like
+        raise StatusCommandError(f"cannot reach the Kubernetes API: {err}") from err
+    url = (obj.get("status") or {}).get("statusURL")
+    if not url:
+        raise StatusCommandError(
+            f"ImpalaJob {namespace}/{name} has no status.statusURL yet (is the operator running, "
+            "and the learner pod scheduled?)"
+        )
+    return str(url).rstrip("/")
+
+
+def fetch_status(url: str, token: str | None, timeout: float, via_cluster: bool) -> dict[str, Any]:
+    """GET {url}/status; errors become one readable message."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        r = httpx.get(f"{url}/status", headers=headers, timeout=timeout)
+    except httpx.HTTPError as err:
+        hint = ""
+        if via_cluster:
+            # statusURL is a cluster-internal Service address; from a laptop, port-forward it.
+            host = urlsplit(url).hostname or ""
+            svc, port = host.split(".")[0], urlsplit(url).port or 8080
+            hint = (
+                f"\n  outside the cluster, run `kubectl port-forward svc/{svc} {port}` and "
+                f"`impalajob status http://localhost:{port}`"
+            )
+        raise StatusCommandError(f"cannot reach {url}: {err}{hint}") from err
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    if r.status_code != 200 or not isinstance(body, dict):
+        why = f"{body.get('error')}: {body.get('detail')}" if isinstance(body, dict) else r.text
+        raise StatusCommandError(f"{url}/status answered {r.status_code}: {why}")
+    return body
+
+
+def _num(v: float | int | None, digits: int = 1) -> str:
+    if v is None:
+        return "–"
+    return f"{v:,}" if isinstance(v, int) else f"{v:,.{digits}f}"
+
+
+def _duration(seconds: float) -> str:
+    h, rem = divmod(int(seconds), 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+def summary_rows(s: StatusResponse) -> list[tuple[str, str]]:
+    """The human summary as (label, value) rows (pure; the table printer only lays them out)."""
+    c, t, q, m = s.counters, s.throughput, s.learner_queue, s.membership
+    ret = _num(s.episode_return_mean, 2)
+    if s.episode_return_min is not None and s.episode_return_max is not None:
+        ret += f"  (min {_num(s.episode_return_min, 1)}, max {_num(s.episode_return_max, 1)})"
+    stop = ", ".join(f"{k} {v:g}" for k, v in s.stop.criteria.items()) or "none"
+    stop += f"; {s.stop.progress:.0%} done"
+    if s.stop.stopped_by:
+        stop += f"; stopped by {s.stop.stopped_by}"
+    rows = [
+        ("Phase", s.phase + (f" ({s.message})" if s.message else "")),
+        (
+            "Env steps sampled / trained",
+            f"{_num(c.env_steps_sampled)} / {_num(c.env_steps_trained)}",
+        ),
+        ("Episodes", _num(c.episodes)),
+        ("Mean return (last 100)", ret),
+        ("Mean episode length", _num(s.episode_len_mean)),
+        (
+            "Throughput",
+            f"{_num(t.env_steps_per_s)} env steps/s, "
+            f"{_num(t.trained_steps_per_s)} trained/s, "
+            f"{_num(t.learner_updates_per_s, 2)} updates/s",
+        ),
+        ("Learner updates", f"{_num(c.learner_updates)} (policy version {c.policy_version})"),
+        (
+            "Learner queue",
+            f"fill {q.fill:.0%} ({q.size_mean:.1f}/{q.capacity}), "
+            f"learner idle {q.learner_idle_fraction:.0%}, "
+            f"full {c.learner_queue_full}x",
+        ),
+        (
+            "Members",
+            f"{m.rollout_workers} rollouts on {m.rollout_nodes} nodes, "
+            f"{m.aggregator_workers} aggregators on {m.aggregator_nodes} nodes",
+        ),
+        ("Policy lag (mean)", _num(s.policy_lag_mean, 2)),
+        ("Stop", stop),
+        (
+            "Last checkpoint",
+            f"{s.checkpoint.path} at {_num(s.checkpoint.env_steps_sampled)} steps"
+            if s.checkpoint
+            else "none",
+        ),
+        ("Training time", _duration(s.wall_seconds)),
+        ("Snapshot age", f"{s.age_seconds:.1f} s"),
+    ]
+    if s.learner:
+        rows.append(("Learner", ", ".join(f"{k} {v:.4g}" for k, v in s.learner.items())))
+    if s.timing:
+        rows.append(("Timing (ms)", ", ".join(f"{k} {v:.3g}" for k, v in s.timing.items())))
+    if s.summary is not None:
+        rows.append(
+            (
+                "Summary",
+                f"{s.summary.phase}: {_num(s.summary.timesteps)} steps in "
+                f"{_duration(s.summary.wall_seconds)}, stopped by "
+                f"{s.summary.stopped_by or '–'}",
+            )
+        )
+    return rows
+
+
+def print_table(s: StatusResponse) -> None:
+    """Print the summary with rich (plain text when stdout is not a terminal)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    updated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.updated_at))
+    table = Table(
+        title=f"ImpalaJob {s.job}",
+        caption=f"snapshot of {updated}",
+        show_header=False,
+        title_justify="left",
+    )
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    for label, value in summary_rows(s):
+        table.add_row(label, value)
+    Console(width=None if sys.stdout.isatty() else 120).print(table)
