@@ -87,12 +87,16 @@ class _Process:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
-    def stop(self, grace: float) -> None:
+    def terminate(self) -> None:
+        """Ask the whole process group to exit."""
         if self.alive():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(timeout=grace)
+
+    def kill(self, deadline: float) -> None:
+        """Wait for the exit until `deadline`, then SIGKILL the group; close the log."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
         # The whole group, also when the leader already exited: a component may have children.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, signal.SIGKILL)
@@ -172,9 +176,12 @@ class ControlPlane:
         if self._stopped:
             return
         self._stopped = True
+        # All at once and briefly: the data is thrown away, so a graceful shutdown buys nothing.
         for proc in reversed(self.processes):
-            # Data is thrown away, so graceful shutdown buys nothing but time.
-            proc.stop(grace=3.0)
+            proc.terminate()
+        deadline = time.monotonic() + 3.0
+        for proc in reversed(self.processes):
+            proc.kill(deadline)
         if self.keep_workdir:
             print(f"\n[controlplane] logs and data kept in {self.workdir}", file=sys.stderr)
         else:
