@@ -31,6 +31,7 @@ from impala_trainer.spec import API_GROUP, API_VERSION, PLURAL, ImpalaJob
 RESOURCE = (API_GROUP, API_VERSION, PLURAL)
 OURS = {L.MANAGED_BY_KEY: L.MANAGED_BY}
 TERMINAL = ("Succeeded", "Failed")
+log = logging.getLogger(__name__)
 
 
 def parse_job(body: Mapping[str, Any]) -> ImpalaJob:
@@ -69,7 +70,13 @@ def _deployment_views(index: kopf.Index, uid: str) -> dict[str, st.DeploymentVie
 def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
     """Register every handler on `registry` (the timer's interval comes from `config`)."""
 
-    @kopf.on.startup(registry=registry)
+    @kopf.on.login(id="login", registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # A private registry lacks kopf's default login handlers: use the kubernetes client's
+        # config loading ($KUBECONFIG, else in-cluster), the same identity `apply.Api` uses.
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(id="startup", registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         # Bookkeeping under the project's own annotation prefix, not in the status schema.
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
@@ -80,38 +87,39 @@ def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
         settings.watching.server_timeout = 300
         memo.sidecar = SidecarClient(memo.settings.sidecar_timeout)
 
-    @kopf.on.cleanup(registry=registry)
+    @kopf.on.cleanup(id="cleanup", registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await memo.sidecar.aclose()
         memo.api.close()
 
-    @kopf.index("pods", labels={**OURS, L.COMPONENT: "learner"}, registry=registry)
+    @kopf.index(
+        "pods", id="learner_pods", labels={**OURS, L.COMPONENT: "learner"}, registry=registry
+    )
     def learner_pods(body: kopf.Body, meta: kopf.Meta, **_: Any) -> dict[str, Any] | None:
         owner = _owner(meta)
         return {owner: st.learner_pod_view(body)} if owner else None
 
-    @kopf.index("apps", "v1", "deployments", labels=OURS, registry=registry)
+    @kopf.index("apps", "v1", "deployments", id="node_deployments", labels=OURS, registry=registry)
     def node_deployments(body: kopf.Body, meta: kopf.Meta, **_: Any) -> dict[str, Any] | None:
         owner, role = _owner(meta), meta.get("labels", {}).get(L.COMPONENT)
         if not owner or role not in reconcile.ROLES:
             return None
         return {owner: (role, st.deployment_view(body))}
 
-    @kopf.on.event(*RESOURCE, registry=registry)
+    @kopf.on.event(*RESOURCE, id="phase", registry=registry)
     def track_phase(event: kopf.RawEvent, uid: str, status: kopf.Status, **_: Any) -> None:
         if event["type"] == "DELETED":
             metrics.JOBS.forget(uid)
         else:
             metrics.JOBS.record(uid, status.get("phase"))
 
-    @kopf.on.resume(*RESOURCE, registry=registry)
-    @kopf.on.create(*RESOURCE, registry=registry)
-    @kopf.on.update(*RESOURCE, registry=registry)
+    @kopf.on.resume(*RESOURCE, id="children", backoff=5, registry=registry)
+    @kopf.on.create(*RESOURCE, id="children", backoff=5, registry=registry)
+    @kopf.on.update(*RESOURCE, id="children", backoff=5, registry=registry)
     async def apply_children(
         body: kopf.Body,
         uid: str,
         memo: kopf.Memo,
-        logger: logging.Logger,
         node_deployments: kopf.Index,
         **_: Any,
     ) -> None:
@@ -131,9 +139,15 @@ def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
         except ApiError as exc:
             metrics.ERRORS.labels("children").inc()
             raise kopf.TemporaryError(f"applying children: {exc}", delay=5) from exc
-        logger.info("children of %s applied", job.name)
+        log.info("%s/%s children applied", job.metadata.namespace, job.name)
 
-    @kopf.timer(*RESOURCE, interval=config.reconcile_interval, registry=registry)
+    @kopf.timer(
+        *RESOURCE,
+        id="tick",
+        interval=config.reconcile_interval,
+        backoff=config.reconcile_interval,
+        registry=registry,
+    )
     async def tick(
         body: kopf.Body,
         uid: str,
@@ -141,7 +155,6 @@ def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
         status: kopf.Status,
         patch: kopf.Patch,
         memo: kopf.Memo,
-        logger: logging.Logger,
         learner_pods: kopf.Index,
         node_deployments: kopf.Index,
         **_: Any,
@@ -185,7 +198,7 @@ def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
         patch.status.update(st.status_patch(dict(status), plan.status))
         for event in plan.events:
             metrics.TRANSITIONS.labels(event.reason).inc()
-            logger.info("%s: %s", event.reason, event.message)
+            log.info("%s/%s %s: %s", job.metadata.namespace, job.name, event.reason, event.message)
         if plan.scale is not None and plan.scale.changed:
             metrics.SCALE_DECISIONS.labels("rollout", plan.scale.reason).inc()
         metrics.TICK_SECONDS.observe(time.monotonic() - started)

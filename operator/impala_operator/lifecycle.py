@@ -199,7 +199,7 @@ def _transition(
     warning = phase == "Failed" or reason == "LearnerFailed"
     events.append(Event("Warning" if warning else "Normal", reason, message))
     conds = state.conditions
-    if phase == "Running":
+    if phase == "Running" and any(c.get("type") == "Restarting" for c in conds):
         conds = set_condition(conds, "Restarting", False, "Running", "learner running", now)
     if phase in ("Running", "Succeeded", "Failed", "Suspended") or state.phase == "Running":
         conds = set_condition(conds, "Running", phase == "Running", reason, message, now)

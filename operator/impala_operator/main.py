@@ -88,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
     config = settings_from_args(args)
     kopf.configure(verbose=args.verbose)
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("impala_operator").setLevel(logging.INFO)
+    if not args.verbose:
+        # kopf logs every handler run at INFO ("Handler ... succeeded"): per job per tick.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if config.kubeconfig:
         # kopf's own login (kubernetes-client based) reads $KUBECONFIG: one identity for both.
         os.environ["KUBECONFIG"] = config.kubeconfig

@@ -13,6 +13,7 @@ from prometheus_client import (
     Counter,
     Histogram,
     ProcessCollector,
+    disable_created_metrics,
     start_http_server,
 )
 from prometheus_client.core import GaugeMetricFamily
@@ -22,6 +23,7 @@ from impala_operator.lifecycle import Phase
 
 PHASES: tuple[Phase, ...] = ("Pending", "Starting", "Running", "Suspended", "Succeeded", "Failed")
 
+disable_created_metrics()  # *_created series only add noise for counters that start with us
 REGISTRY = CollectorRegistry()
 ProcessCollector(registry=REGISTRY)
 

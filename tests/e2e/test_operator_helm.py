@@ -1,0 +1,604 @@
+"""The operator end to end on the real control plane, installed with the Helm chart.
+
+The operator runs as a local process (`impalajob operator --namespace NS`) authenticated as the
+chart's own ServiceAccount, so every test also proves the chart's RBAC is enough. Pods are kwok's:
+tests end learner pods through the exit-code annotation, and point the operator at a REAL status
+sidecar (`impalajob status-server`) over run directories they write. `OperatorSuite` holds the
+tests; `test_operator_manifests.py` runs the same suite after `kubectl apply -f manifests/`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cluster import Kube, wait_for
+from impala_trainer.snapshot import (
+    STATUS_FILE,
+    Counters,
+    LearnerQueue,
+    StatusSnapshot,
+    Throughput,
+    write_json_atomic,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "impala-operator"
+EXAMPLE = ROOT / "manifests" / "examples" / "cartpole.yaml"
+URL_ANNOTATION = "impala.dev/status-url"
+OPERATOR_ENV = {
+    "IMPALA_OPERATOR_RECONCILE_INTERVAL": "1",
+    "IMPALA_OPERATOR_RESTART_BACKOFF_SECONDS": "1",
+    "IMPALA_OPERATOR_SIDECAR_TIMEOUT": "1",
+    "IMPALA_OPERATOR_HEALTH_PORT": "0",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Operator:
+    """`impalajob operator` as a child process, restartable (and killable) by tests."""
+
+    def __init__(self, kube: Kube, kubeconfig: Path, namespace: str, logdir: Path) -> None:
+        self.kube, self.kubeconfig, self.namespace, self.logdir = (
+            kube,
+            kubeconfig,
+            namespace,
+            logdir,
+        )
+        self.metrics_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log = (self.logdir / f"operator-{self.starts}.log").open("wb")
+        env = {**self.kube.env_for(self.kubeconfig), **OPERATOR_ENV}
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "impala_trainer.cli",
+                "operator",
+                "--namespace",
+                self.namespace,
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--metrics-port",
+                str(self.metrics_port),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        wait_for(self.metrics, timeout=60, what="operator /metrics")
+
+    def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return str(response.read().decode())
+
+    def kill(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = (self.logdir / f"operator-{self.starts}.log").read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class Sidecar:
+    """A real status sidecar (`impalajob status-server`) over a run directory the test writes."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/status"
+        self.steps = 0
+        self.write(fill=0.5, idle=0.1)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "impala_trainer.cli",
+                "status-server",
+                "--run-dir",
+                str(run_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        wait_for(
+            lambda: urllib.request.urlopen(self.url, timeout=2).status == 200,
+            timeout=60,
+            what="status sidecar",
+        )
+
+    def write(self, *, fill: float, idle: float, steps: int | None = None) -> None:
+        """A fresh snapshot of a running learner: queue fill, idle fraction, env steps."""
+        self.steps = self.steps + 500 if steps is None else steps
+        write_json_atomic(
+            self.run_dir / STATUS_FILE,
+            StatusSnapshot(
+                job="e2e",
+                phase="Running",
+                started_at=time.time() - 60,
+                updated_at=time.time(),
+                counters=Counters(env_steps_sampled=self.steps, episodes=self.steps // 50),
+                episode_return_mean=round(self.steps / 100, 1),
+                throughput=Throughput(env_steps_per_s=700.0),
+                learner_queue=LearnerQueue(capacity=16, fill=fill, learner_idle_fraction=idle),
+            ),
+        )
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def job(name: str, **spec: Any) -> dict[str, Any]:
+    """A small ImpalaJob; `spec` sections replace the defaults' sections."""
+    base: dict[str, Any] = {
+        "env": {"id": "CartPole-v1", "numEnvsPerWorker": 4},
+        "rollouts": {"minReplicas": 1, "maxReplicas": 3},
+    }
+    base.update(spec)
+    return {
+        "apiVersion": "impala.dev/v1alpha1",
+        "kind": "ImpalaJob",
+        "metadata": {"name": name},
+        "spec": base,
+    }
+
+
+class OperatorSuite:
+    """The operator's end-to-end behaviour; subclasses provide `operator_identity` (install)."""
+
+    @pytest.fixture(scope="class")
+    def ns(self, kube: Kube) -> Iterator[str]:
+        with kube.namespace(type(self).__name__.lower()[:20]) as name:
+            yield name
+
+    @pytest.fixture(scope="class")
+    def operator_identity(self, kube: Kube, ns: str) -> Path:
+        raise NotImplementedError
+
+    @pytest.fixture(scope="class")
+    def operator(
+        self, kube: Kube, ns: str, operator_identity: Path, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[Operator]:
+        op = Operator(kube, operator_identity, ns, tmp_path_factory.mktemp("operator"))
+        op.start()
+        try:
+            yield op
+        finally:
+            op.kill()
+            print(f"--- operator log tail\n{op.log_tail()}")
+
+    @pytest.fixture
+    def sidecar(self, tmp_path: Path) -> Iterator[Sidecar]:
+        sc = Sidecar(tmp_path / "run")
+        yield sc
+        sc.stop()
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    @staticmethod
+    def create(kube: Kube, ns: str, manifest: dict[str, Any]) -> None:
+        kube.kubectl("apply", "-n", ns, "-f", "-", stdin=json.dumps(manifest))
+
+    @staticmethod
+    def ij(kube: Kube, ns: str, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = kube.get("ij", name, "-n", ns)
+        return result
+
+    def wait_status(
+        self,
+        kube: Kube,
+        ns: str,
+        name: str,
+        check: Callable[[dict[str, Any]], Any],
+        what: str,
+        timeout: float = 60,
+    ) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            status = self.ij(kube, ns, name).get("status") or {}
+            return status if check(status) else None
+
+        try:
+            return wait_for(probe, timeout=timeout, interval=0.5, what=f"{name}: {what}")
+        except TimeoutError as exc:
+            status = self.ij(kube, ns, name).get("status") or {}
+            raise AssertionError(f"{exc}; status: {json.dumps(status)}") from None
+
+    @staticmethod
+    def replicas(kube: Kube, ns: str, name: str) -> int:
+        return int(kube.get("deployment", name, "-n", ns)["spec"]["replicas"])
+
+    @staticmethod
+    def learner_pods(kube: Kube, ns: str, name: str) -> list[str]:
+        pods = kube.pods(
+            ns, f"app.kubernetes.io/instance={name},app.kubernetes.io/component=learner"
+        )
+        return sorted(
+            p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")
+        )
+
+    @staticmethod
+    def events(kube: Kube, ns: str, name: str) -> list[str]:
+        items = kube.get("events", "-n", ns, "--field-selector", f"involvedObject.name={name}")
+        return [e["reason"] for e in items["items"]]
+
+    @staticmethod
+    def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+        return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
+
+    # --- tests -----------------------------------------------------------------------------
+
+    def test_cartpole_example_children_status_and_printer_columns(
+        self, kube: Kube, ns: str, operator: Operator, sidecar: Sidecar
+    ) -> None:
+        kube.kubectl("apply", "-n", ns, "-f", str(EXAMPLE))
+        kube.kubectl("annotate", "ij", "cartpole", "-n", ns, f"{URL_ANNOTATION}={sidecar.url}")
+        live = self.ij(kube, ns, "cartpole")
+        uid = live["metadata"]["uid"]
+
+        st = self.wait_status(
+            kube,
+            ns,
+            "cartpole",
+            lambda s: s.get("phase") == "Running" and s["rollouts"]["ready"] == 2,
+            "Running with 2 rollouts",
+        )
+        config = kube.get("configmap", "cartpole-config", "-n", ns)
+        job_yaml = yaml.safe_load(config["data"]["job.yaml"])
+        assert job_yaml["spec"]["training"]["trainBatchSize"] == 800
+        assert job_yaml["spec"]["rollouts"]["minReplicas"] == 2
+
+        pod = kube.get("pod", "cartpole-learner-0", "-n", ns)
+        assert pod["metadata"]["ownerReferences"][0]["uid"] == uid
+        assert pod["spec"]["restartPolicy"] == "Never"
+        assert [c["name"] for c in pod["spec"]["containers"]] == ["learner"]
+        assert [c["name"] for c in pod["spec"]["initContainers"]] == ["status"]
+        assert pod["status"]["phase"] == "Running"
+        learner_svc = kube.get("service", "cartpole-learner", "-n", ns)
+        assert learner_svc["spec"]["clusterIP"] == "None"
+        kube.get("service", "cartpole-status", "-n", ns)
+        kube.get("networkpolicy", "cartpole-network", "-n", ns)
+        assert self.replicas(kube, ns, "cartpole-rollout") == 2
+        assert self.replicas(kube, ns, "cartpole-aggregator") == 0
+        rollout_pods = kube.pods(
+            ns, "app.kubernetes.io/instance=cartpole,app.kubernetes.io/component=rollout"
+        )
+        assert len(rollout_pods) == 2 and {p["status"]["phase"] for p in rollout_pods} == {
+            "Running"
+        }
+        for child in ("configmap/cartpole-config", "deployment/cartpole-rollout"):
+            owners = kube.get(child, "-n", ns)["metadata"]["ownerReferences"]
+            assert owners[0]["uid"] == uid and owners[0]["controller"] is True
+
+        assert st["statusURL"] == f"http://cartpole-status.{ns}.svc:8080/status"
+        assert st["learner"] == {"ready": True, "restarts": 0, "podName": "cartpole-learner-0"}
+        assert st["observedGeneration"] == live["metadata"]["generation"]
+        assert st["startTime"] and self.condition(st, "Running")["status"] == "True"
+
+        # The status follows the sidecar.
+        sidecar.write(fill=0.5, idle=0.1, steps=12_500)
+        st = self.wait_status(
+            kube,
+            ns,
+            "cartpole",
+            lambda s: s.get("progress", {}).get("timesteps") == 12_500,
+            "progress from the sidecar",
+        )
+        assert st["progress"]["episodeReturnMean"] == 125.0
+        assert st["progress"]["envStepsPerSecond"] == 700.0
+        assert st["progress"]["learnerQueueFill"] == 0.5
+
+        table = kube.kubectl("get", "ij", "-n", ns).stdout.splitlines()
+        assert table[0].split() == ["NAME", "PHASE", "ROLLOUTS", "STEPS", "RETURN", "AGE"]
+        assert table[1].split()[:5] == ["cartpole", "Running", "2/2", "12500", "125"]
+        assert "Created" in self.events(kube, ns, "cartpole")
+        metrics = operator.metrics()
+        assert 'impala_operator_jobs{phase="Running"}' in metrics
+        assert "impala_operator_reconciles_total" in metrics
+
+    def test_autoscaling_follows_the_learner_queue(
+        self, kube: Kube, ns: str, operator: Operator, sidecar: Sidecar
+    ) -> None:
+        manifest = job(
+            "scaler",
+            rollouts={
+                "minReplicas": 1,
+                "maxReplicas": 3,
+                "workersPerPod": 4,
+                "autoscaling": {"cooldownSeconds": 1, "stabilizationWindowSeconds": 2},
+            },
+            aggregators={"minReplicas": 0, "maxReplicas": 2},
+        )
+        manifest["metadata"]["annotations"] = {URL_ANNOTATION: sidecar.url}
+        seen: list[int] = []
+
+        def rollouts_at(n: int, fill: float, idle: float) -> Callable[[], bool]:
+            def check() -> bool:
+                sidecar.write(fill=fill, idle=idle)  # keep the snapshot fresh
+                seen.append(self.replicas(kube, ns, "scaler-rollout"))
+                return seen[-1] == n
+
+            return check
+
+        sidecar.write(fill=0.0, idle=0.95)  # starving: the learner waits on an empty queue
+        self.create(kube, ns, manifest)
+        wait_for(rollouts_at(3, 0.0, 0.95), timeout=90, what="scale up to max 3")
+        assert self.replicas(kube, ns, "scaler-aggregator") == 2  # ceil(3 pods * 4 / 4), max 2
+        st = self.ij(kube, ns, "scaler")["status"]
+        assert st["lastScaleTime"] and st["rollouts"]["desired"] == 3
+        wait_for(rollouts_at(1, 1.0, 0.0), timeout=90, what="scale down to min 1")
+        assert self.replicas(kube, ns, "scaler-aggregator") == 1
+        assert max(seen) == 3 and min(seen) == 1
+        reasons = self.events(kube, ns, "scaler")
+        # Steps of 1: two decisions each way (1 -> 2 -> 3 -> 2 -> 1), each an Event.
+        assert reasons.count("LearnerStarved") == 2 and reasons.count("LearnerQueueSaturated") == 2
+
+    def test_kubectl_scale_sets_rollouts(self, kube: Kube, ns: str, operator: Operator) -> None:
+        self.create(kube, ns, job("scaled", rollouts={"minReplicas": 1, "maxReplicas": 4}))
+        self.wait_status(kube, ns, "scaled", lambda s: s.get("phase") == "Running", "Running")
+        kube.kubectl("scale", "ij/scaled", "-n", ns, "--replicas=3")
+        wait_for(
+            lambda: self.replicas(kube, ns, "scaled-rollout") == 3,
+            timeout=30,
+            what="rollouts scaled to 3",
+        )
+        self.wait_status(kube, ns, "scaled", lambda s: s["rollouts"]["ready"] == 3, "3 ready")
+        scale = kube.get("ij/scaled", "-n", ns, "--subresource=scale")
+        assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
+        assert "ManualScale" in self.events(kube, ns, "scaled")
+
+    def test_suspend_keeps_the_checkpoint_and_resume_continues(
+        self, kube: Kube, ns: str, operator: Operator
+    ) -> None:
+        kube.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": f"ckpt-{ns}"},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "e2e-manual",
+                    "hostPath": {"path": "/tmp/ckpt"},
+                    "claimRef": {"namespace": ns, "name": "ckpt"},
+                },
+            }
+        )
+        kube.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "ckpt", "namespace": ns},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "e2e-manual",
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            }
+        )
+        self.create(kube, ns, job("pausy", checkpoint={"volumeClaim": "ckpt"}))
+        self.wait_status(kube, ns, "pausy", lambda s: s.get("phase") == "Running", "Running")
+        claim_uid = kube.get("pvc", "ckpt", "-n", ns)["metadata"]["uid"]
+
+        kube.kubectl(
+            "patch",
+            "ij",
+            "pausy",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            '{"spec": {"runPolicy": {"suspend": true}}}',
+        )
+        st = self.wait_status(
+            kube, ns, "pausy", lambda s: s.get("phase") == "Suspended", "Suspended"
+        )
+        wait_for(
+            lambda: self.learner_pods(kube, ns, "pausy") == [],
+            timeout=30,
+            what="learner pod deleted",
+        )
+        assert self.replicas(kube, ns, "pausy-rollout") == 0
+        assert self.replicas(kube, ns, "pausy-aggregator") == 0
+        assert self.condition(st, "Suspended")["status"] == "True"
+        assert kube.get("pvc", "ckpt", "-n", ns)["metadata"]["uid"] == claim_uid
+
+        kube.kubectl(
+            "patch",
+            "ij",
+            "pausy",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            '{"spec": {"runPolicy": {"suspend": false}}}',
+        )
+        st = self.wait_status(
+            kube, ns, "pausy", lambda s: s.get("phase") == "Running", "Running again"
+        )
+        assert self.learner_pods(kube, ns, "pausy") == ["pausy-learner-0"]
+        assert st["learner"]["restarts"] == 0 and self.replicas(kube, ns, "pausy-rollout") == 1
+        pod = kube.get("pod", "pausy-learner-0", "-n", ns)
+        claims = [
+            v["persistentVolumeClaim"]["claimName"]
+            for v in pod["spec"]["volumes"]
+            if "persistentVolumeClaim" in v
+        ]
+        assert claims == ["ckpt"]
+        assert {"Suspended", "Resumed"} <= set(self.events(kube, ns, "pausy"))
+
+    def test_learner_failure_restarts_up_to_backoff_limit(
+        self, kube: Kube, ns: str, operator: Operator
+    ) -> None:
+        self.create(kube, ns, job("flaky", runPolicy={"backoffLimit": 2}))
+        for attempt in range(3):
+            pod = f"flaky-learner-{attempt}"
+            self.wait_status(
+                kube,
+                ns,
+                "flaky",
+                lambda s, a=attempt: s.get("phase") == "Running" and s["learner"]["restarts"] == a,
+                f"attempt {attempt} running",
+            )
+            kube.end_pod(ns, pod, exit_code=1, reason="Error")
+        st = self.wait_status(kube, ns, "flaky", lambda s: s.get("phase") == "Failed", "Failed")
+        failed = self.condition(st, "Failed")
+        assert failed["status"] == "True" and failed["reason"] == "BackoffLimitExceeded"
+        assert st["learner"]["restarts"] == 2 and st["learner"]["lastExitCode"] == 1
+        assert st["completionTime"]
+        wait_for(
+            lambda: self.learner_pods(kube, ns, "flaky") == [],
+            timeout=30,
+            what="cleanPodPolicy All removes the learner pods",
+        )
+        reasons = self.events(kube, ns, "flaky")
+        assert reasons.count("LearnerFailed") == 2 and "BackoffLimitExceeded" in reasons
+
+    def test_stop_succeeds_and_cleans_up(self, kube: Kube, ns: str, operator: Operator) -> None:
+        self.create(kube, ns, job("done", runPolicy={"cleanPodPolicy": "All"}))
+        self.create(kube, ns, job("keep", runPolicy={"cleanPodPolicy": "None"}))
+        for name in ("done", "keep"):
+            self.wait_status(kube, ns, name, lambda s: s.get("phase") == "Running", "Running")
+            kube.end_pod(ns, f"{name}-learner-0", exit_code=0)
+        for name in ("done", "keep"):
+            st = self.wait_status(
+                kube, ns, name, lambda s: s.get("phase") == "Succeeded", "Succeeded"
+            )
+            assert st["completionTime"] and self.condition(st, "Succeeded")["status"] == "True"
+        wait_for(
+            lambda: self.learner_pods(kube, ns, "done") == [],
+            timeout=30,
+            what="finished learner pod removed",
+        )
+        assert self.replicas(kube, ns, "done-rollout") == 0
+        assert self.learner_pods(kube, ns, "keep") == ["keep-learner-0"]
+        assert self.replicas(kube, ns, "keep-rollout") == 1
+        assert "Completed" in self.events(kube, ns, "done")
+
+    def test_deadline_fails_the_job(self, kube: Kube, ns: str, operator: Operator) -> None:
+        self.create(kube, ns, job("late", runPolicy={"activeDeadlineSeconds": 3}))
+        st = self.wait_status(kube, ns, "late", lambda s: s.get("phase") == "Failed", "Failed")
+        assert self.condition(st, "Failed")["reason"] == "DeadlineExceeded"
+        assert "DeadlineExceeded" in self.events(kube, ns, "late")
+
+    def test_ttl_deletes_the_finished_job(self, kube: Kube, ns: str, operator: Operator) -> None:
+        self.create(kube, ns, job("brief", runPolicy={"ttlSecondsAfterFinished": 1}))
+        self.wait_status(kube, ns, "brief", lambda s: s.get("phase") == "Running", "Running")
+        kube.end_pod(ns, "brief-learner-0", exit_code=0)
+
+        def gone() -> bool:
+            return kube.kubectl("get", "ij", "brief", "-n", ns, check=False).returncode != 0
+
+        wait_for(gone, timeout=60, what="the ImpalaJob deleted by its TTL")
+        wait_for(
+            lambda: (
+                kube.get("deployments", "-n", ns, "-l", "app.kubernetes.io/instance=brief")["items"]
+                == []
+            ),
+            timeout=60,
+            what="children garbage-collected",
+        )
+
+    def test_operator_killed_mid_reconcile_leaves_no_duplicates(
+        self, kube: Kube, ns: str, operator: Operator
+    ) -> None:
+        names = [f"crash-{i}" for i in range(4)]
+        items = [job(n) for n in names]
+        kube.kubectl(
+            "apply",
+            "-n",
+            ns,
+            "-f",
+            "-",
+            stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+        )
+        # Kill it while it is creating children, then start it again.
+        with contextlib.suppress(TimeoutError):
+            wait_for(
+                lambda: kube.get(
+                    "deployments", "-n", ns, "-l", "app.kubernetes.io/instance=crash-0"
+                )["items"],
+                timeout=20,
+                interval=0.1,
+                what="first child",
+            )
+        operator.kill(signal.SIGKILL)
+        operator.start()
+        for name in names:
+            self.wait_status(
+                kube,
+                ns,
+                name,
+                lambda s: s.get("phase") == "Running" and s["rollouts"]["ready"] == 1,
+                "Running",
+                timeout=90,
+            )
+        for name in names:
+            sel = f"app.kubernetes.io/instance={name}"
+            kinds = kube.get(
+                "configmaps,services,deployments,networkpolicies,pods", "-n", ns, "-l", sel
+            )["items"]
+            counts: dict[str, int] = {}
+            for obj in kinds:
+                counts[obj["kind"]] = counts.get(obj["kind"], 0) + 1
+            # 2 Services; pods: the learner and one rollout pod.
+            assert counts == {
+                "ConfigMap": 1,
+                "Service": 2,
+                "Deployment": 2,
+                "NetworkPolicy": 1,
+                "Pod": 2,
+            }, (name, counts)
+            assert self.learner_pods(kube, ns, name) == [f"{name}-learner-0"]
+
+
+class TestOperatorHelm(OperatorSuite):
+    """Installed with `helm install` in namespaced mode (a Role in the watched namespace)."""
+
+    @pytest.fixture(scope="class")
+    def operator_identity(self, kube: Kube, ns: str) -> Iterator[Path]:
+        release = "impala-e2e"
+        kube.helm("install", release, str(CHART), "-n", ns, "--set", f"watchNamespaces={{{ns}}}")
+        sa = kube.get("serviceaccount", "-n", ns, "-l", f"app.kubernetes.io/instance={release}")
+        (account,) = [a["metadata"]["name"] for a in sa["items"]]
+        try:
+            yield kube.sa_kubeconfig(ns, account)
+        finally:
+            kube.helm("uninstall", release, "-n", ns, check=False)
