@@ -39,6 +39,7 @@ KWOK_STAGES = HERE / "kwok" / "stages.yaml"
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_IP = "10.0.0.1"
 ISSUER = "https://kubernetes.default.svc.cluster.local"
+WORKDIR_PREFIX = "impala-k8s-"
 COMPONENTS = (
     "etcd",
     "kube-apiserver",
@@ -67,6 +68,22 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _sweep_stale_workdirs() -> None:
+    # A SIGKILLed session cannot clean up; its components die with it (PR_SET_PDEATHSIG) but its
+    # temp dir stays. Remove such dirs whose owning process is gone; live sessions' are kept.
+    for d in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"):
+        try:
+            pid = int((d / "owner.pid").read_text())
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:
+            pass  # another user's live process
 
 
 def _die_with_parent() -> None:
@@ -150,7 +167,9 @@ class ControlPlane:
         timeout: float = 120.0,
     ) -> Iterator[Kube]:
         """Start everything, yield a `Kube` for it, and tear it all down afterwards."""
-        workdir = Path(tempfile.mkdtemp(prefix="impala-k8s-"))
+        _sweep_stale_workdirs()
+        workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+        (workdir / "owner.pid").write_text(str(os.getpid()))
         if keep_workdir is None:
             keep_workdir = os.environ.get("IMPALA_E2E_KEEP", "") not in ("", "0")
         cp = cls(
@@ -234,8 +253,26 @@ class ControlPlane:
         self._start_scheduler(sched)
         self._start_kwok(admin)
 
-        with urllib.request.urlopen(f"{server}/version", context=ctx, timeout=5) as resp:
-            version = json.load(resp)["gitVersion"]
+        # Plain HTTPS from here on: every kubectl call pays seconds of start-up and discovery on
+        # a busy 2-core machine, and these few requests are the whole warm-start budget.
+        def api(path: str, body: object = None) -> Any:
+            data = None if body is None else json.dumps(body).encode()
+            req = urllib.request.Request(
+                f"{server}{path}", data=data, headers={"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+                return json.load(resp)
+
+        version = str(api("/version")["gitVersion"])
+        for node in self._nodes():
+            api("/api/v1/nodes", node)
+        # The `default` ServiceAccount proves the controller-manager runs; Ready nodes prove kwok.
+        self._wait(
+            lambda: api("/api/v1/namespaces/default/serviceaccounts/default"),
+            deadline,
+            "controller-manager (default ServiceAccount)",
+        )
+        self._wait(lambda: self._nodes_ready(api("/api/v1/nodes")), deadline, "kwok nodes Ready")
         kube = Kube(
             kubeconfig=admin,
             bin_dir=self.bin_dir,
@@ -243,14 +280,6 @@ class ControlPlane:
             is_local=True,
             version=version,
         )
-        kube.apply(self._node_list())
-        # The `default` ServiceAccount proves the controller-manager runs; Ready nodes prove kwok.
-        self._wait(
-            lambda: kube.kubectl("get", "serviceaccount", "default", "-n", "default"),
-            deadline,
-            "controller-manager (default ServiceAccount)",
-        )
-        self._wait(lambda: self._nodes_ready(kube), deadline, "kwok nodes Ready")
         self.kube = kube
         return kube
 
@@ -269,11 +298,10 @@ class ControlPlane:
         with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
             return bool(resp.status == 200)
 
-    def _nodes_ready(self, kube: Kube) -> bool:
-        items = kube.get("nodes")["items"]
+    def _nodes_ready(self, nodes: dict[str, Any]) -> bool:
         ready = [
             n
-            for n in items
+            for n in nodes["items"]
             if any(
                 c["type"] == "Ready" and c["status"] == "True"
                 for c in n.get("status", {}).get("conditions", [])
@@ -400,7 +428,7 @@ class ControlPlane:
             ],
         )
 
-    def _node_list(self) -> dict[str, Any]:
+    def _nodes(self) -> list[dict[str, Any]]:
         spec = self.nodes
         resources = {
             "cpu": spec.cpu,
@@ -410,7 +438,7 @@ class ControlPlane:
         }
         if spec.gpus:
             resources["nvidia.com/gpu"] = str(spec.gpus)
-        items = []
+        items: list[dict[str, Any]] = []
         for i in range(spec.count):
             name = f"kwok-node-{i}"
             items.append(
@@ -441,7 +469,7 @@ class ControlPlane:
                     },
                 }
             )
-        return {"apiVersion": "v1", "kind": "List", "items": items}
+        return items
 
     def _kubeconfig(self, path: Path, server: str, ca: KeyPair, client: KeyPair, user: str) -> Path:
         write_kubeconfig(

@@ -113,9 +113,14 @@ def test_rbac_is_enforced_for_service_accounts(kube: Kube, namespace: str) -> No
         "create", "role", "pod-reader", "-n", namespace, "--verb=get,list,watch", "--resource=pods"
     )
     kube.kubectl(
-        "create", "rolebinding", "limited-pod-reader", "-n", namespace,
-        "--role=pod-reader", f"--serviceaccount={namespace}:limited",
-    )  # fmt: skip
+        "create",
+        "rolebinding",
+        "limited-pod-reader",
+        "-n",
+        namespace,
+        "--role=pod-reader",
+        f"--serviceaccount={namespace}:limited",
+    )
     env = kube.env_for(kube.sa_kubeconfig(namespace, "limited"))
 
     whoami = json.loads(kube.kubectl("auth", "whoami", "-o", "json", env=env).stdout)
@@ -141,9 +146,17 @@ def test_helm_lint_template_and_install(kube: Kube, namespace: str) -> None:
         kube.helm("template", "demo", str(CHART), "--set", "bogus=1")
 
     kube.helm(
-        "install", "demo", str(CHART), "-n", namespace, "--set", "replicas=2",
-        "--wait", "--timeout", "120s",
-    )  # fmt: skip
+        "install",
+        "demo",
+        str(CHART),
+        "-n",
+        namespace,
+        "--set",
+        "replicas=2",
+        "--wait",
+        "--timeout",
+        "120s",
+    )
     cm = kube.get("configmap", "demo-e2e-demo", "-n", namespace)
     assert cm["data"]["greeting"] == "hello"
     _wait_running(kube, namespace, "app.kubernetes.io/instance=demo", 2)
