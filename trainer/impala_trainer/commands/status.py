@@ -61,10 +61,16 @@ def is_url(target: str) -> bool:
     return target.startswith(("http://", "https://"))
 
 
+def base_url(url: str) -> str:
+    """The sidecar's base URL, whether given as the base or as its /status endpoint."""
+    url = url.rstrip("/")
+    return url.removesuffix("/status")
+
+
 def resolve_url(target: str, namespace: str | None) -> str:
     """The sidecar base URL for a URL or a job name."""
     if is_url(target):
-        return target.rstrip("/")
+        return base_url(target)
     return status_url_from_cluster(target, namespace)
 
 
@@ -109,7 +115,8 @@ def status_url_from_cluster(name: str, namespace: str | None) -> str:
             f"ImpalaJob {namespace}/{name} has no status.statusURL yet (is the operator running, "
             "and the learner pod scheduled?)"
         )
-    return str(url).rstrip("/")
+    # The operator may publish the base URL or its /status endpoint: accept both.
+    return base_url(str(url))
 
 
 def fetch_status(url: str, token: str | None, timeout: float, via_cluster: bool) -> dict[str, Any]:

@@ -1,7 +1,8 @@
-"""Prometheus metrics from the latest snapshot: a custom Collector, read at scrape time.
+"""Prometheus metrics from the latest snapshot: a custom Collector over status.json.
 
 A Collector (rather than Gauges set by a background loop) means a scrape always shows the file as
-it is now and the sidecar runs no threads of its own. Every family carries a `job` label; note
+it is now and the sidecar runs no threads of its own; the /metrics route renders it once per
+file version (the output is a pure function of the file). Every family carries a `job` label; note
 that Prometheus renames it `exported_job` unless the scrape config sets `honor_labels: true`.
 """
 
@@ -46,7 +47,7 @@ def job_label(snapshot: StatusSnapshot, override: str | None, reader: RunDirRead
 
 
 class SnapshotCollector(Collector):
-    """Turns status.json into `impala_*` metric families on every scrape."""
+    """Turns status.json into `impala_*` metric families when the registry is collected."""
 
     def __init__(self, reader: RunDirReader, job_name: str | None = None) -> None:
         self._reader = reader

@@ -115,16 +115,22 @@ class SnapshotFile(Generic[M]):
 
     def read(self) -> M:
         """The parsed file; raises `SnapshotError` when it is missing or bad."""
+        value = self.read_optional()
+        if value is None:
+            raise _missing(self.path, self.name)
+        return value
+
+    def read_optional(self) -> M | None:
+        """Like `read`, but None when the file does not exist (cheap: no exception built)."""
         st = _stat(self.path, self.name)
         if st is None:
             self.key, self._value, self._error = None, None, None
-            raise _missing(self.path, self.name)
+            return None
         if (st.st_ino, st.st_mtime_ns, st.st_size) != self.key:
             self._load()
         if self._error is not None:
             raise self._error
-        assert self._value is not None
-        return self._value
+        return self._value  # None only if the file vanished between stat and open
 
     def _load(self) -> None:
         try:
@@ -134,7 +140,7 @@ class SnapshotFile(Generic[M]):
                 st = os.fstat(f.fileno())
                 raw = f.read()
         except FileNotFoundError:
-            self.key, self._value, self._error = None, None, _missing(self.path, self.name)
+            self.key, self._value, self._error = None, None, None
             return
         except OSError as err:
             self.key, self._value = None, None
@@ -284,9 +290,4 @@ class RunDirReader:
 
     def summary_or_none(self) -> Summary | None:
         """summary.json is written only at the end: missing is normal, damage still raises."""
-        try:
-            return self.summary.read()
-        except SnapshotError as err:
-            if err.kind == "missing":
-                return None
-            raise
+        return self.summary.read_optional()

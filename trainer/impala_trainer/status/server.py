@@ -73,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
     if not settings.run_dir.is_dir():
         # Not fatal: the learner container may create it after the sidecar starts.
         print(f"warning: run directory {settings.run_dir} does not exist yet", file=sys.stderr)
+    if settings.token_file is not None and not settings.token_file.is_file():
+        # Requests will get 503 (fail closed) until the file appears; say so now.
+        print(f"warning: token file {settings.token_file} is missing", file=sys.stderr)
     app = create_app(settings)
     auth = "token required" if settings.auth_enabled else "no token"
     print(f"serving {settings.run_dir} on http://{args.host}:{args.port} ({auth})", flush=True)

@@ -1,0 +1,264 @@
+"""`impalajob status TARGET` against a live sidecar, by URL and by job name.
+
+For a job name the command reads the ImpalaJob's status.statusURL through the Kubernetes client.
+Here a minimal HTTP server plays the API server's one GET, reached through a real kubeconfig, so
+the kubeconfig/namespace resolution and the request path are exercised without a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import httpx
+import pytest
+
+from impala_trainer.cli import main
+from impala_trainer.snapshot import SUMMARY_FILE, Summary, write_json_atomic
+from impala_trainer.status.sample_run import write_sample_run
+from impala_trainer.status.server import serve_in_thread
+from impala_trainer.status.settings import Settings
+
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    """The command in a subprocess, as a user runs it (fresh imports, its own KUBECONFIG)."""
+
+    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("IMPALA_STATUS_")}
+        base.setdefault("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+        return subprocess.run(
+            [sys.executable, "-m", "impala_trainer.cli", "status", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**base, **(env or {})},
+        )
+
+    return run
+
+
+@pytest.fixture
+def cli_inproc(capsys: pytest.CaptureFixture[str]) -> Cli:
+    """The command in this process (fast): for URL targets, which need no environment."""
+
+    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        assert not env
+        capsys.readouterr()
+        rc = main(["status", *args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["impalajob", "status", *args], rc, out, err)
+
+    return run
+
+
+@pytest.fixture
+def sidecar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., str]]:
+    for key in list(os.environ):
+        if key.startswith("IMPALA_STATUS_"):
+            monkeypatch.delenv(key)
+    stops: list[Callable[[], None]] = []
+
+    def start(run_dir: Path, **settings: object) -> str:
+        url, stop = serve_in_thread(run_dir, "127.0.0.1", 0, settings=Settings(**settings))
+        stops.append(stop)
+        return url
+
+    yield start
+    for stop in stops:
+        stop()
+
+
+def test_table_by_url(cli_inproc: Cli, sidecar: Callable[..., str], tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    snap, _ = write_sample_run(run_dir, job="cartpole", points=40)
+    write_json_atomic(
+        run_dir / SUMMARY_FILE,
+        Summary(job="cartpole", timesteps=20_000, wall_seconds=28.0, stopped_by="timesteps"),
+    )
+    url = sidecar(run_dir)
+    proc = cli_inproc(url + "/status")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "ImpalaJob cartpole" in out
+    assert "Running (training)" in out
+    assert f"{snap.counters.env_steps_sampled:,} / {snap.counters.env_steps_trained:,}" in out
+    assert f"{snap.episode_return_mean:,.2f}" in out
+    assert "4 rollouts on 2 nodes, 2 aggregators on 2 nodes" in out
+    assert "checkpoints/000010" in out
+    assert "stopped by timesteps" in out
+    assert "vf_loss 0.84" in out
+
+
+def test_json_by_url(cli_inproc: Cli, sidecar: Callable[..., str], tmp_path: Path) -> None:
+    write_sample_run(tmp_path / "run", points=10)
+    url = sidecar(tmp_path / "run")
+    proc = cli_inproc(url, "--json")
+    assert proc.returncode == 0, proc.stderr
+    printed = json.loads(proc.stdout)
+    served = httpx.get(f"{url}/status").json()
+    printed.pop("age_seconds"), served.pop("age_seconds")
+    assert printed == served
+
+
+def test_token_flag_and_env(
+    cli: Cli, cli_inproc: Cli, sidecar: Callable[..., str], tmp_path: Path
+) -> None:
+    write_sample_run(tmp_path / "run", points=10)
+    url = sidecar(tmp_path / "run", token="cli-token")
+    refused = cli_inproc(url)
+    assert refused.returncode == 1
+    assert "answered 401: unauthorized" in refused.stderr
+    assert cli(url, env={"IMPALA_STATUS_TOKEN": "cli-token"}).returncode == 0
+    assert cli_inproc(url, "--token", "cli-token").returncode == 0
+    assert "invalid_token" in cli_inproc(url, "--token", "nope").stderr
+
+
+def test_errors_are_one_line_messages(
+    cli_inproc: Cli, sidecar: Callable[..., str], tmp_path: Path
+) -> None:
+    url = sidecar(tmp_path / "empty")
+    proc = cli_inproc(url)
+    assert proc.returncode == 1
+    assert "answered 503: missing: run directory" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+    proc = cli_inproc("http://127.0.0.1:9", "--timeout", "2")  # discard port: nothing listens
+    assert proc.returncode == 1 and "cannot reach http://127.0.0.1:9" in proc.stderr
+
+
+def test_url_targets_import_neither_torch_nor_kubernetes(
+    sidecar: Callable[..., str], tmp_path: Path
+) -> None:
+    write_sample_run(tmp_path / "run", points=3)
+    url = sidecar(tmp_path / "run")
+    code = (
+        "import sys; from impala_trainer.cli import main; rc = main(['status', sys.argv[1], "
+        "'--json']); print(sorted(m for m in ('torch', 'ray', 'kubernetes', 'fastapi') "
+        "if m in sys.modules), file=sys.stderr); sys.exit(rc)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, url], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "[]"
+
+
+class _FakeApiServer(BaseHTTPRequestHandler):
+    """Answers GET .../namespaces/<ns>/impalajobs/<name> from `objects`; 404 otherwise."""
+
+    objects: ClassVar[dict[str, dict]] = {}
+    seen: ClassVar[list[tuple[str, str | None]]] = []
+
+    def do_GET(self) -> None:
+        self.seen.append((self.path, self.headers.get("Authorization")))
+        obj = self.objects.get(self.path)
+        body = json.dumps(
+            obj
+            or {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "status": "Failure",
+                "reason": "NotFound",
+                "code": 404,
+                "message": "not found",
+            }
+        ).encode()
+        self.send_response(200 if obj else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def kubeconfig(tmp_path: Path) -> Iterator[tuple[Path, type[_FakeApiServer]]]:
+    handler = type("Handler", (_FakeApiServer,), {"objects": {}, "seen": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}
+        ],
+        "users": [{"name": "u", "user": {"token": "kube-token"}}],
+        "contexts": [
+            {"name": "ctx", "context": {"cluster": "c", "user": "u", "namespace": "team-a"}}
+        ],
+        "current-context": "ctx",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    yield path, handler
+    server.shutdown()
+    server.server_close()
+
+
+def _job(namespace: str, name: str, status_url: str | None) -> tuple[str, dict]:
+    path = f"/apis/impala.dev/v1alpha1/namespaces/{namespace}/impalajobs/{name}"
+    obj = {
+        "apiVersion": "impala.dev/v1alpha1",
+        "kind": "ImpalaJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "status": {"phase": "Running", **({"statusURL": status_url} if status_url else {})},
+    }
+    return path, obj
+
+
+@pytest.mark.slow  # three CLI subprocesses, each importing the Kubernetes client
+def test_job_name_resolves_through_status_url(
+    cli: Cli, sidecar: Callable[..., str], kubeconfig: tuple, tmp_path: Path
+) -> None:
+    path, handler = kubeconfig
+    write_sample_run(tmp_path / "run", job="pong", points=10)
+    url = sidecar(tmp_path / "run")
+    # The operator may publish the base URL or its /status endpoint; both work.
+    handler.objects.update([_job("team-a", "pong", url), _job("team-b", "pong", url + "/status")])
+    env = {"KUBECONFIG": str(path)}
+
+    proc = cli("pong", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "ImpalaJob pong" in proc.stdout
+    assert handler.seen[-1] == (
+        "/apis/impala.dev/v1alpha1/namespaces/team-a/impalajobs/pong",
+        "Bearer kube-token",
+    )
+
+    proc = cli("pong", "-n", "team-b", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["job"] == "pong"
+
+    proc = cli("missing-job", env=env)
+    assert proc.returncode == 1
+    assert "ImpalaJob team-a/missing-job not found" in proc.stderr
+
+
+def test_job_name_without_status_url(cli: Cli, kubeconfig: tuple) -> None:
+    path, handler = kubeconfig
+    handler.objects.update([_job("team-a", "fresh", None)])
+    proc = cli("fresh", env={"KUBECONFIG": str(path)})
+    assert proc.returncode == 1
+    assert "has no status.statusURL yet" in proc.stderr
+
+
+def test_unreachable_status_url_suggests_port_forward(cli: Cli, kubeconfig: tuple) -> None:
+    path, handler = kubeconfig
+    handler.objects.update([_job("team-a", "far", "http://far-status.team-a.svc:8080")])
+    proc = cli("far", "--timeout", "2", env={"KUBECONFIG": str(path)})
+    assert proc.returncode == 1
+    assert "kubectl port-forward svc/far-status 8080" in proc.stderr
+    assert "impalajob status http://localhost:8080" in proc.stderr
