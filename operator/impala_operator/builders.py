@@ -282,7 +282,8 @@ def build_children(
         suspended = job.spec.run_policy.suspend
     rollouts = job.spec.rollouts.initial_replicas if rollout_replicas is None else rollout_replicas
     aggregators = (
-        job.spec.aggregators.initial_replicas if aggregator_replicas is None
+        job.spec.aggregators.initial_replicas
+        if aggregator_replicas is None
         else aggregator_replicas
     )
     children = [
@@ -294,7 +295,5 @@ def build_children(
     if include_learner and not suspended:
         children.append(build_learner_pod(job, uid, restart_count=restart_count))
     children.append(build_node_deployment(job, uid, "rollout", 0 if suspended else rollouts))
-    children.append(
-        build_node_deployment(job, uid, "aggregator", 0 if suspended else aggregators)
-    )
+    children.append(build_node_deployment(job, uid, "aggregator", 0 if suspended else aggregators))
     return children

@@ -69,7 +69,7 @@ def _schedule(field: str) -> list[Rule]:
             # before it, O(n), so the rule needs no maxItems to stay within the cost budget.
             "self.all(i, pt, i == 0 || self[i - 1][0] < pt[0])",
             f"{p} timesteps must strictly increase; write points as [[0, start], [N, end], ...]",
-        )
+        ),
     ]
 
 

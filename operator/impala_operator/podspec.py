@@ -37,9 +37,7 @@ def tolerations(items: list[Toleration]) -> list[dict[str, Any]]:
     return [t.model_dump(by_alias=True, exclude_none=True) for t in items]
 
 
-def placement(
-    node_selector: dict[str, str], tolerations: list[dict[str, Any]]
-) -> dict[str, Any]:
+def placement(node_selector: dict[str, str], tolerations: list[dict[str, Any]]) -> dict[str, Any]:
     """nodeSelector/tolerations, left out when empty (fewer no-op fields to apply and diff)."""
     out: dict[str, Any] = {}
     if node_selector:

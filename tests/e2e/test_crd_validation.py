@@ -57,14 +57,23 @@ def test_invalid_job_is_rejected_naming_the_field(crd: Kube, namespace: str, cas
     assert case.field in message, f"{case.id}: the error does not name {case.field}:\n{message}"
 
 
+def _clean(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
 def _leaves(value: Any, path: str = "") -> dict[str, Any]:
-    """Non-empty leaves of a nested dict by dotted path (None/{}/[] are "unset")."""
+    """Non-empty leaves of a nested dict by dotted path (None/{}/[] are "unset"; lists are
+    leaves, with None fields inside their items dropped)."""
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for k, v in value.items():
             out.update(_leaves(v, f"{path}.{k}" if path else k))
         return out
-    return {} if value in (None, [], {}) else {path: value}
+    return {} if value in (None, [], {}) else {path: _clean(value)}
 
 
 @pytest.mark.parametrize("name", sorted(VALID))
@@ -100,18 +109,28 @@ def test_scale_subresource_and_printer_columns(crd: Kube, namespace: str) -> Non
     status = {
         "phase": "Running",
         "rollouts": {
-            "desired": 3, "ready": 2, "summary": "2/3",
+            "desired": 3,
+            "ready": 2,
+            "summary": "2/3",
             "selector": "app.kubernetes.io/instance=scaled,app.kubernetes.io/component=rollout",
         },
         "progress": {"timesteps": 12345, "episodeReturnMean": 87.5},
     }
     crd.kubectl(
-        "patch", "ij", "scaled", "-n", namespace, "--subresource=status", "--type=merge",
-        "-p", json.dumps({"status": status}),
+        "patch",
+        "ij",
+        "scaled",
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
     )
     scale = json.loads(
         crd.kubectl(
-            "get", "--raw",
+            "get",
+            "--raw",
             f"/apis/impala.dev/v1alpha1/namespaces/{namespace}/impalajobs/scaled/scale",
         ).stdout
     )
@@ -127,8 +146,15 @@ def test_status_is_validated_and_pruned(crd: Kube, namespace: str) -> None:
 
     def patch(status: dict[str, Any]) -> None:
         crd.kubectl(
-            "patch", "ij", "statusy", "-n", namespace, "--subresource=status", "--type=merge",
-            "-p", json.dumps({"status": status}),
+            "patch",
+            "ij",
+            "statusy",
+            "-n",
+            namespace,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": status}),
         )
 
     with pytest.raises(CommandError) as err:
@@ -140,7 +166,13 @@ def test_status_is_validated_and_pruned(crd: Kube, namespace: str) -> None:
     assert stored["kopf"] == {"progress": {"h": {"retries": 1}}}  # kopf's area is free-form
     # the status subresource ignores spec changes and vice versa
     crd.kubectl(
-        "patch", "ij", "statusy", "-n", namespace, "--type=merge",
-        "-p", json.dumps({"status": {"phase": "Failed"}}),
+        "patch",
+        "ij",
+        "statusy",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"phase": "Failed"}}),
     )
     assert crd.get("ij", "statusy", "-n", namespace)["status"]["phase"] == "Pending"

@@ -25,8 +25,13 @@ NEEDED = [
     *[(v, "impalajobs.impala.dev/status") for v in ("get", "patch", "update")],
     *[
         (v, r)
-        for r in ("pods", "services", "configmaps", "deployments.apps",
-                  "networkpolicies.networking.k8s.io")
+        for r in (
+            "pods",
+            "services",
+            "configmaps",
+            "deployments.apps",
+            "networkpolicies.networking.k8s.io",
+        )
         for v in ("create", "get", "list", "watch", "patch", "update", "delete")
     ],
     *[(v, "persistentvolumeclaims") for v in ("get", "list", "watch")],
@@ -81,9 +86,7 @@ def test_helm_lint_is_clean(kube: Kube) -> None:
 def test_template_renders_one_object_per_template_with_short_names(kube: Kube) -> None:
     docs = _template(kube, "--set", "fullnameOverride=" + "x" * 63)
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == [
-        "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"
-    ]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
     for doc in docs:
         assert len(doc["metadata"]["name"]) <= 63, doc["metadata"]["name"]
         for value in doc["metadata"].get("labels", {}).values():
@@ -106,8 +109,11 @@ def test_chart_and_manifests_grant_the_same_least_privilege(kube: Kube) -> None:
                 assert "*" not in rule[key], rule
     # namespaced mode: only kopf's CRD discovery stays cluster-wide
     assert _rules(namespaced) == [
-        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-         "verbs": ["list", "watch"]}
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "verbs": ["list", "watch"],
+        }
     ]
     (role,) = [d for d in namespaced if d["kind"] == "Role"]
     assert role["metadata"]["namespace"] == "team-a"
@@ -123,8 +129,9 @@ def test_helm_install_grants_the_operator_what_it_needs(kube: Kube, namespace: s
         sa = f"system:serviceaccount:{namespace}:{fullname}"
         dep = kube.get("deployment", fullname, "-n", namespace)
         assert dep["spec"]["template"]["spec"]["serviceAccountName"] == fullname
-        kube.kubectl("rollout", "status", f"deployment/{fullname}", "-n", namespace,
-                     "--timeout=120s")
+        kube.kubectl(
+            "rollout", "status", f"deployment/{fullname}", "-n", namespace, "--timeout=120s"
+        )
         kube.get("service", f"{fullname}-metrics", "-n", namespace)
         for verb, resource in NEEDED:
             assert _can(kube, sa, verb, resource, "some-other-namespace"), (verb, resource)
@@ -142,8 +149,13 @@ def test_helm_install_namespaced_mode(kube: Kube, namespace: str) -> None:
     release = "impala-ns"
     with kube.namespace("watched") as watched:
         kube.helm(
-            "install", release, CHART, "--namespace", namespace,
-            "--set", f"watchNamespaces={{{watched}}}",
+            "install",
+            release,
+            CHART,
+            "--namespace",
+            namespace,
+            "--set",
+            f"watchNamespaces={{{watched}}}",
         )
         try:
             fullname = f"{release}-impala-operator"
@@ -163,7 +175,8 @@ def test_kubectl_apply_manifests_installs_the_operator(kube: Kube) -> None:
     proc = kube.kubectl("apply", "--validate=strict", "-f", str(MANIFESTS))
     # (other tests may have created the CRD server-side: kubectl notes it adopts it, harmlessly)
     warnings = [
-        line for line in proc.stderr.splitlines()
+        line
+        for line in proc.stderr.splitlines()
         if "Warning" in line and "last-applied-configuration" not in line
     ]
     assert not warnings, proc.stderr
@@ -171,8 +184,9 @@ def test_kubectl_apply_manifests_installs_the_operator(kube: Kube) -> None:
     kube.kubectl(
         "wait", "--for=condition=Established", "--timeout=60s", "crd/impalajobs.impala.dev"
     )
-    kube.kubectl("rollout", "status", "deployment/impala-operator", "-n", "impala-system",
-                 "--timeout=120s")
+    kube.kubectl(
+        "rollout", "status", "deployment/impala-operator", "-n", "impala-system", "--timeout=120s"
+    )
     for verb, resource in NEEDED:
         assert _can(kube, sa, verb, resource, "default"), (verb, resource)
     for verb, resource in FORBIDDEN:
@@ -184,9 +198,19 @@ def test_kubectl_apply_manifests_installs_the_operator(kube: Kube) -> None:
     # operator pod meets (it was admitted above); the example job is accepted too
     ns = kube.get("namespace", "impala-system")
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
-    kube.kubectl("apply", "--dry-run=server", "-n", "default", "-f",
-                 str(MANIFESTS / "examples" / "cartpole.yaml"))
-    assert json.loads(
-        kube.kubectl("get", "deployment", "impala-operator", "-n", "impala-system", "-o",
-                     "json").stdout
-    )["spec"]["strategy"]["type"] == "Recreate"
+    kube.kubectl(
+        "apply",
+        "--dry-run=server",
+        "-n",
+        "default",
+        "-f",
+        str(MANIFESTS / "examples" / "cartpole.yaml"),
+    )
+    assert (
+        json.loads(
+            kube.kubectl(
+                "get", "deployment", "impala-operator", "-n", "impala-system", "-o", "json"
+            ).stdout
+        )["spec"]["strategy"]["type"]
+        == "Recreate"
+    )

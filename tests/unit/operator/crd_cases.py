@@ -81,12 +81,16 @@ INVALID: list[Invalid] = [
     ),
     Invalid("gpus-too-many", "schema", {"learner": {"gpus": 17}}, "spec.learner.gpus"),
     Invalid(
-        "backoff-negative", "schema", {"runPolicy": {"backoffLimit": -1}},
+        "backoff-negative",
+        "schema",
+        {"runPolicy": {"backoffLimit": -1}},
         "spec.runPolicy.backoffLimit",
     ),
     Invalid("keep-zero", "schema", {"checkpoint": {"keep": 0}}, "spec.checkpoint.keep"),
     Invalid(
-        "claim-bad-name", "schema", {"checkpoint": {"volumeClaim": "Bad_Name"}},
+        "claim-bad-name",
+        "schema",
+        {"checkpoint": {"volumeClaim": "Bad_Name"}},
         "spec.checkpoint.volumeClaim",
     ),
     Invalid(
@@ -96,17 +100,23 @@ INVALID: list[Invalid] = [
         "spec.learner.resources.requests.cpu",
     ),
     Invalid(
-        "momentum-one", "schema", {"training": {"optimizer": {"momentum": 1.0}}},
+        "momentum-one",
+        "schema",
+        {"training": {"optimizer": {"momentum": 1.0}}},
         "spec.training.optimizer.momentum",
     ),
     Invalid(
-        "schedule-point-of-three", "schema", {"training": {"lrSchedule": [[0, 0.1, 3]]}},
+        "schedule-point-of-three",
+        "schema",
+        {"training": {"lrSchedule": [[0, 0.1, 3]]}},
         "spec.training.lrSchedule",
     ),
     Invalid("model-type", "schema", {"model": {"type": "transformer"}}, "spec.model.type"),
     Invalid("training-mode", "schema", {"training": {"mode": "ppo"}}, "spec.training.mode"),
     Invalid(
-        "clean-pod-policy", "schema", {"runPolicy": {"cleanPodPolicy": "Some"}},
+        "clean-pod-policy",
+        "schema",
+        {"runPolicy": {"cleanPodPolicy": "Some"}},
         "spec.runPolicy.cleanPodPolicy",
     ),
     Invalid("pull-policy", "schema", {"imagePullPolicy": "Sometimes"}, "spec.imagePullPolicy"),
@@ -118,17 +128,23 @@ INVALID: list[Invalid] = [
     ),
     # --- unknown fields (strict field validation)
     Invalid(
-        "unknown-training-field", "unknown", {"training": {"learningRate": 0.1}},
+        "unknown-training-field",
+        "unknown",
+        {"training": {"learningRate": 0.1}},
         "spec.training.learningRate",
     ),
     Invalid("unknown-section", "unknown", {"rollout": {"minReplicas": 1}}, "spec.rollout"),
     # --- cross-field rules (CEL)
     Invalid(
-        "rollout-min-above-max", "cel", {"rollouts": {"minReplicas": 5, "maxReplicas": 4}},
+        "rollout-min-above-max",
+        "cel",
+        {"rollouts": {"minReplicas": 5, "maxReplicas": 4}},
         "spec.rollouts.minReplicas",
     ),
     Invalid(
-        "aggregator-min-above-max", "cel", {"aggregators": {"minReplicas": 2, "maxReplicas": 1}},
+        "aggregator-min-above-max",
+        "cel",
+        {"aggregators": {"minReplicas": 2, "maxReplicas": 1}},
         "spec.aggregators.minReplicas",
     ),
     Invalid(
@@ -138,7 +154,9 @@ INVALID: list[Invalid] = [
         "spec.rollouts.autoscaling.starvedQueueFill",
     ),
     Invalid(
-        "replay-without-slots", "cel", {"training": {"replayProportion": 0.5}},
+        "replay-without-slots",
+        "cel",
+        {"training": {"replayProportion": 0.5}},
         "spec.training.replayBufferNumSlots",
     ),
     Invalid(
@@ -154,15 +172,21 @@ INVALID: list[Invalid] = [
         "spec.training.entropyCoeffSchedule",
     ),
     Invalid(
-        "schedule-negative-step", "cel", {"training": {"lrSchedule": [[-5, 0.001]]}},
+        "schedule-negative-step",
+        "cel",
+        {"training": {"lrSchedule": [[-5, 0.001]]}},
         "spec.training.lrSchedule",
     ),
     Invalid(
-        "schedule-fractional-step", "cel", {"training": {"lrSchedule": [[0.5, 0.001]]}},
+        "schedule-fractional-step",
+        "cel",
+        {"training": {"lrSchedule": [[0.5, 0.001]]}},
         "spec.training.lrSchedule",
     ),
     Invalid(
-        "schedule-empty", "cel", {"training": {"entropyCoeffSchedule": []}},
+        "schedule-empty",
+        "cel",
+        {"training": {"entropyCoeffSchedule": []}},
         "spec.training.entropyCoeffSchedule",
     ),
     # --- immutable fields (CEL transition rules, checked on update)
@@ -176,34 +200,43 @@ LONG_NAME = "j" + "x" * 40
 """41 characters: one over the limit (used by the `name` case)."""
 
 VALID: dict[str, dict[str, Any]] = {
-    "minimal": {"apiVersion": "impala.dev/v1alpha1", "kind": "ImpalaJob",
-                "metadata": {"name": "minimal"}},
+    "minimal": {
+        "apiVersion": "impala.dev/v1alpha1",
+        "kind": "ImpalaJob",
+        "metadata": {"name": "minimal"},
+    },
     "base": base_job("base"),
     "everything": merge(
         base_job("everything"),
-        {"spec": {
-            "image": "registry.example/impalajob:1.2.3",
-            "env": {"kwargs": {"max_episode_steps": 200, "render_mode": None}},
-            "training": {
-                "lrSchedule": [[0, 0.001], [100000, 0.0001]],
-                "entropyCoeffSchedule": [[0, 0.01], [50000, 0.001]],
-                "replayProportion": 1.0,
-                "replayBufferNumSlots": 8,
-                "gradClip": None,
-                "optimizer": {"type": "rmsprop", "epsilon": 0.1},
-            },
-            "learner": {
-                "gpus": 1,
-                "resources": {"requests": {"cpu": "2", "memory": "4Gi"}},
-                "nodeSelector": {"pool": "gpu"},
-                "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            },
-            "rollouts": {"replicas": 2, "workersPerPod": 2},
-            "aggregators": {"minReplicas": 0, "maxReplicas": 2},
-            "stop": {"timesteps": 1000000, "episodeReturnMean": 450},
-            "checkpoint": {"volumeClaim": "ckpt-store", "keep": 5},
-            "runPolicy": {"backoffLimit": 1, "activeDeadlineSeconds": 3600,
-                          "ttlSecondsAfterFinished": 60, "cleanPodPolicy": "Running"},
-        }},
+        {
+            "spec": {
+                "image": "registry.example/impalajob:1.2.3",
+                "env": {"kwargs": {"max_episode_steps": 200, "render_mode": None}},
+                "training": {
+                    "lrSchedule": [[0, 0.001], [100000, 0.0001]],
+                    "entropyCoeffSchedule": [[0, 0.01], [50000, 0.001]],
+                    "replayProportion": 1.0,
+                    "replayBufferNumSlots": 8,
+                    "gradClip": None,
+                    "optimizer": {"type": "rmsprop", "epsilon": 0.1},
+                },
+                "learner": {
+                    "gpus": 1,
+                    "resources": {"requests": {"cpu": "2", "memory": "4Gi"}},
+                    "nodeSelector": {"pool": "gpu"},
+                    "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                },
+                "rollouts": {"replicas": 2, "workersPerPod": 2},
+                "aggregators": {"minReplicas": 0, "maxReplicas": 2},
+                "stop": {"timesteps": 1000000, "episodeReturnMean": 450},
+                "checkpoint": {"volumeClaim": "ckpt-store", "keep": 5},
+                "runPolicy": {
+                    "backoffLimit": 1,
+                    "activeDeadlineSeconds": 3600,
+                    "ttlSecondsAfterFinished": 60,
+                    "cleanPodPolicy": "Running",
+                },
+            }
+        },
     ),
 }

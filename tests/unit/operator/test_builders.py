@@ -68,8 +68,12 @@ def test_all_children_exist_with_owner_labels_and_short_names() -> None:
         assert meta["namespace"] == "team-a"
         (owner,) = meta["ownerReferences"]
         assert owner == {
-            "apiVersion": "impala.dev/v1alpha1", "kind": "ImpalaJob", "name": job.name,
-            "uid": UID, "controller": True, "blockOwnerDeletion": True,
+            "apiVersion": "impala.dev/v1alpha1",
+            "kind": "ImpalaJob",
+            "name": job.name,
+            "uid": UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
         }
         labels = meta["labels"]
         assert labels["team"] == "rl"  # the job's own labels are copied ...
@@ -235,9 +239,10 @@ def test_config_map_round_trips_the_job() -> None:
     parsed = parse_manifest(yaml.safe_load(cm["data"]["job.yaml"]))
     assert parsed.spec == job.spec and parsed.name == job.name
     # only what the trainer needs: server-side metadata would change the hash on every update
-    assert "resourceVersion" not in cm["data"]["job.yaml"] and "managedFields" not in cm["data"][
-        "job.yaml"
-    ]
+    assert (
+        "resourceVersion" not in cm["data"]["job.yaml"]
+        and "managedFields" not in cm["data"]["job.yaml"]
+    )
     pod = _learner(b.build_children(job, UID))
     assert pod["metadata"]["annotations"][L.CONFIG_HASH_KEY] == b.config_hash(job)
     assert b.config_hash(_job(training={"lr": 0.003})) != b.config_hash(job)
@@ -245,10 +250,18 @@ def test_config_map_round_trips_the_job() -> None:
 
 def test_placement_is_copied_and_empty_placement_left_out() -> None:
     tol = {"key": "pool", "operator": "Equal", "value": "cpu", "effect": "NoSchedule"}
-    job = _job(rollouts={"nodeSelector": {"pool": "cpu"}, "tolerations": [tol],
-                         "resources": {"requests": {"cpu": "500m"}}})
-    dep = next(d for d in _by_kind(b.build_children(job, UID))["Deployment"]
-               if d["metadata"]["name"].endswith("rollout"))
+    job = _job(
+        rollouts={
+            "nodeSelector": {"pool": "cpu"},
+            "tolerations": [tol],
+            "resources": {"requests": {"cpu": "500m"}},
+        }
+    )
+    dep = next(
+        d
+        for d in _by_kind(b.build_children(job, UID))["Deployment"]
+        if d["metadata"]["name"].endswith("rollout")
+    )
     spec = dep["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == {"pool": "cpu"} and spec["tolerations"] == [tol]
     assert spec["containers"][0]["resources"] == {"requests": {"cpu": "500m"}}
@@ -267,15 +280,21 @@ def test_role_command_for_local_processes() -> None:
     exe = (sys.executable, "-m", "impala_trainer.cli")
     ports = DEFAULT_PORTS.shifted(100)
     cmd = role_command(
-        "rollout", job, learner_host="127.0.0.1", ports=ports,
-        learner_gcs_port=DEFAULT_PORTS.gcs, node_ip="127.0.0.1", executable=exe,
+        "rollout",
+        job,
+        learner_host="127.0.0.1",
+        ports=ports,
+        learner_gcs_port=DEFAULT_PORTS.gcs,
+        node_ip="127.0.0.1",
+        executable=exe,
     )
     assert cmd[:4] == [*exe, "rollout-node"]
     assert "--address=127.0.0.1:6379" in cmd  # still the learner's GCS port
     assert "--node-manager-port=6480" in cmd and "--min-worker-port=10102" in cmd
     assert "--node-ip-address=127.0.0.1" in cmd
-    learner = role_command("learner", job, run_dir="/r", config_path="/c.yaml", resume=False,
-                           ports=RayPorts(gcs=7000))
+    learner = role_command(
+        "learner", job, run_dir="/r", config_path="/c.yaml", resume=False, ports=RayPorts(gcs=7000)
+    )
     assert "--port=7000" in learner and "--resume" not in learner
     assert not any(a.startswith("--node-ip-address") for a in learner)
     status = role_command("status", job, run_dir="/r", status_port=9000)

@@ -225,8 +225,10 @@ def _json_schema(node: Any) -> Any:
         out["type"] = [node["type"], "null"]
         if "enum" in out:
             out["enum"] = [*out["enum"], None]
-    if node.get("type") == "object" and "properties" in node and not node.get(
-        "x-kubernetes-preserve-unknown-fields"
+    if (
+        node.get("type") == "object"
+        and "properties" in node
+        and not node.get("x-kubernetes-preserve-unknown-fields")
     ):
         out["additionalProperties"] = False
     out.pop("nullable", None)
@@ -236,9 +238,7 @@ def _json_schema(node: Any) -> Any:
 VALIDATOR = jsonschema.Draft4Validator(_json_schema(SPEC))
 
 
-@pytest.mark.parametrize(
-    "case", [c for c in INVALID if c.kind != "immutable"], ids=lambda c: c.id
-)
+@pytest.mark.parametrize("case", [c for c in INVALID if c.kind != "immutable"], ids=lambda c: c.id)
 def test_model_rejects_every_invalid_case(case: Any) -> None:
     # Immutability needs the old object; the model sees one manifest at a time.
     with pytest.raises(ManifestError):
