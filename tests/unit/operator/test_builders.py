@@ -11,7 +11,7 @@ import yaml
 from impala_operator import builders as b
 from impala_operator import labels as L
 from impala_trainer.manifest import parse_manifest
-from impala_trainer.roles import DEFAULT_PORTS, POD_IP, RayPorts, role_command
+from impala_trainer.roles import DEFAULT_PORTS, POD_IP, SUBCOMMAND, RayPorts, role_command
 from impala_trainer.spec import ImpalaJob
 
 UID = "0c1d2e3f-0000-4000-8000-000000000001"
@@ -303,3 +303,31 @@ def test_role_command_for_local_processes() -> None:
         role_command("aggregator", job)
     with pytest.raises(ValueError, match="run_dir"):
         role_command("learner", job, config_path="/c.yaml")
+
+
+@pytest.mark.parametrize("role", ["learner", "rollout", "aggregator", "status"])
+def test_rendered_commands_parse_with_the_role_entrypoints(role: str) -> None:
+    """What the pods run is accepted by the real `impalajob` subcommand parsers."""
+    import argparse
+    import importlib
+
+    from impala_trainer.cli import COMMANDS
+
+    job = _job(aggregators={"minReplicas": 1, "maxReplicas": 2})
+    pod_specs = _pod_specs(b.build_children(job, UID))
+    commands = [c["command"] for spec in pod_specs for c in _containers(spec)]
+    (argv,) = [c for c in commands if c[1] == SUBCOMMAND[role]]  # type: ignore[index]
+    parser = argparse.ArgumentParser(prog="impalajob")
+    sub = parser.add_subparsers(dest="command")
+    importlib.import_module(COMMANDS[argv[1]][0]).register(sub.add_parser(argv[1]))
+    args = parser.parse_args(argv[1:])
+    if role in ("rollout", "aggregator"):
+        assert args.address == "cartpole-learner.team-a.svc:6379"
+        assert args.node_ip_address == "$(POD_IP)"
+    if role == "rollout":
+        assert args.workers == 3
+    if role == "learner":
+        assert args.file == b.CONFIG_PATH and str(args.run_dir) == b.RUN_DIR
+        assert args.resume == "auto"
+    if role == "status":
+        assert args.port == 8080 and args.host == "0.0.0.0"
