@@ -122,18 +122,21 @@ if has kube-apiserver || has kube-controller-manager || has kube-scheduler || ha
 fi
 
 # --- standalone tools: plain `go install module/cmd@tag` --------------------------------------
-install_tool() { # name package version
-  local name="$1" pkg="$2" version="$3" tmp
+install_tool() { # name package version [extra ldflags]
+  local name="$1" pkg="$2" version="$3" extra="${4:-}" tmp
   log "installing $name $version"
   tmp="$(mktemp -d "$ROOT/out.XXXXXX")"
   # GOFLAGS=-mod=mod is rejected by `go install pkg@version`, so it is cleared here.
-  GOFLAGS= GOBIN="$tmp" go install -p "$BUILD_PARALLELISM" -trimpath -ldflags "-s -w" \
+  GOFLAGS= GOBIN="$tmp" go install -p "$BUILD_PARALLELISM" -trimpath -ldflags "-s -w $extra" \
     "$pkg@$version"
   mv "$tmp/$name" "$BIN/$name"
   rm -rf "$tmp"
 }
 has kwok && install_tool kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
-has helm && install_tool helm helm.sh/helm/v4/cmd/helm "$HELM_VERSION"
+# Helm's own release builds stamp the full version; without it `helm version` says only vX.Y.
+helm_major="${HELM_VERSION%%.*}"
+has helm && install_tool helm "helm.sh/helm/$helm_major/cmd/helm" "$HELM_VERSION" \
+  "-X helm.sh/helm/$helm_major/internal/version.version=$HELM_VERSION"
 
 cat > "$ROOT/versions.env" <<VERS
 K8S_VERSION=$K8S_VERSION

@@ -506,18 +506,3 @@ class ControlPlane:
 
 class _Dead(RuntimeError):
     """A component exited while the control plane was starting."""
-
-
-def main() -> None:
-    """`python -m cluster.controlplane` (from tests/): start a cluster and wait for Ctrl-C."""
-    bin_dir = build_binaries()
-    t0 = time.monotonic()
-    with ControlPlane.start(bin_dir) as kube:
-        print(f"control plane {kube.version} ready in {time.monotonic() - t0:.1f}s")
-        print(f"export KUBECONFIG={kube.kubeconfig} PATH={bin_dir}:$PATH")
-        with contextlib.suppress(KeyboardInterrupt):
-            signal.pause()
-
-
-if __name__ == "__main__":
-    main()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,6 +65,7 @@ def kube() -> Iterator[Kube]:
     existing = _existing_cluster()
     if existing is not None:
         yield existing
+        shutil.rmtree(existing.workdir, ignore_errors=True)
         return
     previous = None
     if threading.current_thread() is threading.main_thread():

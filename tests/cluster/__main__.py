@@ -1,0 +1,24 @@
+"""`cd tests && python -m cluster`: start the control plane and keep it up until Ctrl-C."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+
+from .controlplane import ControlPlane, build_binaries
+
+
+def main() -> None:
+    """Start a cluster, print how to reach it, wait for Ctrl-C, tear it down."""
+    bin_dir = build_binaries()
+    t0 = time.monotonic()
+    with ControlPlane.start(bin_dir) as kube:
+        print(f"control plane {kube.version} ready in {time.monotonic() - t0:.1f}s")
+        print(f"export KUBECONFIG={kube.kubeconfig} PATH={bin_dir}:$PATH")
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
+
+
+if __name__ == "__main__":
+    main()
