@@ -31,7 +31,9 @@ def test_cnn_shapes_and_uint8_scaling() -> None:
 
 
 def test_explicit_type_and_errors() -> None:
-    assert isinstance(build_model(ModelSpec(type="mlp", hidden=[8]), (4, 84, 84), 2), MLPActorCritic)
+    assert isinstance(
+        build_model(ModelSpec(type="mlp", hidden=[8]), (4, 84, 84), 2), MLPActorCritic
+    )
     with pytest.raises(ValueError, match="cnn"):
         build_model(ModelSpec(type="cnn"), (4,), 2)
 
