@@ -9,8 +9,15 @@ import time
 from .controlplane import ControlPlane, build_binaries
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     """Start a cluster, print how to reach it, wait for Ctrl-C, tear it down."""
+    # `kill PID` should tear down as cleanly as Ctrl-C; a background job may also ignore SIGINT.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     bin_dir = build_binaries()
     t0 = time.monotonic()
     with ControlPlane.start(bin_dir) as kube:
