@@ -1,0 +1,243 @@
+"""The peer: RLlib's own IMPALA (ray[rllib], same Ray version), driven like ours.
+
+Ray 2.60 ships both of RLlib's API stacks for IMPALA. The pinned peer is the NEW stack (RLlib's
+default for IMPALA in 2.60: EnvRunners + an async IMPALALearner with its own learner thread),
+configured by `common.rllib_config` from the same ImpalaJob manifest ours runs. The old stack
+(RolloutWorkers + the LearnerThread our design mirrors) still builds and trains in 2.60; the
+learner-only scenario drives both, and `--rllib-stack old` switches the other scenarios over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import numpy as np
+
+from common import quiet_ray_logs, rllib_config
+from impala_trainer.spec import ImpalaJobSpec
+
+
+def _init_ray(workers: int) -> None:
+    import ray
+
+    quiet_ray_logs()
+    # Logical CPUs for the EnvRunners (1 each), the remote Learner (1) and slack: both sides share
+    # the same physical cores, the logical count only lets RLlib's actors schedule.
+    for attempt in range(3):
+        try:
+            ray.init(
+                num_cpus=max(4, workers + 2),
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level="ERROR",
+            )
+            return
+        except Exception:  # a loaded machine can time the raylet's start-up out; retry
+            ray.shutdown()
+            if attempt == 2:
+                raise
+            time.sleep(5)
+
+
+def _point(result: dict[str, Any], t: float, stack: str) -> list[float | None]:
+    """[seconds, env steps sampled, env steps trained, 100-episode return mean] of a result."""
+    runners = result.get("env_runners", {})
+    ret = runners.get("episode_return_mean")
+    if stack == "new":
+        sampled = result.get("num_env_steps_sampled_lifetime") or runners.get(
+            "num_env_steps_sampled_lifetime", 0
+        )
+        trained = (
+            result.get("learners", {})
+            .get("__all_modules__", {})
+            .get("num_env_steps_trained_lifetime", 0)
+        )
+    else:
+        sampled = result.get("num_env_steps_sampled", 0)
+        trained = result.get("num_env_steps_trained", 0)
+    ret = None if ret is None or (isinstance(ret, float) and np.isnan(ret)) else float(ret)
+    return [round(t, 3), float(sampled or 0), float(trained or 0), ret]
+
+
+def train(
+    spec: ImpalaJobSpec,
+    seconds: float,
+    *,
+    stop_return: float | None = None,
+    seed: int = 0,
+    stack: str = "new",
+    sample_only: bool = False,
+) -> dict[str, Any]:
+    """Train (or only sample) for `seconds`, or until the return mean reaches `stop_return`.
+
+    Returns the curve: points [t, sampled, trained, return] with t in seconds since the first
+    `train()` call (Ray start-up and algorithm construction are timed separately as build_s).
+    """
+    workers = spec.rollouts.initial_replicas * spec.rollouts.workers_per_pod
+    t_start = time.perf_counter()
+    _init_ray(workers)
+    cfg = rllib_config(spec, stack=stack, seed=seed, sample_only=sample_only)
+    algo = cfg.build_algo()
+    build_s = time.perf_counter() - t_start
+    points: list[list[float | None]] = [[0.0, 0.0, 0.0, None]]
+    reached_at: float | None = None
+    t0 = time.perf_counter()
+    try:
+        while True:
+            result = algo.train()
+            t = time.perf_counter() - t0
+            points.append(_point(result, t, stack))
+            ret = points[-1][3]
+            if stop_return is not None and ret is not None and ret >= stop_return:
+                reached_at = t
+                break
+            if t >= seconds:
+                break
+    finally:
+        algo.stop()
+        import ray
+
+        ray.shutdown()
+    return {
+        "points": points,
+        "build_s": round(build_s, 2),
+        "reached_s": reached_at,
+        "stack": stack,
+        "config": _config_summary(cfg),
+    }
+
+
+def _config_summary(cfg: Any) -> dict[str, Any]:
+    keys = (
+        "num_env_runners",
+        "num_envs_per_env_runner",
+        "rollout_fragment_length",
+        "train_batch_size_per_learner",
+        "train_batch_size",
+        "num_learners",
+        "lr",
+        "gamma",
+        "entropy_coeff",
+        "vf_loss_coeff",
+        "grad_clip",
+        "num_epochs",
+        "learner_queue_size",
+        "broadcast_interval",
+        "min_time_s_per_iteration",
+        "enable_rl_module_and_learner",
+    )
+    return {k: getattr(cfg, k, None) for k in keys}
+
+
+def _rllib_obs(obs_shape: tuple[int, ...]) -> tuple[int, ...]:
+    # RLlib's CNNs take channels-last images: our [C, H, W] is its [H, W, C].
+    return (*obs_shape[1:], obs_shape[0]) if len(obs_shape) == 3 else obs_shape
+
+
+def learner_only(
+    spec: ImpalaJobSpec,
+    obs_shape: tuple[int, ...],
+    num_actions: int,
+    dtype: str,
+    seconds: float,
+    warmup_s: float,
+    stack: str = "new",
+) -> dict[str, Any]:
+    """Samples/s of RLlib's learner fed one pre-built train batch, the way its algorithm feeds it.
+
+    new stack: `IMPALALearner.update(TrainingData(batch=...))` (the local learner; update()
+    enqueues to its `_LearnerThread`, which runs `num_epochs` passes). The batch is what RLlib's
+    own learner connector made once from real episodes, so the per-update connector cost is NOT
+    counted, which flatters RLlib. old stack: the batch goes into `algo._learner_thread.inqueue`
+    (RLlib's LearnerThread + MinibatchBuffer), exactly as ours is driven.
+    """
+    import ray
+    from ray.rllib.core.learner.training_data import TrainingData
+    from ray.rllib.policy.sample_batch import concat_samples
+    from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
+
+    t = spec.training
+    if stack == "new" and len(obs_shape) == 3:
+        # The new stack's CNN takes float frames only: RLlib's own Atari pipeline normalises
+        # them to float32 in the env (NormalizedImageEnv), so that is what its learner eats.
+        dtype = "float32"
+    _init_ray(0)
+    cfg = rllib_config(
+        spec,
+        stack=stack,
+        seed=0,
+        env_runners=0,
+        synthetic=(_rllib_obs(obs_shape), dtype, num_actions),
+    )
+    algo = cfg.build_algo()
+    k = t.num_sgd_iter
+    try:
+        if stack == "new":
+            learner = algo.learner_group._learner
+            episodes = algo.env_runner.sample(num_timesteps=t.train_batch_size)
+            steps = sum(len(e) for e in episodes)
+            batch = learner._make_batch_if_necessary(training_data=TrainingData(episodes=episodes))
+            calls = 0
+            start = time.perf_counter()
+            window_start: float | None = None
+            while True:
+                now = time.perf_counter()
+                if window_start is None and now - start >= warmup_s:
+                    window_start, calls = now, 0
+                if window_start is not None and now - window_start >= seconds:
+                    break
+                learner.update(
+                    training_data=TrainingData(batch=batch),
+                    timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: calls * steps},
+                    num_epochs=k,
+                    minibatch_size=None,
+                    shuffle_batch_per_epoch=False,
+                )
+                calls += 1
+            elapsed = time.perf_counter() - (window_start or start)
+            # Batches still queued at the end were not trained on inside the window.
+            done = calls - learner._learner_thread_in_queue.qsize()
+            return {
+                "samples_per_s": done * steps / elapsed,
+                "updates_per_s": done * k / elapsed,
+                "batch_env_steps": steps,
+            }
+        # Old stack: RLlib's LearnerThread, driven like ours.
+        worker = algo.env_runner
+        parts, steps = [], 0
+        while steps < t.train_batch_size:
+            part = worker.sample()
+            parts.append(part)
+            steps += part.count
+        batch = concat_samples(parts)
+        thread = algo._learner_thread
+        updates = 0
+        start = time.perf_counter()
+        window_start = None
+        while True:
+            now = time.perf_counter()
+            if window_start is None and now - start >= warmup_s:
+                window_start, updates = now, 0
+            if window_start is not None and now - window_start >= seconds:
+                break
+            import queue
+
+            with contextlib.suppress(queue.Full):
+                thread.inqueue.put(batch, timeout=0.05)
+            while not thread.outqueue.empty():
+                thread.outqueue.get_nowait()
+                updates += 1
+            if not thread.is_alive():
+                raise RuntimeError("RLlib's learner thread died")
+        elapsed = time.perf_counter() - (window_start or start)
+        return {
+            "samples_per_s": updates * steps / k / elapsed,
+            "updates_per_s": updates / elapsed,
+            "batch_env_steps": steps,
+            "thread": type(thread).__name__,
+        }
+    finally:
+        algo.stop()
+        ray.shutdown()
