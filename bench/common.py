@@ -26,6 +26,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "bench" / "results"
 LOG_DIR = RESULTS_DIR / "logs"
+POINT_FIELDS = ("t", "train_t", "sampled", "trained", "return_mean")
+"""A curve point: seconds since the trial process was launched, seconds on the side's own training
+clock, env steps sampled, env steps trained (None where the side does not report it), and the
+100-episode return mean (None before the first episode ends)."""
 SIDES = ("ours", "rllib", "rllib_old")
 """ours; RLlib IMPALA on its new API stack (the pinned peer); RLlib on its old API stack."""
 
@@ -112,6 +116,7 @@ def add_trial_args(
     parser.add_argument("--trial", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--trial-index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--trial-out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--trial-started", type=float, default=0.0, help=argparse.SUPPRESS)
 
 
 def child_argv(argv: Sequence[str]) -> list[str]:
@@ -152,6 +157,8 @@ def run_child(
             str(index),
             "--trial-out",
             str(out),
+            "--trial-started",
+            repr(time.time()),
         ]
         env = {**os.environ, "PYTHONPATH": _pythonpath()}
         started = time.time()
@@ -399,6 +406,8 @@ def rllib_config(
     cannot move the peer: EnvRunners = rollout workers (replicas x workersPerPod), envs per
     runner, fragment length, train batch, model layers, lr/gamma/coefficients/clip, epochs.
     New stack: one remote Learner (RLlib's IMPALA default `num_learners=1`, async updates).
+    The new stack has no separate value-function optimiser (separateVfOptimizer/lrVf): only the
+    old stack gets those; the doc lists this as the one unmatched setting.
     `synthetic`: (obs_shape, dtype, actions) of a random-observation env for learner-only runs.
     """
     from ray.rllib.algorithms.impala import IMPALAConfig
@@ -443,6 +452,7 @@ def rllib_config(
         num_env_runners=env_runners,
         num_envs_per_env_runner=env.num_envs_per_worker,
         rollout_fragment_length=t.rollout_fragment_length,
+        max_requests_in_flight_per_env_runner=t.max_requests_in_flight_per_worker,
     )
     epochs = num_sgd_iter if num_sgd_iter is not None else t.num_sgd_iter
     common_training: dict[str, Any] = dict(
@@ -470,6 +480,8 @@ def rllib_config(
             model=model,
             minibatch_buffer_size=t.minibatch_buffer_size,
             opt_type=t.optimizer.type,
+            _separate_vf_optimizer=t.separate_vf_optimizer,
+            _lr_vf=t.lr_vf,
             **common_training,
         )
         cfg = cfg.resources(num_gpus=0)
@@ -498,6 +510,16 @@ _PONG_FALLBACK: dict[str, Any] = {
 }
 
 
+def manifest_path(name: str, scratch: Path) -> Path:
+    """manifests/examples/NAME.yaml, or the built-in fallback written into `scratch`."""
+    path = MANIFESTS / f"{name}.yaml"
+    if path.exists() or name != "pong":
+        return path
+    out = scratch / f"{name}.yaml"
+    out.write_text(json.dumps(_PONG_FALLBACK))  # JSON is YAML
+    return out
+
+
 def load_spec(name: str, overrides: Sequence[str] = ()) -> Any:
     """The ImpalaJob of manifests/examples/NAME.yaml with `--set` overrides applied."""
     from impala_trainer.manifest import apply_overrides, load_manifest, parse_manifest
@@ -510,3 +532,30 @@ def load_spec(name: str, overrides: Sequence[str] = ()) -> Any:
             apply_overrides(json.loads(json.dumps(_PONG_FALLBACK)), list(overrides))
         )
     raise FileNotFoundError(path)
+
+
+# -- curves -----------------------------------------------------------------------------------
+
+
+def steady_rate(points: Sequence[Sequence[Any]], warmup_s: float, column: int = 2) -> float | None:
+    """Steps per second on the process clock after `warmup_s` from the first sampled step.
+
+    Both sides are measured by this one function: start-up (Ray, actors, first weights) is left
+    out, and the rate is the straight line from the first point after the warm-up to the last.
+    """
+    started = [p for p in points if (p[column] or 0) > 0]
+    if not started:
+        return None
+    t_first = started[0][0]
+    window = [p for p in points if p[0] >= t_first + warmup_s and p[column] is not None]
+    if len(window) < 2 or window[-1][0] <= window[0][0]:
+        return None
+    return (window[-1][column] - window[0][column]) / (window[-1][0] - window[0][0])
+
+
+def first_crossing(points: Sequence[Sequence[Any]], threshold: float) -> Sequence[Any] | None:
+    """The first point whose return mean is >= threshold (None: never crossed)."""
+    for p in points:
+        if p[4] is not None and p[4] >= threshold:
+            return p
+    return None

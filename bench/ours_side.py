@@ -9,8 +9,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import queue
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -94,3 +97,123 @@ def learner_only(
         "batch_env_steps": steps,
         "learner_stats": thread.stats(),
     }
+
+
+def train(
+    manifest: Path,
+    overrides: list[str],
+    seconds: float,
+    *,
+    stop_return: float | None,
+    seed: int,
+    process_start: float,
+    run_dir: Path,
+) -> dict[str, Any]:
+    """`impalajob train -f MANIFEST` in this process; the curve from its history.jsonl.
+
+    The stop criteria are replaced by ours: `seconds` of training (the driver's own clock) or the
+    return threshold. History lines come once a second, like RLlib's train() results here.
+    """
+    from impala_trainer.cli import main as cli_main
+
+    sets = [
+        *overrides,
+        f"training.seed={seed}",
+        f"stop.timeLimitSeconds={seconds}",
+        f"stop.episodeReturnMean={'null' if stop_return is None else stop_return}",
+        "stop.timesteps=null",
+    ]
+    argv = ["train", "-f", str(manifest), "--output", str(run_dir), "--overwrite"]
+    for s in sets:
+        argv += ["--set", s]
+    rc = cli_main(argv)
+    points: list[list[float | None]] = [[0.0, 0.0, 0, None, None]]
+    history = run_dir / "history.jsonl"
+    for line in history.read_text().splitlines() if history.exists() else []:
+        try:
+            h = json.loads(line)
+        except json.JSONDecodeError:  # a torn last line
+            continue
+        points.append(
+            [
+                round(h["time"] - process_start, 3),
+                round(h["wall_seconds"], 3),
+                h["env_steps"],
+                None,
+                h.get("episode_return_mean"),
+            ]
+        )
+    summary_path, status_path = run_dir / "summary.json", run_dir / "status.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    status = json.loads(status_path.read_text()) if status_path.exists() else {}
+    counters = status.get("counters", {})
+    reached = summary.get("stopped_by") == "episodeReturnMean"
+    return {
+        "points": points,
+        "rc": rc,
+        "reached_s": points[-1][1] if reached else None,
+        "summary": summary,
+        "env_steps_trained": counters.get("env_steps_trained"),
+        "learner_updates": counters.get("learner_updates"),
+        "timing": status.get("timing", {}),
+        "learner_queue": status.get("learner_queue", {}),
+        "policy_lag_mean": status.get("policy_lag_mean"),
+    }
+
+
+def sample_only(
+    spec: ImpalaJobSpec, seconds: float, *, seed: int, process_start: float
+) -> dict[str, Any]:
+    """The rollout ceiling: our RolloutActors with fixed (initial) weights and no learner.
+
+    The loop is the driver's sampling half: each actor keeps maxRequestsInFlightPerWorker
+    sample() calls outstanding and every fragment is fetched into this process (as the driver
+    does before aggregation), then dropped. Points once a second, like the training runs.
+    """
+    import ray
+
+    from impala_trainer.actors import ROLLOUT_RESOURCE, RolloutActor
+
+    workers = spec.rollouts.initial_replicas * spec.rollouts.workers_per_pod
+    ray.init(
+        num_cpus=os.cpu_count() or 1,
+        resources={ROLLOUT_RESOURCE: workers},
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="ERROR",
+    )
+    actors = [
+        RolloutActor.options(resources={ROLLOUT_RESOURCE: 1}).remote(spec, f"rollout-{i}", seed + i)
+        for i in range(workers)
+    ]
+    ray.get([a.node_info.remote() for a in actors])  # built: envs made, torch imported
+    in_flight = spec.training.max_requests_in_flight_per_worker
+    refs: dict[Any, tuple[int, Any]] = {}
+    for i, actor in enumerate(actors):
+        for _ in range(in_flight):
+            fragment_ref, meta_ref = actor.sample.remote()
+            refs[meta_ref] = (i, fragment_ref)
+    t0 = time.perf_counter()
+    points: list[list[float | None]] = [[round(time.time() - process_start, 3), 0.0, 0, None, None]]
+    steps, next_point = 0, 1.0
+    try:
+        while True:
+            t = time.perf_counter() - t0
+            if t >= next_point:
+                points.append(
+                    [round(time.time() - process_start, 3), round(t, 3), steps, None, None]
+                )
+                next_point += 1.0
+                if t >= seconds:
+                    break
+            ready, _ = ray.wait(list(refs), num_returns=1, timeout=0.05)
+            for meta_ref in ready:
+                i, fragment_ref = refs.pop(meta_ref)
+                meta = ray.get(meta_ref)
+                ray.get(fragment_ref)  # the driver pulls each fragment to aggregate it
+                steps += meta["env_steps"]
+                new_fragment, new_meta = actors[i].sample.remote()
+                refs[new_meta] = (i, new_fragment)
+    finally:
+        ray.shutdown()
+    return {"points": points}

@@ -41,8 +41,8 @@ def _init_ray(workers: int) -> None:
             time.sleep(5)
 
 
-def _point(result: dict[str, Any], t: float, stack: str) -> list[float | None]:
-    """[seconds, env steps sampled, env steps trained, 100-episode return mean] of a result."""
+def _point(result: dict[str, Any], t_proc: float, t: float, stack: str) -> list[float | None]:
+    """common.POINT_FIELDS of one train() result."""
     runners = result.get("env_runners", {})
     ret = runners.get("episode_return_mean")
     if stack == "new":
@@ -58,7 +58,7 @@ def _point(result: dict[str, Any], t: float, stack: str) -> list[float | None]:
         sampled = result.get("num_env_steps_sampled", 0)
         trained = result.get("num_env_steps_trained", 0)
     ret = None if ret is None or (isinstance(ret, float) and np.isnan(ret)) else float(ret)
-    return [round(t, 3), float(sampled or 0), float(trained or 0), ret]
+    return [round(t_proc, 3), round(t, 3), float(sampled or 0), float(trained or 0), ret]
 
 
 def train(
@@ -69,11 +69,12 @@ def train(
     seed: int = 0,
     stack: str = "new",
     sample_only: bool = False,
+    process_start: float,
 ) -> dict[str, Any]:
     """Train (or only sample) for `seconds`, or until the return mean reaches `stop_return`.
 
-    Returns the curve: points [t, sampled, trained, return] with t in seconds since the first
-    `train()` call (Ray start-up and algorithm construction are timed separately as build_s).
+    Returns the curve as common.POINT_FIELDS rows; the training clock starts at the first
+    `train()` call (Ray start-up and algorithm construction are build_s).
     """
     workers = spec.rollouts.initial_replicas * spec.rollouts.workers_per_pod
     t_start = time.perf_counter()
@@ -81,15 +82,15 @@ def train(
     cfg = rllib_config(spec, stack=stack, seed=seed, sample_only=sample_only)
     algo = cfg.build_algo()
     build_s = time.perf_counter() - t_start
-    points: list[list[float | None]] = [[0.0, 0.0, 0.0, None]]
-    reached_at: float | None = None
     t0 = time.perf_counter()
+    points: list[list[float | None]] = [[round(time.time() - process_start, 3), 0.0, 0, 0, None]]
+    reached_at: float | None = None
     try:
         while True:
             result = algo.train()
             t = time.perf_counter() - t0
-            points.append(_point(result, t, stack))
-            ret = points[-1][3]
+            points.append(_point(result, time.time() - process_start, t, stack))
+            ret = points[-1][4]
             if stop_return is not None and ret is not None and ret >= stop_return:
                 reached_at = t
                 break
@@ -127,6 +128,9 @@ def _config_summary(cfg: Any) -> dict[str, Any]:
         "broadcast_interval",
         "min_time_s_per_iteration",
         "enable_rl_module_and_learner",
+        "max_requests_in_flight_per_env_runner",
+        "_separate_vf_optimizer",
+        "_lr_vf",
     )
     return {k: getattr(cfg, k, None) for k in keys}
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import re
 import shutil
 import socket
@@ -32,7 +33,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS_DIR, machine_info, machine_line, table
 from impala_trainer.snapshot import (
     HISTORY_FILE,
     STATUS_FILE,
@@ -42,8 +42,56 @@ from impala_trainer.snapshot import (
 from impala_trainer.status.sample_run import sample_history, sample_snapshot
 
 BENCH = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH / "results"
 SIDES = ("ours", "naive")
 ENDPOINTS = ("/status", "/metrics")
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, cores, load and the versions of the serving stack."""
+    from importlib import metadata
+
+    cpu = "unknown cpu"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    versions = {d: metadata.version(d) for d in ("fastapi", "uvicorn", "prometheus-client")}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count() or 0,
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "wrk": subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split()[1],
+        **versions,
+    }
+
+
+def machine_line(m: dict[str, Any]) -> str:
+    load = "/".join(f"{x:.1f}" for x in m["load_avg"])
+    return (
+        f"{m['cpu']}, {m['cores']} cores, load {load}; Python {m['python']}, "
+        f"FastAPI {m['fastapi']}, uvicorn {m['uvicorn']}, prometheus-client "
+        f"{m['prometheus-client']}, wrk {m['wrk']}"
+    )
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A markdown table (numbers rounded for reading)."""
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3f}"
+        return f"{v:,}" if isinstance(v, int) else str(v)
+
+    cells = [[cell(c) for c in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    out = ["| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"]
+    out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    out += [
+        "| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells
+    ]
+    return "\n".join(out)
 
 
 def naive_app(run_dir: Path) -> Any:
@@ -211,6 +259,72 @@ def trial(side: str, run_dir: Path, endpoint: str, args: argparse.Namespace) -> 
     }
 
 
+def asgi_service_times(side: str, run_dir: Path, endpoint: str, n: int) -> dict[str, Any]:
+    """Per-request wall and process-CPU time calling the app's ASGI interface directly.
+
+    No sockets, no HTTP parsing: what is left is the app's own work. CPU time is unaffected by
+    other processes on a busy machine, so it isolates the hot path's cost from scheduling noise.
+    """
+    import asyncio
+
+    if side == "ours":
+        from impala_trainer.status.main import create_app
+        from impala_trainer.status.settings import Settings
+
+        app = create_app(Settings(run_dir=run_dir))
+    else:
+        app = naive_app(run_dir)
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": endpoint,
+        "raw_path": endpoint.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"bench")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def drive() -> tuple[list[float], list[float]]:
+        status: list[int] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+
+        walls, cpus = [], []
+        for _ in range(n):
+            w0, c0 = time.perf_counter(), time.process_time()
+            await app(dict(scope), receive, send)
+            cpus.append(time.process_time() - c0)
+            walls.append(time.perf_counter() - w0)
+        assert set(status) == {200}, set(status)
+        return walls, cpus
+
+    walls, cpus = asyncio.run(drive())
+
+    def pct(xs: list[float], q: float) -> float:
+        return sorted(xs)[min(len(xs) - 1, int(q / 100 * len(xs)))] * 1e6
+
+    return {
+        "side": side,
+        "endpoint": endpoint,
+        "n": n,
+        "wall_p50_us": pct(walls, 50),
+        "wall_p99_us": pct(walls, 99),
+        "cpu_p50_us": pct(cpus, 50),
+        "cpu_p99_us": pct(cpus, 99),
+        "cpu_mean_us": 1e6 * statistics.fmean(cpus),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run")
@@ -219,6 +333,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="rounds (ours, naive alternating)")
     parser.add_argument("--sides", default=",".join(SIDES), help="comma list from ours,naive")
     parser.add_argument("--history", type=int, default=3000, help="history lines in the run dir")
+    parser.add_argument(
+        "--asgi-requests", type=int, default=3000, help="requests per in-process ASGI run"
+    )
     parser.add_argument("--serve-naive", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -258,6 +375,13 @@ def main() -> int:
                             f"p50 {t['p50_ms']:.2f} ms p99 {t['p99_ms']:.2f} ms",
                             flush=True,
                         )
+            asgi: list[dict[str, Any]] = []
+            for i in range(args.rounds):
+                for endpoint in ENDPOINTS:
+                    for side in sides:
+                        a = asgi_service_times(side, run_dir, endpoint, args.asgi_requests)
+                        a["round"] = i
+                        asgi.append(a)
         finally:
             writer.stop_event.set()
 
@@ -316,6 +440,22 @@ def main() -> int:
             rows,
         )
     )
+    asgi_rows = []
+    for endpoint in ENDPOINTS:
+        for side in sides:
+            xs = [a for a in asgi if a["side"] == side and a["endpoint"] == endpoint]
+            med = {
+                k: statistics.median(a[k] for a in xs)
+                for k in ("wall_p50_us", "wall_p99_us", "cpu_p50_us", "cpu_p99_us", "cpu_mean_us")
+            }
+            summary[f"{side}{endpoint.replace('/', '_')}"]["asgi"] = {
+                k: round(v, 1) for k, v in med.items()
+            }
+            asgi_rows.append([endpoint, side, *med.values()])
+    print()
+    print("in-process ASGI calls (no sockets/HTTP parsing; the app's own work):")
+    headers = ["endpoint", "side", "wall p50 µs", "wall p99 µs", "CPU p50 µs", "CPU p99 µs"]
+    print(table([*headers, "CPU mean µs"], asgi_rows))
     print(f"machine: {machine_line(info)}")
     command = "python bench/sidecar_wrk.py " + " ".join(sys.argv[1:])
     line = {
