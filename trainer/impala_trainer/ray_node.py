@@ -54,7 +54,9 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--object-store-memory", type=int, default=None, help="object store bytes (default: Ray's)"
     )
-    g.add_argument("--temp-dir", default=None, help="Ray's temp dir (default: $RAY_TMPDIR or /tmp)")
+    g.add_argument(
+        "--temp-dir", default=None, help="Ray's temp dir (default: $RAY_TMPDIR/ray, else Ray's)"
+    )
 
 
 @dataclass
@@ -82,9 +84,16 @@ class NodeConfig:
             ports={dest: getattr(args, dest) for dest in PORT_FLAGS},
             num_cpus=args.num_cpus,
             object_store_memory=args.object_store_memory,
-            temp_dir=args.temp_dir,
+            temp_dir=args.temp_dir or _env_temp_dir(),
             **kw,  # type: ignore[arg-type]
         )
+
+
+def _env_temp_dir() -> str | None:
+    # A worker node otherwise adopts the head's temp dir; nodes sharing a host (the local
+    # multi-pod tests) would then race for socket names in one session directory.
+    tmp = os.environ.get("RAY_TMPDIR")
+    return os.path.join(tmp, "ray") if tmp else None
 
 
 def free_port() -> int:
@@ -96,14 +105,8 @@ def free_port() -> int:
 
 def start_argv(cfg: NodeConfig) -> list[str]:
     """The `ray start ... --block` command line for this node."""
-    argv = [
-        sys.executable,
-        "-m",
-        "ray.scripts.scripts",
-        "start",
-        "--block",
-        "--disable-usage-stats",
-    ]
+    argv = [sys.executable, "-m", "impala_trainer.ray_node", "start", "--block"]
+    argv.append("--disable-usage-stats")
     if cfg.head:
         # The client server and the (frontend-less) dashboard are local conveniences nothing in
         # the job uses; they default to fixed ports, which would collide between heads on a host.
@@ -143,6 +146,10 @@ def ray_env(drain_timeout_s: float = 30.0) -> dict[str, str]:
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     env.setdefault("RAY_AUTH_MODE", "token" if env.get("RAY_AUTH_TOKEN") else "disabled")
     env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = str(drain_timeout_s)
+    # A pod starting on a busy node (or several nodes on one busy test machine) can take longer
+    # than Ray's defaults to start its Python agents and workers; the raylet would then abort.
+    env.setdefault("RAY_agent_register_timeout_ms", "120000")
+    env.setdefault("RAY_worker_register_timeout_seconds", "120")
     return env
 
 
@@ -193,6 +200,8 @@ class RayNodeProcess:
 
     def start(self) -> None:
         """Launch `ray start`; it returns at once, the node comes up in the background."""
+        if self.cfg.head:
+            forget_stale_head(self.cfg)
         # Without a log file Ray's output goes where ours does (the pod's log).
         out = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
         self.proc = subprocess.Popen(
@@ -240,3 +249,68 @@ class RayNodeProcess:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def _ray_start_main() -> None:
+    """`ray start`, with a longer wait for the new raylet to register with the GCS.
+
+    `ray start` gives its raylet a fixed 30 s to appear in the GCS node table; a node starting
+    while its machine (or the head) is busy needs longer, and failing would only make it try
+    again from scratch. The wait is widened by retrying Ray's own lookup.
+    """
+    import ray._private.services as services
+    from ray.scripts.scripts import main
+
+    lookup = services.get_node
+
+    def patient_get_node(*args: object, **kwargs: object) -> object:
+        deadline = time.monotonic() + REGISTER_WAIT_S
+        while True:
+            try:
+                return lookup(*args, **kwargs)
+            except RuntimeError:
+                # A raylet that died while starting will never register: fail now, so the
+                # caller (nodes.py's rejoin loop) starts over at once.
+                if time.monotonic() > deadline or not _child_alive("raylet"):
+                    raise
+                time.sleep(1.0)
+
+    services.get_node = patient_get_node
+    sys.exit(main())
+
+
+REGISTER_WAIT_S = 150.0
+
+
+def _child_alive(name: str) -> bool:
+    """True when a live (not zombie) child process of ours is called `name`."""
+    me = os.getpid()
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            stat = stat_file.read_text()
+        except OSError:
+            continue
+        comm = stat[stat.find("(") + 1 : stat.rfind(")")]
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if comm == name and int(fields[1]) == me and fields[0] != "Z":
+            return True
+    return False
+
+
+def forget_stale_head(cfg: NodeConfig) -> None:
+    """Remove a previous head's bootstrap-address file for our own GCS address.
+
+    `ray start --head` refuses to start when that file names its address and a raylet on this
+    host still points there: after a learner restart, nodes of the old cluster on the same host
+    (the local tests) can still be running for a few seconds.
+    """
+    from ray._common.utils import get_default_ray_temp_dir, get_ray_address_file
+
+    path = Path(get_ray_address_file(cfg.temp_dir or get_default_ray_temp_dir()))
+    with contextlib.suppress(OSError):
+        if path.read_text().strip().endswith(f":{cfg.gcs_port}"):
+            path.unlink()
+
+
+if __name__ == "__main__":
+    _ray_start_main()
