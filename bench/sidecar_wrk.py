@@ -233,7 +233,7 @@ def trial(side: str, run_dir: Path, endpoint: str, args: argparse.Namespace) -> 
         cycle_ms = args.connections * 1000.0 / args.rate
         warm = run_wrk(url + endpoint, 2, args.connections, cycle_ms)
         achieved_cycle_ms = args.connections * warm["duration_us"] / 1000 / max(warm["requests"], 1)
-        delay_ms = max(cycle_ms / 2, cycle_ms - max(0.0, achieved_cycle_ms - cycle_ms))
+        delay_ms = max(0.7 * cycle_ms, cycle_ms - max(0.0, achieved_cycle_ms - cycle_ms))
         cpu0 = cpu_seconds(proc.pid)
         r = run_wrk(url + endpoint, args.duration, args.connections, delay_ms)
         cpu = cpu_seconds(proc.pid) - cpu0
