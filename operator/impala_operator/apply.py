@@ -40,6 +40,8 @@ PLURALS = {
 }
 JOB_API_VERSION = f"{API_GROUP}/{API_VERSION}"
 MAX_EVENT_MESSAGE = 1024  # the API server rejects longer Event messages
+REQUEST_TIMEOUT = (5.0, 30.0)
+"""(connect, read) seconds: a hung request must not hold a worker thread (and a job) forever."""
 
 
 class ApiError(RuntimeError):
@@ -97,7 +99,9 @@ class Api:
             auth_settings=["BearerToken"],
         )
         try:
-            response = self._client.call_api(method, url, header_params=headers, body=body)
+            response = self._client.call_api(
+                method, url, header_params=headers, body=body, _request_timeout=REQUEST_TIMEOUT
+            )
             data = response.read()
         except client.ApiException as exc:
             raise ApiError(exc.status or 0, str(exc.reason), str(exc.body or "")) from exc

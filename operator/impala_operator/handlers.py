@@ -85,6 +85,13 @@ def register(registry: kopf.OperatorRegistry, config: Settings) -> None:
         )
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
+        # Watching listed namespaces: serve exactly those, without listing all namespaces (which
+        # a namespaced Role cannot, and kopf retries ~1 min before it gives up and falls back).
+        settings.scanning.disabled = not memo.settings.all_namespaces
+        # A timer that deletes its own job (TTL) is still running when the deletion arrives; kopf
+        # then re-checks whether it exited only after this many seconds (default 60) before it
+        # lifts its finalizer. The tick finishes within moments, so check again soon.
+        settings.background.cancellation_polling = min(5.0, memo.settings.reconcile_interval)
         memo.sidecar = SidecarClient(memo.settings.sidecar_timeout)
 
     @kopf.on.cleanup(id="cleanup", registry=registry)

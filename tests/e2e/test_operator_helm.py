@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -84,6 +85,7 @@ class Operator:
                 str(self.kubeconfig),
                 "--metrics-port",
                 str(self.metrics_port),
+                *(["--verbose"] if os.environ.get("E2E_OPERATOR_VERBOSE") else []),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -268,6 +270,8 @@ class OperatorSuite:
     def test_cartpole_example_children_status_and_printer_columns(
         self, kube: Kube, ns: str, operator: Operator, sidecar: Sidecar
     ) -> None:
+        example = yaml.safe_load(EXAMPLE.read_text())
+        n = example["spec"]["rollouts"]["minReplicas"]  # no replicas requested: start at min
         kube.kubectl("apply", "-n", ns, "-f", str(EXAMPLE))
         kube.kubectl("annotate", "ij", "cartpole", "-n", ns, f"{URL_ANNOTATION}={sidecar.url}")
         live = self.ij(kube, ns, "cartpole")
@@ -277,13 +281,14 @@ class OperatorSuite:
             kube,
             ns,
             "cartpole",
-            lambda s: s.get("phase") == "Running" and s["rollouts"]["ready"] == 2,
+            lambda s: s.get("phase") == "Running" and s["rollouts"]["ready"] == n,
             "Running with 2 rollouts",
         )
         config = kube.get("configmap", "cartpole-config", "-n", ns)
         job_yaml = yaml.safe_load(config["data"]["job.yaml"])
-        assert job_yaml["spec"]["training"]["trainBatchSize"] == 800
-        assert job_yaml["spec"]["rollouts"]["minReplicas"] == 2
+        for section, fields in example["spec"].items():  # the job's spec, defaults filled in
+            for key, value in fields.items():
+                assert job_yaml["spec"][section][key] == value, (section, key)
 
         pod = kube.get("pod", "cartpole-learner-0", "-n", ns)
         assert pod["metadata"]["ownerReferences"][0]["uid"] == uid
@@ -295,12 +300,12 @@ class OperatorSuite:
         assert learner_svc["spec"]["clusterIP"] == "None"
         kube.get("service", "cartpole-status", "-n", ns)
         kube.get("networkpolicy", "cartpole-network", "-n", ns)
-        assert self.replicas(kube, ns, "cartpole-rollout") == 2
+        assert self.replicas(kube, ns, "cartpole-rollout") == n
         assert self.replicas(kube, ns, "cartpole-aggregator") == 0
         rollout_pods = kube.pods(
             ns, "app.kubernetes.io/instance=cartpole,app.kubernetes.io/component=rollout"
         )
-        assert len(rollout_pods) == 2 and {p["status"]["phase"] for p in rollout_pods} == {
+        assert len(rollout_pods) == n and {p["status"]["phase"] for p in rollout_pods} == {
             "Running"
         }
         for child in ("configmap/cartpole-config", "deployment/cartpole-rollout"):
@@ -327,7 +332,7 @@ class OperatorSuite:
 
         table = kube.kubectl("get", "ij", "-n", ns).stdout.splitlines()
         assert table[0].split() == ["NAME", "PHASE", "ROLLOUTS", "STEPS", "RETURN", "AGE"]
-        assert table[1].split()[:5] == ["cartpole", "Running", "2/2", "12500", "125"]
+        assert table[1].split()[:5] == ["cartpole", "Running", f"{n}/{n}", "12500", "125"]
         assert "Created" in self.events(kube, ns, "cartpole")
         metrics = operator.metrics()
         assert 'impala_operator_jobs{phase="Running"}' in metrics
@@ -526,7 +531,10 @@ class OperatorSuite:
         def gone() -> bool:
             return kube.kubectl("get", "ij", "brief", "-n", ns, check=False).returncode != 0
 
-        wait_for(gone, timeout=60, what="the ImpalaJob deleted by its TTL")
+        try:
+            wait_for(gone, timeout=60, what="the ImpalaJob deleted by its TTL")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}: {self.ij(kube, ns, 'brief')['metadata']}") from None
         wait_for(
             lambda: (
                 kube.get("deployments", "-n", ns, "-l", "app.kubernetes.io/instance=brief")["items"]
