@@ -88,7 +88,3 @@ class AggregatorActor:
         """Add one fragment (Ray resolves the reference); return completed train batches."""
         return self.aggregator.add(fragment)
 
-
-def preload() -> None:
-    """Ray worker-process setup hook: importing this module already loaded torch, gymnasium and
-    the worker code, so an actor placed on a pre-started worker skips those seconds."""

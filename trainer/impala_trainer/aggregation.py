@@ -59,6 +59,11 @@ class Aggregator:
         self.batches_out += len(out)
         return out
 
+    def take_pending(self) -> list[Fragment]:
+        """Hand over the fragments still waiting for a batch (an aggregator leaving the job)."""
+        pending, self._pending, self._pending_steps = self._pending, [], 0
+        return pending
+
     def add_many(self, fragments: list[Fragment]) -> list[TrainBatch]:
         """`add` for several fragments; all completed batches in order."""
         out: list[TrainBatch] = []

@@ -79,6 +79,10 @@ class RunDir:
         # A resumed run starts a new summary; the old one described a run that ended.
         self.summary_file.unlink(missing_ok=True)
 
+    def status_due(self) -> bool:
+        """True when `status_interval` has passed since status.json was last written."""
+        return time.monotonic() - self._last_status >= self.status_interval
+
     def write_status(self, snapshot: StatusSnapshot, force: bool = False) -> bool:
         """Replace status.json if `status_interval` has passed (or `force`); True if written."""
         now = time.monotonic()

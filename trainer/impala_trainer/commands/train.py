@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from impala_trainer.manifest import ManifestError, load_manifest
@@ -107,10 +108,16 @@ def run(args: argparse.Namespace) -> int:
         run_dir.clear()
     run_dir.prepare(job)
 
+    # Import torch and the trainer (seconds) while Ray starts its processes (more seconds).
+    # Ray must start on the main thread: its processes die with the thread that spawned them.
+    warm = threading.Thread(target=importlib.import_module, args=("impala_trainer.driver",))
+    warm.start()
+    _init_ray(num_rollout, num_aggregator)
+    warm.join()
+
     from impala_trainer.driver import make_driver
     from impala_trainer.progress import ProgressReporter
 
-    _init_ray(num_rollout, num_aggregator)
     dashboard = _start_dashboard(run_dir.path, args.port) if args.dashboard else None
     reporter = ProgressReporter(job.name)
     try:
