@@ -156,7 +156,23 @@ def test_pods_die_join_drain_and_the_learner_restarts(job: LocalJob) -> None:
     assert all(b["env_steps"] >= a["env_steps"] for a, b in itertools.pairwise(history))
     assert status["wall_seconds"] > 0
 
-    # 5. SIGTERM stops the learner cleanly (final checkpoint and summary).
+    # 5. The aggregator pod is scaled down: it drains like a rollout pod (the fragments it still
+    #    buffers go to the driver), and with no aggregator left the driver builds the batches.
+    job.terminate("aggregator")
+    assert job.procs["aggregator"].wait(timeout=120) == 0, job.tail("aggregator")
+    status = job.wait_for(
+        "the aggregator released",
+        lambda s: not healthy(s, "aggregator") and s["membership"]["aggregator_nodes"] == 0,
+        timeout=60,
+    )
+    trained = status["counters"]["env_steps_trained"]
+    job.wait_for(
+        "training on without aggregators",
+        lambda s: s["counters"]["env_steps_trained"] > trained + 4000,
+        timeout=180,
+    )
+
+    # 6. SIGTERM stops the learner cleanly (final checkpoint and summary).
     job.terminate("learner")
     assert job.procs["learner"].wait(timeout=120) == 130, job.tail("learner")
     summary = job.summary()

@@ -159,6 +159,22 @@ class ElasticActorManager(ActorManager):
         usable = [a for a in self.live("aggregator") if a.state != "draining"]
         return usable[next(self._round_robin) % len(usable)] if usable else None
 
+    def on_failure(self, actor_id: str, error: BaseException) -> ManagedActor | None:
+        """As ActorManager's, but only a constructor that raised counts as a start-up failure.
+
+        Here nodes leave while actors start on them (a pod killed, a replacement placed on a
+        node the GCS has not yet declared dead); that is membership, not a broken configuration,
+        and must not fail the run after a few repetitions.
+        """
+        actor = self.actors.get(actor_id)
+        if (
+            actor is not None
+            and actor.state == "starting"
+            and not getattr(error, "actor_init_failed", False)
+        ):
+            actor.state = "healthy"
+        return super().on_failure(actor_id, error)
+
     def membership(self) -> Membership:
         """As ActorManager's, plus each released actor's own env-step count."""
         out = super().membership()

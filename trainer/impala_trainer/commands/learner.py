@@ -31,9 +31,10 @@ from impala_trainer.ray_node import (
     add_node_arguments,
     apply_ray_env,
     port_open,
-    wait_until,
 )
 from impala_trainer.roles import DEFAULT_PORTS
+
+HEAD_ATTEMPTS = 3
 
 if TYPE_CHECKING:
     from impala_trainer.run_dir import RunDir
@@ -91,14 +92,11 @@ def run(args: argparse.Namespace) -> int:
     apply_ray_env()
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     cfg = NodeConfig.from_args(args, head=True, gcs_port=args.port, resources={})
-    head = RayNodeProcess(cfg, log_path=args.log_file, drain_timeout_s=1.0)
+    host = args.node_ip_address or "127.0.0.1"
+    head: RayNodeProcess | None = None
     try:
-        head.start()
-        host = args.node_ip_address or "127.0.0.1"
-        up = wait_until(
-            lambda: port_open(host, args.port), args.head_timeout, lambda: not head.alive()
-        )
-        if not up:
+        head = _start_head(cfg, host, args)
+        if head is None:
             print(f"error: the Ray head did not come up on {host}:{args.port}", file=sys.stderr)
             return 1
         return _train(job, run_dir, f"{host}:{args.port}", resume)
@@ -106,7 +104,44 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        head.drain(20.0)
+        if head is not None:
+            head.drain(20.0)
+
+
+def _start_head(cfg: NodeConfig, host: str, args: argparse.Namespace) -> RayNodeProcess | None:
+    """Start the head and connect this process as its driver; None after HEAD_ATTEMPTS tries.
+
+    On a busy machine Ray's helper processes can miss their start-up deadlines and the head's
+    raylet aborts; a fresh attempt usually gets through, so the pod need not restart for it.
+    """
+    for attempt in range(1, HEAD_ATTEMPTS + 1):
+        head = RayNodeProcess(cfg, log_path=args.log_file, drain_timeout_s=1.0)
+        head.start()
+        try:
+            if _connect(head, host, cfg.gcs_port, args.head_timeout):
+                return head
+        except BaseException:  # SIGTERM while starting: leave no orphaned head behind
+            head.kill()
+            raise
+        print(f"learner: the Ray head failed to start (attempt {attempt})", file=sys.stderr)
+        head.kill()
+    return None
+
+
+def _connect(head: RayNodeProcess, host: str, port: int, timeout: float) -> bool:
+    import ray
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and head.alive():
+        if port_open(host, port):
+            try:
+                ray.init(address=f"{host}:{port}", logging_level=logging.ERROR, log_to_driver=False)
+                return True
+            except (ConnectionError, RuntimeError) as err:  # head raylet not up (yet)
+                ray.shutdown()
+                print(f"learner: connecting to the Ray head: {err}", file=sys.stderr)
+        time.sleep(2.0)
+    return False
 
 
 def _train(job: ImpalaJob, run_dir: RunDir, address: str, resume: bool) -> int:
@@ -116,11 +151,9 @@ def _train(job: ImpalaJob, run_dir: RunDir, address: str, resume: bool) -> int:
     from impala_trainer.membership import ElasticActorManager, ElasticMembership
     from impala_trainer.progress import ProgressReporter
 
-    start = time.monotonic()
-    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     # ray.init installs its own SIGTERM handler (exit at once); ours lets the driver checkpoint.
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    print(f"learner: Ray head at {address} ({time.monotonic() - start:.1f} s)", flush=True)
+    print(f"learner: driver connected to the Ray head at {address}", flush=True)
     reporter = ProgressReporter(job.name)
     try:
         driver = make_driver(

@@ -15,6 +15,7 @@ The process stays up for the pod's lifetime:
 from __future__ import annotations
 
 import argparse
+import random
 import signal
 import sys
 import threading
@@ -31,6 +32,7 @@ from impala_trainer.ray_node import (
     wait_until,
 )
 
+JOIN_JITTER_S = 3.0
 ROLE_BY_COMMAND = {"rollout-node": "rollout", "aggregator-node": "aggregator"}
 
 
@@ -93,6 +95,10 @@ def run(args: argparse.Namespace) -> int:
     while not stopping.is_set():
         _say(f"waiting for the learner's GCS at {host}:{port}")
         if not wait_until(lambda: port_open(host, port), float("inf"), stopping.is_set):
+            break
+        # Every pod of the job sees a new head at the same moment: spread their Ray start-ups,
+        # which are CPU-heavy, instead of starting them all at once.
+        if stopping.wait(random.uniform(0.0, JOIN_JITTER_S)):
             break
         node = RayNodeProcess(cfg, log_path=args.log_file, drain_timeout_s=args.drain_timeout)
         node.start()
