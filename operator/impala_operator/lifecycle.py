@@ -54,6 +54,12 @@ class LearnerPod:
     """The pod has a deletionTimestamp: it is going away and says nothing about the run."""
     finished_at: float | None = None
     """When the learner container terminated (unix seconds)."""
+    spec_hash: str | None = None
+    """Hash of the pod spec the operator created it with (None: not recorded)."""
+
+    @property
+    def finished(self) -> bool:
+        return self.succeeded or self.failed
 
     @property
     def succeeded(self) -> bool:

@@ -9,6 +9,8 @@ the spec directly. Both are pure; `execute` performs a plan, idempotently.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +55,14 @@ def deployment(job: ImpalaJob, uid: str, role: NodeRole, replicas: int, request:
     annotations = manifest["metadata"].setdefault("annotations", {})
     annotations[st.REQUESTED_ANNOTATION] = request
     return manifest
+
+
+def learner_pod(job: ImpalaJob, uid: str, attempt: int) -> Manifest:
+    """The builder's learner pod, annotated with the hash of its spec."""
+    pod = builders.build_learner_pod(job, uid, restart_count=attempt)
+    digest = hashlib.sha256(json.dumps(pod["spec"], sort_keys=True).encode()).hexdigest()[:16]
+    pod["metadata"].setdefault("annotations", {})[st.SPEC_HASH_ANNOTATION] = digest
+    return pod
 
 
 def plan_children(
@@ -163,9 +173,19 @@ def plan_tick(
             plan.apply.append(deployment(job, uid, role, replicas, wanted))
 
     restarts = outcome.state.restarts
-    if outcome.run_learner and not any(p.attempt == restarts and not p.deleting for p in pods):
-        plan.create.append(builders.build_learner_pod(job, uid, restart_count=restarts))
-    plan.delete_pods = list(outcome.delete_pods)
+    current = next((p for p in pods if p.attempt == restarts and not p.deleting), None)
+    if outcome.run_learner:
+        pod = learner_pod(job, uid, restarts)
+        wanted_hash = pod["metadata"]["annotations"][st.SPEC_HASH_ANNOTATION]
+        if current is None:
+            plan.create.append(pod)
+        elif current.spec_hash not in (None, wanted_hash) and not current.finished:
+            # Pods are immutable: new learner resources/image/placement mean a new pod. The
+            # learner checkpoints on SIGTERM and the same attempt resumes from it.
+            plan.delete_pods.append(current.name)
+            msg = f"learner pod spec changed; recreating {current.name} from the checkpoint"
+            plan.events.append(Event("Normal", "LearnerSpecChanged", msg))
+    plan.delete_pods += list(outcome.delete_pods)
     plan.delete_job = outcome.delete_job
     plan.status = st.compute_status(
         name=job.name,

@@ -27,6 +27,9 @@ from impala_trainer.roles import STATUS_PORT
 from impala_trainer.snapshot import StatusSnapshot
 
 LEARNER_CONTAINER = "learner"
+SPEC_HASH_ANNOTATION = "impala.dev/pod-spec-hash"
+"""On the learner pod: hash of the pod spec it was created from. Pods are immutable, so when the
+job's learner settings (resources, image, placement) change, a differing hash means "recreate"."""
 REQUESTED_ANNOTATION = "impala.dev/requested-replicas"
 """On a rollout/aggregator Deployment: the `spec.<group>.replicas` the operator last honoured, so
 a `kubectl scale ij/NAME` (a new request) is told apart from the autoscaler's own changes."""
@@ -71,6 +74,7 @@ def learner_pod_view(pod: Mapping[str, Any]) -> LearnerPod:
         message=terminated.get("message") or "",
         deleting=bool(meta.get("deletionTimestamp")),
         finished_at=parse_time(terminated.get("finishedAt")),
+        spec_hash=(meta.get("annotations") or {}).get(SPEC_HASH_ANNOTATION),
     )
 
 

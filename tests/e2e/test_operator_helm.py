@@ -389,6 +389,52 @@ class OperatorSuite:
         assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
         assert "ManualScale" in self.events(kube, ns, "scaled")
 
+    def test_spec_changes_take_effect_live(self, kube: Kube, ns: str, operator: Operator) -> None:
+        self.create(kube, ns, job("live", rollouts={"minReplicas": 2, "maxReplicas": 4}))
+        self.wait_status(
+            kube,
+            ns,
+            "live",
+            lambda s: s.get("phase") == "Running" and s["rollouts"]["ready"] == 2,
+            "Running with 2 rollouts",
+        )
+        first_uid = kube.get("pod", "live-learner-0", "-n", ns)["metadata"]["uid"]
+        patch = {
+            "spec": {
+                "rollouts": {
+                    "minReplicas": 1,
+                    "maxReplicas": 1,
+                    "resources": {"limits": {"memory": "1Gi"}},
+                },
+                "learner": {"resources": {"limits": {"memory": "2Gi"}}},
+            }
+        }
+        kube.kubectl("patch", "ij", "live", "-n", ns, "--type=merge", "-p", json.dumps(patch))
+        wait_for(
+            lambda: self.replicas(kube, ns, "live-rollout") == 1,
+            timeout=30,
+            what="rollouts clamped to the new max",
+        )
+        template = kube.get("deployment", "live-rollout", "-n", ns)["spec"]["template"]
+        assert template["spec"]["containers"][0]["resources"]["limits"]["memory"] == "1Gi"
+
+        def recreated() -> dict[str, Any] | None:
+            pod = kube.get("pod", "live-learner-0", "-n", ns)
+            return pod if pod["metadata"]["uid"] != first_uid else None
+
+        pod = wait_for(recreated, timeout=60, what="learner pod recreated with new resources")
+        assert pod["spec"]["containers"][0]["resources"]["limits"]["memory"] == "2Gi"
+        st = self.wait_status(
+            kube,
+            ns,
+            "live",
+            lambda s: s.get("phase") == "Running" and s["rollouts"]["summary"] == "1/1",
+            "Running again",
+        )
+        assert st["learner"]["restarts"] == 0  # a spec change is not a failure
+        reasons = self.events(kube, ns, "live")
+        assert "LearnerSpecChanged" in reasons and "ReplicasOutOfBounds" in reasons
+
     def test_suspend_keeps_the_checkpoint_and_resume_continues(
         self, kube: Kube, ns: str, operator: Operator
     ) -> None:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from impala_operator import status as st
 from impala_operator.autoscaler import MetricSample
+from impala_operator.handlers import parse_job
 from impala_operator.lifecycle import LearnerPod
 from impala_operator.reconcile import TickPlan, plan_children, plan_tick
 from impala_operator.settings import Settings
+from impala_trainer.manifest import ManifestError
 from impala_trainer.spec import ImpalaJob
 
 T0 = 1_700_000_000.0
@@ -188,3 +192,34 @@ def test_plan_children_keeps_live_replicas() -> None:
     assert rollout["spec"]["replicas"] == 4
     suspended = plan_children(_job(runPolicy={"suspend": True}), UID, {})
     assert all(m["spec"]["replicas"] == 0 for m in suspended if m["kind"] == "Deployment")
+
+
+def test_changed_learner_spec_recreates_the_pod_without_counting_a_failure() -> None:
+    deps = {"rollout": _dep(1), "aggregator": _dep(1)}
+    first = _plan(_job(), pods=[], deployments=deps)
+    created = first.create[0]["metadata"]["annotations"][st.SPEC_HASH_ANNOTATION]
+    same = LearnerPod("cp-learner-0", 0, phase="Running", ready=True, spec_hash=created)
+    assert _plan(_job(), status=first.status, pods=[same], deployments=deps).delete_pods == []
+
+    bigger = _job(learner={"resources": {"limits": {"memory": "8Gi"}}})
+    plan = _plan(bigger, status=first.status, pods=[same], deployments=deps)
+    assert plan.delete_pods == ["cp-learner-0"] and plan.create == []
+    assert "LearnerSpecChanged" in [e.reason for e in plan.events]
+    assert plan.status["learner"]["restarts"] == 0
+    unknown = LearnerPod("cp-learner-0", 0, phase="Running", ready=True, spec_hash=None)
+    assert _plan(bigger, status=first.status, pods=[unknown], deployments=deps).delete_pods == []
+
+
+def test_parse_job_names_the_bad_field() -> None:
+    body = {
+        "apiVersion": "impala.dev/v1alpha1",
+        "kind": "ImpalaJob",
+        "metadata": {"name": "cp", "namespace": "ns", "uid": "u", "resourceVersion": "7"},
+        "spec": {"rollouts": {"minReplicas": 5, "maxReplicas": 2}},
+        "status": {"phase": "Running"},
+    }
+    with pytest.raises(ManifestError) as err:
+        parse_job(body)
+    assert any("spec.rollouts" in p and "minReplicas" in p for p in err.value.problems)
+    body["spec"] = {"rollouts": {"minReplicas": 1, "maxReplicas": 2}}
+    assert parse_job(body).spec.rollouts.max_replicas == 2
