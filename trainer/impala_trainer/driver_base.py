@@ -92,7 +92,7 @@ class Driver:
         except KeyboardInterrupt:
             result = DriverResult("Stopped", None, "interrupted")
         except Exception as exc:  # the run fails with a one-line reason; details in the log
-            logger.debug("run failed", exc_info=True)
+            logger.error("run failed", exc_info=True)
             result = DriverResult("Failed", None, _one_line(exc))
         finally:
             self._finish(result)

@@ -8,6 +8,7 @@ gets a line at most every `history_interval` seconds.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -28,6 +29,9 @@ from impala_trainer.snapshot import (
     write_json_atomic,
 )
 from impala_trainer.spec import ImpalaJob
+
+LOG_FILE = "trainer.log"
+"""The trainer's log (actor failures, tracebacks); the console only gets progress and a reason."""
 
 
 class RunDir:
@@ -64,7 +68,7 @@ class RunDir:
 
     def clear(self) -> None:
         """Remove a previous run's files (only the ones this module writes)."""
-        for name in (STATUS_FILE, HISTORY_FILE, SUMMARY_FILE, CONFIG_FILE):
+        for name in (STATUS_FILE, HISTORY_FILE, SUMMARY_FILE, CONFIG_FILE, LOG_FILE):
             (self.path / name).unlink(missing_ok=True)
         shutil.rmtree(self.checkpoints, ignore_errors=True)
 
@@ -100,6 +104,15 @@ class RunDir:
         append_history(self.history_file, point)
         self._last_history = now
         return True
+
+    def log_to_file(self) -> None:
+        """Send the `impala_trainer` loggers to trainer.log in this directory (appending)."""
+        handler = logging.FileHandler(self.path / LOG_FILE)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        log = logging.getLogger("impala_trainer")
+        log.setLevel(logging.INFO)
+        log.addHandler(handler)
+        log.propagate = False
 
     def write_summary(self, summary: Summary) -> None:
         """Write summary.json (once, at the end)."""

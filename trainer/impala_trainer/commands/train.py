@@ -107,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         run_dir.clear()
     run_dir.prepare(job)
+    run_dir.log_to_file()
 
     # Import torch and the trainer (seconds) while Ray starts its processes (more seconds).
     # Ray must start on the main thread: its processes die with the thread that spawned them.

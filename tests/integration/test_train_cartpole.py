@@ -1,0 +1,221 @@
+"""`impalajob train` end to end on an embedded Ray: solving CartPole, resume, failures, A3C mode.
+
+The CLI runs as a subprocess exactly as a user runs it; the actor-kill test drives the same
+Driver in-process so it can reach the rollout actors' handles.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+EXAMPLE = "manifests/examples/cartpole.yaml"
+TIMEOUT = 900  # generous: the machines these run on are shared and noisy
+
+
+def _train(*args: str, timeout: int = TIMEOUT) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    return subprocess.run(
+        [sys.executable, "-m", "impala_trainer.cli", "train", *args],
+        capture_output=True, text=True, timeout=timeout, env=env,
+    )
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def _history(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+
+
+def test_invalid_manifest_exits_2_naming_the_field_before_anything_starts(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "apiVersion: impala.dev/v1alpha1\nkind: ImpalaJob\nmetadata: {name: bad}\n"
+        "spec:\n  training: {lr: -1, rolloutFragmentLenght: 10}\n"
+    )
+    res = _train("-f", str(bad), "--output", str(tmp_path / "run"), timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "spec.training.lr" in res.stderr and "got -1" in res.stderr
+    assert "did you mean 'rolloutFragmentLength'" in res.stderr
+    assert not (tmp_path / "run").exists(), "nothing may start for an invalid manifest"
+    res = _train("-f", EXAMPLE, "--set", "stop.timesteps=0", "--output", str(tmp_path / "r"))
+    assert res.returncode == 2 and "spec.stop.timesteps" in res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.train
+def test_cli_solves_cartpole_and_writes_the_run_directory(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    res = _train("-f", EXAMPLE, "--output", str(run))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "episodeReturnMean reached" in res.stdout
+
+    summary = _json(run / "summary.json")
+    assert summary["stopped_by"] == "episodeReturnMean" and summary["phase"] == "Succeeded"
+    assert summary["episode_return_mean"] >= 450
+    status = _json(run / "status.json")
+    assert status["phase"] == "Succeeded" and status["stop"]["stopped_by"] == "episodeReturnMean"
+    c = status["counters"]
+    assert c["env_steps_sampled"] == summary["timesteps"] > 0
+    assert c["learner_updates"] == c["policy_version"] > 0
+    assert c["weight_broadcasts"] > 0 and c["episodes"] >= 100
+    assert status["membership"]["rollout_nodes"] == 1
+    assert {m["actor_id"] for m in status["membership"]["members"]} == {"rollout-0", "rollout-1"}
+    history = _history(run)
+    steps = [p["env_steps"] for p in history]
+    assert len(history) >= 3 and steps == sorted(steps)
+    assert "CartPole-v1" in (run / "config.yaml").read_text()
+    ckpts = sorted((run / "checkpoints").glob("ckpt-*"))
+    assert ckpts and (ckpts[-1] / "learner.pt").is_file()
+    assert _json(ckpts[-1] / "state.json")["counters"]["env_steps_sampled"] == summary["timesteps"]
+
+
+@pytest.mark.slow
+@pytest.mark.train
+def test_resume_continues_counters_exactly(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    common = ["-f", EXAMPLE, "--output", str(run), "--set", "stop.episodeReturnMean=null"]
+    first = _train(*common, "--set", "stop.timesteps=20000")
+    assert first.returncode == 0, first.stderr
+    s1 = _json(run / "summary.json")
+    c1 = _json(run / "status.json")["counters"]
+    assert s1["stopped_by"] == "timesteps" and s1["timesteps"] >= 20000
+    lines_before = len(_history(run))
+
+    again = _train(*common, "--set", "stop.timesteps=40000")
+    assert again.returncode == 2 and "--resume" in again.stderr  # never silently overwritten
+
+    second = _train(*common, "--set", "stop.timesteps=40000", "--resume")
+    assert second.returncode == 0, second.stderr
+    resumed = _history(run)[lines_before:]
+    # The resumed run's first point is the checkpoint's counters, before any new sampling.
+    assert resumed[0]["env_steps"] == s1["timesteps"]
+    assert resumed[0]["learner_updates"] == c1["learner_updates"]
+    assert resumed[0]["episodes"] == c1["episodes"]
+    c2 = _json(run / "status.json")["counters"]
+    assert c2["env_steps_sampled"] >= 40000
+    assert c2["learner_updates"] > c1["learner_updates"]
+    assert c2["policy_version"] == c2["learner_updates"], "optimiser steps continue, not restart"
+    assert c2["episodes"] > c1["episodes"]
+    s2 = _json(run / "summary.json")
+    assert s2["wall_seconds"] > s1["wall_seconds"]
+
+
+@pytest.mark.slow
+@pytest.mark.train
+def test_learner_starvation_fails_with_a_clear_reason(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    res = _train(
+        "-f", EXAMPLE, "--output", str(run),
+        # A batch of a million steps never fills in time: the learner waits past its timeout.
+        "--set", "training.trainBatchSize=1000000", "--set", "training.learnerQueueTimeout=3",
+    )
+    assert res.returncode == 1
+    assert "learner starved" in res.stderr and "learnerQueueTimeout" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    summary = _json(run / "summary.json")
+    assert summary["phase"] == "Failed" and summary["stopped_by"] is None
+    assert "learner starved" in summary["message"]
+
+
+@pytest.mark.slow
+@pytest.mark.train
+def test_async_gradients_mode_improves_the_return(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    res = _train(
+        "-f", EXAMPLE, "--output", str(run),
+        "--set", "training.mode=async-gradients", "--set", "training.rolloutFragmentLength=16",
+        "--set", "stop.episodeReturnMean=150", "--set", "stop.timeLimitSeconds=600",
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    summary = _json(run / "summary.json")
+    assert summary["stopped_by"] == "episodeReturnMean"
+    first = next(p for p in _history(run) if p["episode_return_mean"] is not None)
+    assert first["episode_return_mean"] < 100 <= summary["episode_return_mean"]
+    c = _json(run / "status.json")["counters"]
+    # A3C trains each sample exactly once, as gradients from the worker that sampled it.
+    assert c["env_steps_trained"] == c["env_steps_sampled"]
+    assert c["learner_updates"] == c["policy_version"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.train
+def test_aggregator_actor_with_mixin_replay_learns(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    res = _train(
+        "-f", EXAMPLE, "--output", str(run), "--num-aggregator-workers", "1",
+        "--set", "training.replayProportion=0.5", "--set", "training.replayBufferNumSlots=8",
+        "--set", "stop.episodeReturnMean=150", "--set", "stop.timeLimitSeconds=600",
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    status = _json(run / "status.json")
+    c = status["counters"]
+    assert status["stop"]["stopped_by"] == "episodeReturnMean"
+    assert c["replayed_batches"] > 0
+    assert c["env_steps_trained"] > c["env_steps_sampled"] * 1.2  # replays are trained on too
+    aggregators = [m for m in status["membership"]["members"] if m["role"] == "aggregator"]
+    assert len(aggregators) == 1 and aggregators[0]["env_steps"] > 0
+
+
+@pytest.fixture
+def local_ray() -> Any:
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    import ray
+
+    ray.init(
+        num_cpus=2, resources={"rollout": 2, "aggregator": 0}, include_dashboard=False,
+        logging_level=logging.ERROR, log_to_driver=False,
+    )
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.train
+def test_killed_rollout_actor_is_replaced_and_training_continues(
+    tmp_path: Path, local_ray: Any
+) -> None:
+    from impala_trainer.driver import ImpalaDriver
+    from impala_trainer.manifest import load_manifest
+    from impala_trainer.run_dir import RunDir
+    from impala_trainer.snapshot import StatusSnapshot
+
+    job = load_manifest(EXAMPLE, ["stop.episodeReturnMean=null", "stop.timesteps=100000000"])
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.prepare(job)
+    killed: dict[str, Any] = {}
+
+    def on_report(snap: StatusSnapshot) -> None:
+        steps = snap.counters.env_steps_sampled
+        if not killed and steps >= 10000:
+            victim = driver.manager.actors["rollout-0"]
+            killed.update(steps=steps, updates=snap.counters.learner_updates)
+            local_ray.kill(victim.handle)
+        replacement = driver.manager.actors.get("rollout-2")
+        if replacement is not None and replacement.env_steps >= 10000:
+            # The replacement works: end the run 10k steps from now, by the timesteps criterion.
+            driver.stats.stop.timesteps = min(driver.stats.stop.timesteps or 0, steps + 10000)
+
+    driver = ImpalaDriver(job, run_dir, num_rollout_workers=2, on_report=on_report)
+    result = driver.run()
+    assert result.phase == "Succeeded" and result.stopped_by == "timesteps", result.message
+    c = driver.stats.counters
+    assert killed, "the run ended before the kill"
+    assert c.worker_restarts >= 1
+    assert c.env_steps_sampled > killed["steps"] + 20000
+    assert c.learner_updates > killed["updates"]
+    status = _json(run_dir.status_file)
+    assert status["counters"]["worker_restarts"] >= 1
+    members = {m["actor_id"]: m for m in status["membership"]["members"]}
+    assert members["rollout-0"]["state"] == "dead"
+    # The replacement got weights and sampled after the kill: it contributed steps.
+    assert members["rollout-2"]["state"] == "healthy" and members["rollout-2"]["env_steps"] > 0
