@@ -251,7 +251,10 @@ class ElasticMembership:
             if got["fragments"]:
                 driver._absorb(got["fragments"])
             if got["env_steps"] is not None and actor is not None:
-                self.lost_env_steps += max(0, got["env_steps"] - actor.env_steps)
+                lost = max(0, got["env_steps"] - actor.env_steps)
+                if lost:
+                    logger.warning("actor %s: %d env steps lost in its drain", actor_id, lost)
+                self.lost_env_steps += lost
             driver._forget(actor_id)
             self.manager.retire(actor_id, got["env_steps"])
             logger.info("actor %s: drained and released", actor_id)
