@@ -60,9 +60,11 @@ def object_path(api_version: str, kind: str, namespace: str, name: str | None = 
     return f"{path}/{name}" if name else path
 
 
-def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """An ApiClient from `kubeconfig`, else $KUBECONFIG / ~/.kube/config, else in-cluster."""
+def load_api_client(kubeconfig: str | None = None, *, pool_size: int = 32) -> client.ApiClient:
+    """An ApiClient from `kubeconfig`, else $KUBECONFIG / ~/.kube/config, else in-cluster, with
+    `pool_size` pooled connections (one per concurrent call)."""
     configuration = client.Configuration()
+    configuration.connection_pool_maxsize = pool_size
     if kubeconfig:
         config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     else:

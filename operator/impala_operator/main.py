@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
 
     registry = kopf.OperatorRegistry()
     handlers.register(registry, config)
-    memo = kopf.Memo(settings=config, api=apply.Api(apply.load_api_client(config.kubeconfig)))
+    api_client = apply.load_api_client(config.kubeconfig, pool_size=config.api_concurrency)
+    memo = kopf.Memo(settings=config, api=apply.Api(api_client))
     metrics.serve(config.metrics_port)
     liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
     logging.getLogger(__name__).info(

@@ -169,6 +169,8 @@ def plan_tick(
 
     for role, replicas in zip(ROLES, (rollouts, aggregators), strict=True):
         view, wanted = deployments.get(role), requested(job, role)
+        if view is None and state.phase is None:
+            continue  # first sight of the job: the create handler is applying it right now
         if view is None or view.replicas != replicas or view.requested != wanted:
             plan.apply.append(deployment(job, uid, role, replicas, wanted))
 

@@ -53,6 +53,10 @@ class Settings(BaseSettings):
     health_port: int = Field(default=8081, ge=0, le=65535)
     """Port of kopf's liveness endpoint (/healthz); 0 disables it."""
 
+    api_concurrency: int = Field(default=32, ge=1, le=256)
+    """Kubernetes API calls in flight at once (worker threads and pooled connections): with
+    many jobs starting together, the operator waits on API latency, not on CPU."""
+
     learner_idle_threshold: float = Field(default=0.5, ge=0.0, le=1.0)
     """Learner idle fraction at or above which a nearly empty queue counts as starvation."""
 

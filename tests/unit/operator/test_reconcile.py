@@ -75,10 +75,13 @@ def _converge(job: ImpalaJob, plan: TickPlan, now: float, **kw: Any) -> TickPlan
 
 def test_first_tick_creates_everything_then_converges() -> None:
     job = _job()
-    plan = _plan(job)
+    first = _plan(job)  # the create handler applies the Deployments; the tick the learner
+    assert first.apply == [] and [m["metadata"]["name"] for m in first.create] == ["cp-learner-0"]
+    # Had the handler failed, the next tick creates them.
+    plan = _plan(job, status={"phase": "Pending"})
     assert _replicas(plan) == {"cp-rollout": 1, "cp-aggregator": 1}  # ceil(1 pod * 2 / 2)
     assert [m["metadata"]["name"] for m in plan.create] == ["cp-learner-0"]
-    assert plan.status["phase"] == "Pending" and [e.reason for e in plan.events] == ["Created"]
+    assert first.status["phase"] == "Pending" and [e.reason for e in first.events] == ["Created"]
     annotations = plan.apply[0]["metadata"]["annotations"]
     assert annotations[st.REQUESTED_ANNOTATION] == ""
     assert plan.apply[0]["metadata"]["ownerReferences"][0]["uid"] == UID
