@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +166,39 @@ def test_aggregator_actor_with_mixin_replay_learns(tmp_path: Path) -> None:
     assert c["env_steps_trained"] > c["env_steps_sampled"] * 1.2  # replays are trained on too
     aggregators = [m for m in status["membership"]["members"] if m["role"] == "aggregator"]
     assert len(aggregators) == 1 and aggregators[0]["env_steps"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.train
+def test_dashboard_serves_the_run_while_it_trains(tmp_path: Path) -> None:
+    pytest.importorskip("impala_trainer.status.server")
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [
+        sys.executable, "-m", "impala_trainer.cli", "train", "-f", EXAMPLE,
+        "--output", str(tmp_path / "run"), "--dashboard", "--port", str(port),
+        "--set", "stop.episodeReturnMean=null", "--set", "stop.timesteps=150000",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: dict[str, Any] | None = None
+    deadline = time.monotonic() + TIMEOUT
+    while proc.poll() is None and time.monotonic() < deadline and seen is None:
+        try:
+            reply = httpx.get(f"http://127.0.0.1:{port}/status", timeout=2)
+            if reply.status_code == 200 and reply.json()["counters"]["env_steps_sampled"] > 0:
+                seen = reply.json()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, out + err
+    assert seen is not None, "the dashboard never served a training snapshot"
+    assert seen["job"] == "cartpole" and seen["phase"] == "Running"
+    with pytest.raises(httpx.HTTPError):  # the server stops with the run
+        httpx.get(f"http://127.0.0.1:{port}/status", timeout=2)
 
 
 @pytest.fixture

@@ -119,3 +119,26 @@ def test_atari_worker_fragment_is_uint8_frames() -> None:
     assert f.obs.shape == (4, 2, 4, 84, 84) and f.obs.dtype == np.uint8
     assert f.behaviour_logits.shape == (4, 2, 6)
     assert f.bootstrap_obs.shape == (2, 4, 84, 84)
+
+
+def test_a3c_gradients_are_the_learner_gradients_of_the_sampled_fragment() -> None:
+    from impala_trainer.learner import Learner
+    from impala_trainer.sample_batch import concat_fragments
+
+    spec = _spec().model_copy(deep=True)
+    spec.training.mode = "async-gradients"
+    acting = RolloutWorker(spec, "a", seed=11)
+    twin = RolloutWorker(_spec(), "b", seed=11)  # same seed, same weights: the same fragment
+    twin.set_weights(acting.get_weights(), 0)
+    grads, info = acting.compute_gradients(global_timestep=0)
+    assert info["env_steps"] == 120 and info["policy_version"] == 0
+    learner = Learner(spec, acting.obs_shape, acting.num_actions)
+    learner.set_weights(acting.get_weights())
+    expected, _ = learner.compute_gradients(concat_fragments([twin.sample()]))
+    assert len(grads) == len(expected)
+    for g, e in zip(grads, expected, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-7)
+    before = learner.get_weights()
+    learner.apply_gradients(grads)
+    assert learner.policy_version == 1
+    assert any(not np.array_equal(before[k], v) for k, v in learner.get_weights().items())

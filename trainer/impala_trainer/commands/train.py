@@ -59,9 +59,10 @@ def _start_dashboard(run_dir: Path, port: int) -> subprocess.Popen[bytes] | None
         print("warning: the status server is not installed; --dashboard ignored", file=sys.stderr)
         return None
     cmd = [sys.executable, "-m", "impala_trainer.cli", "status-server",
-           "--run-dir", str(run_dir), "--port", str(port)]
-    print(f"dashboard: http://127.0.0.1:{port}/", flush=True)
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+           "--run-dir", str(run_dir), "--host", "127.0.0.1", "--port", str(port)]
+    print(f"dashboard: http://127.0.0.1:{port}/ (log: {run_dir / 'status-server.log'})", flush=True)
+    with open(run_dir / "status-server.log", "ab") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
 
 def _init_ray(num_rollout: int, num_aggregator: int) -> None:
