@@ -51,6 +51,9 @@ def test_invalid_manifest_exits_2_naming_the_field_before_anything_starts(tmp_pa
     assert not (tmp_path / "run").exists(), "nothing may start for an invalid manifest"
     res = _train("-f", EXAMPLE, "--set", "stop.timesteps=0", "--output", str(tmp_path / "r"))
     assert res.returncode == 2 and "spec.stop.timesteps" in res.stderr
+    res = _train("-f", EXAMPLE, "--set", "env.id=NoSuchEnv-v0", "--output", str(tmp_path / "r"))
+    assert res.returncode == 2 and "spec.env.id" in res.stderr and "NoSuchEnv" in res.stderr
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.slow

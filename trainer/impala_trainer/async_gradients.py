@@ -100,6 +100,8 @@ class AsyncGradientsDriver(Driver):
             self._dispatch(actor)
 
     def _update_learner_stats(self) -> None:
+        if getattr(self, "learner", None) is None:  # failed before the learner was built
+            return
         self.stats.timing = {
             "driver_apply_time_ms": round(self._apply_ms, 3),
             "driver_wait_time_ms": round(self._wait_ms, 3),

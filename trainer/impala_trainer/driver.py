@@ -228,6 +228,8 @@ class ImpalaDriver(Driver):
         window.append(time.perf_counter() - start)
 
     def _update_learner_stats(self) -> None:
+        if getattr(self, "thread", None) is None:  # failed before the learner was built
+            return
         thread_stats = self.thread.stats()
         capacity = self.spec.training.learner_queue_size
         self.stats.set_learner_queue(thread_stats, capacity)

@@ -124,6 +124,19 @@ def make_vector_env(env: EnvSpec, num_envs: int, seed: int) -> VectorEnv:
     return vec
 
 
+def env_id_problem(env: EnvSpec) -> str | None:
+    """Why `env.id` cannot be made (unknown id, missing ROM package), or None when it can."""
+    try:
+        if env.is_atari:
+            import ale_py
+
+            gym.register_envs(ale_py)
+        gym.spec(env.id)
+    except (gym.error.Error, ImportError) as err:
+        return str(err)
+    return None
+
+
 def final_observations(infos: dict[str, Any], mask: np.ndarray) -> np.ndarray:
     """Stack the final observations of the sub-envs selected by `mask` (from a same-step info)."""
     rows = infos["final_obs"][mask]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 
-from impala_trainer.envs import env_spaces, final_observations, make_vector_env
+from impala_trainer.envs import env_id_problem, env_spaces, final_observations, make_vector_env
 from impala_trainer.spec import EnvSpec
 
 X_LIMIT = 2.4
@@ -78,3 +78,10 @@ def test_atari_preprocessing_and_frame_stack() -> None:
     assert obs.dtype == np.uint8
     assert env_spaces(spec) == ((4, 84, 84), 6)
     env.close()
+
+
+def test_env_id_problem_names_unknown_ids() -> None:
+    assert env_id_problem(EnvSpec(id="CartPole-v1")) is None
+    assert env_id_problem(EnvSpec(id="ALE/Pong-v5")) is None
+    problem = env_id_problem(EnvSpec(id="NoSuchEnv-v0"))
+    assert problem is not None and "NoSuchEnv" in problem

@@ -98,6 +98,13 @@ def run(args: argparse.Namespace) -> int:
               "timeLimitSeconds", file=sys.stderr)
         return 2
 
+    from impala_trainer.envs import env_id_problem
+
+    problem = env_id_problem(spec.env)
+    if problem is not None:
+        print(f"{args.file}: invalid ImpalaJob\n  spec.env.id: {problem}", file=sys.stderr)
+        return 2
+
     from impala_trainer.run_dir import RunDir
 
     run_dir = RunDir(Path(args.output or Path("runs") / job.name))
