@@ -166,6 +166,11 @@ def trial(args: argparse.Namespace) -> dict[str, Any]:
         if args.trial == "ours":
             from ours_side import train
 
+            if args.ours_torch_threads:  # an ablation: the learner's intra-op threads
+                import torch
+
+                torch.set_num_threads(args.ours_torch_threads)
+
             result = train(
                 manifest_path(args.manifest, Path(tmp)),
                 args.overrides,
@@ -197,6 +202,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds left out at the start")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--manifest", default="cartpole", help="manifests/examples/NAME.yaml")
+    parser.add_argument(
+        "--ours-torch-threads",
+        type=int,
+        default=0,
+        help="ablation: torch.set_num_threads in our driver process (0: leave the default)",
+    )
     args = parser.parse_args(argv)
     if is_child(args):
         write_trial(args, trial(args))

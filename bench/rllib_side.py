@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -41,11 +42,39 @@ def _init_ray(workers: int) -> None:
             time.sleep(5)
 
 
-def _point(result: dict[str, Any], t_proc: float, t: float, stack: str) -> list[float | None]:
-    """common.POINT_FIELDS of one train() result."""
+RETURNS_KEY = "bench_episode_returns"
+
+
+def _episode_returns_callback() -> Any:
+    """An RLlib callback logging every finished episode's full return, unreduced.
+
+    RLlib's own `episode_return_mean` is reduced per train() call over whatever episodes its
+    EnvRunners finished since the last one, so it jumps around; the bench computes the same
+    100-episode mean for both sides from the raw returns instead. An episode can span several
+    sample() chunks: its return is the final chunk's plus the earlier chunks'.
+    """
+    from ray.rllib.callbacks.callbacks import RLlibCallback
+
+    class EpisodeReturns(RLlibCallback):
+        def on_episode_end(self, *, episode: Any, metrics_logger: Any = None, **kw: Any) -> None:
+            ret = float(episode.get_return())
+            ret += sum(float(c.get_return()) for c in kw.get("prev_episode_chunks") or [])
+            metrics_logger.log_value(RETURNS_KEY, ret, reduce="item_series")
+
+    return EpisodeReturns
+
+
+def _point(
+    result: dict[str, Any], t_proc: float, t: float, stack: str, returns: deque[float]
+) -> list[float | None]:
+    """common.POINT_FIELDS of one train() result; `returns` holds the last 100 episodes."""
     runners = result.get("env_runners", {})
-    ret = runners.get("episode_return_mean")
     if stack == "new":
+        new = runners.get(RETURNS_KEY)
+        if isinstance(new, float | int):
+            new = [new]
+        returns.extend(float(r) for r in new or [])
+        ret = sum(returns) / len(returns) if returns else None
         sampled = result.get("num_env_steps_sampled_lifetime") or runners.get(
             "num_env_steps_sampled_lifetime", 0
         )
@@ -55,9 +84,11 @@ def _point(result: dict[str, Any], t_proc: float, t: float, stack: str) -> list[
             .get("num_env_steps_trained_lifetime", 0)
         )
     else:
+        # The old stack's episode_return_mean is already over the last 100 episodes.
+        ret = runners.get("episode_return_mean")
+        ret = None if ret is None or (isinstance(ret, float) and np.isnan(ret)) else float(ret)
         sampled = result.get("num_env_steps_sampled", 0)
         trained = result.get("num_env_steps_trained", 0)
-    ret = None if ret is None or (isinstance(ret, float) and np.isnan(ret)) else float(ret)
     return [round(t_proc, 3), round(t, 3), float(sampled or 0), float(trained or 0), ret]
 
 
@@ -80,7 +111,10 @@ def train(
     t_start = time.perf_counter()
     _init_ray(workers)
     cfg = rllib_config(spec, stack=stack, seed=seed, sample_only=sample_only)
+    if stack == "new":
+        cfg = cfg.callbacks(_episode_returns_callback())
     algo = cfg.build_algo()
+    returns: deque[float] = deque(maxlen=100)
     build_s = time.perf_counter() - t_start
     t0 = time.perf_counter()
     points: list[list[float | None]] = [[round(time.time() - process_start, 3), 0.0, 0, 0, None]]
@@ -89,7 +123,7 @@ def train(
         while True:
             result = algo.train()
             t = time.perf_counter() - t0
-            points.append(_point(result, time.time() - process_start, t, stack))
+            points.append(_point(result, time.time() - process_start, t, stack, returns))
             ret = points[-1][4]
             if stop_return is not None and ret is not None and ret >= stop_return:
                 reached_at = t
