@@ -123,6 +123,11 @@ def run(args: argparse.Namespace) -> int:
     warm.start()
     _init_ray(num_rollout, num_aggregator)
     warm.join()
+    import torch
+
+    # The actors share this machine: intra-op threads beyond the cores they leave free only
+    # contend (a CartPole update is several times slower with 2 threads on a busy 2-core box).
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) - num_rollout - num_aggregator))
 
     from impala_trainer.driver import make_driver
     from impala_trainer.progress import ProgressReporter
