@@ -265,10 +265,23 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A GitHub-markdown table (readable in a terminal too)."""
     cells = [[fmt(c) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    # Numbers right-aligned, text left-aligned (the markdown alignment markers say the same).
+    numeric = [
+        all(isinstance(row[i], int | float) or row[i] is None for row in rows)
+        for i in range(len(headers))
+    ]
     line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    marks = [
+        "-" * (w + 1) + ":" if n else "-" * (w + 2) for w, n in zip(widths, numeric, strict=True)
+    ]
+    sep = "|" + "|".join(marks) + "|"
     body = [
-        "| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells
+        "| "
+        + " | ".join(
+            c.rjust(w) if n else c.ljust(w) for c, w, n in zip(r, widths, numeric, strict=True)
+        )
+        + " |"
+        for r in cells
     ]
     return "\n".join([line, sep, *body])
 
