@@ -64,10 +64,28 @@ def _version(dist: str) -> str:
         return "-"
 
 
+def _git_revision() -> str:
+    """The commit the trainer ran at (+dirty when trainer/ has uncommitted changes)."""
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "trainer"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "-"
+    return f"{rev}+dirty" if rev and dirty else (rev or "-")
+
+
 def machine_info() -> dict[str, Any]:
-    """CPU model, cores, RAM, load and the versions both sides run on."""
+    """CPU model, cores, RAM, load, the versions both sides run on and our git revision."""
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
     return {
+        "git": _git_revision(),
         "cpu": _cpu_model(),
         "cores": os.cpu_count() or 0,
         "ram_gib": round(_ram_gib(), 1),
@@ -88,7 +106,8 @@ def machine_line(info: dict[str, Any] | None = None) -> str:
     return (
         f"{m['cpu']}, {m['cores']} cores, {m['ram_gib']:.0f} GiB RAM, load {load}; "
         f"Python {m['python']}, Ray {m['ray']}, torch {m['torch']}, "
-        f"gymnasium {m['gymnasium']}, ale-py {m['ale_py']}, numpy {m['numpy']}"
+        f"gymnasium {m['gymnasium']}, ale-py {m['ale_py']}, numpy {m['numpy']}; "
+        f"trainer at {m.get('git', '-')}"
     )
 
 
