@@ -447,7 +447,7 @@ class OperatorSuite:
                     "capacity": {"storage": "1Gi"},
                     "accessModes": ["ReadWriteOnce"],
                     "storageClassName": "e2e-manual",
-                    "hostPath": {"path": "/tmp/ckpt"},
+                    "hostPath": {"path": "/var/lib/impala-e2e/ckpt"},
                     "claimRef": {"namespace": ns, "name": "ckpt"},
                 },
             }
