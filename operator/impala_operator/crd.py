@@ -243,7 +243,7 @@ def status_schema() -> dict[str, Any]:
             "startTime": _time("When the job first started running."),
             "completionTime": _time("When the job reached Succeeded or Failed."),
             "lastScaleTime": _time("Last autoscaling decision that changed replicas."),
-            "statusURL": _str("Base URL of the job's status sidecar (…/status, …/metrics)."),
+            "statusURL": _str("URL of the job's status sidecar /status (/metrics beside it)."),
             "kopf": {
                 "type": "object",
                 "description": "kopf's own bookkeeping (handler progress), if it keeps any here.",

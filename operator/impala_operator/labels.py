@@ -55,7 +55,7 @@ def learner_host(job_name: str, namespace: str) -> str:
 
 
 def status_url(job_name: str, namespace: str, port: int) -> str:
-    """Base URL of the job's status sidecar through its ClusterIP Service (`status.statusURL`)."""
+    """Base URL of the status sidecar via its Service (`status.statusURL` adds /status)."""
     return f"http://{child_name(job_name, 'status')}.{namespace}.svc:{port}"
 
 
