@@ -1,0 +1,38 @@
+"""The Pong example runs end to end (not to convergence): frames through the CNN learner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.train]
+
+
+def test_pong_example_trains_briefly(tmp_path: Path) -> None:
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    run = tmp_path / "run"
+    res = subprocess.run(
+        [
+            sys.executable, "-m", "impala_trainer.cli", "train",
+            "-f", "manifests/examples/pong.yaml", "--output", str(run),
+            # Small fragments and batches: a few CNN updates in a short run on a CPU learner.
+            "--set", "env.numEnvsPerWorker=4", "--set", "training.rolloutFragmentLength=25",
+            "--set", "training.trainBatchSize=200", "--set", "stop.timesteps=3000",
+        ],
+        capture_output=True, text=True, timeout=900,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    status = json.loads((run / "status.json").read_text())
+    assert status["stop"]["stopped_by"] == "timesteps"
+    assert status["counters"]["env_steps_sampled"] >= 3000
+    assert status["counters"]["learner_updates"] >= 1
+    assert status["learner"]["entropy"] > 0
+    assert "ALE/Pong-v5" in (run / "config.yaml").read_text()
+    assert list((run / "checkpoints").glob("ckpt-*/learner.pt"))
