@@ -177,6 +177,22 @@ def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
+def head_ready(address: str) -> bool:
+    """True when the GCS at `address` lists the head node alive: its raylet has registered.
+
+    The GCS answers on its port well before the head's raylet has started; a node that joins in
+    that window competes with the head's start-up for CPU (Ray's helpers have fixed start-up
+    deadlines) and gains nothing, since the driver connects only once the head is up.
+    """
+    try:
+        from ray._raylet import GcsClient
+
+        nodes = GcsClient(address=address).get_all_node_info(timeout=5)
+    except Exception:  # not reachable / not ready: the caller polls again
+        return False
+    return any(n.is_head_node and n.state == 0 for n in nodes.values())  # 0: ALIVE
+
+
 def wait_until(pred: Callable[[], bool], timeout: float, stop: Callable[[], bool]) -> bool:
     """Poll `pred` every 0.5 s until it holds (True), `timeout` passes or `stop()` (False)."""
     deadline = time.monotonic() + timeout

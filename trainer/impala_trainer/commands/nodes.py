@@ -27,6 +27,8 @@ from impala_trainer.ray_node import (
     NodeConfig,
     RayNodeProcess,
     add_node_arguments,
+    apply_ray_env,
+    head_ready,
     port_open,
     split_address,
     wait_until,
@@ -83,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         # Actors ask for 0 CPUs (they are placed by the custom resource); the CPU count only
         # sizes Ray's worker pool: about one process per actor.
         cfg.num_cpus = args.workers
+    apply_ray_env(args.drain_timeout)  # our own GCS queries use the nodes' auth settings
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -93,8 +96,12 @@ def run(args: argparse.Namespace) -> int:
 
     joins = 0
     while not stopping.is_set():
-        _say(f"waiting for the learner's GCS at {host}:{port}")
-        if not wait_until(lambda: port_open(host, port), float("inf"), stopping.is_set):
+        _say(f"waiting for the learner's Ray head at {host}:{port}")
+        if not wait_until(
+            lambda: port_open(host, port) and head_ready(args.address),
+            float("inf"),
+            stopping.is_set,
+        ):
             break
         # Every pod of the job sees a new head at the same moment: spread their Ray start-ups,
         # which are CPU-heavy, instead of starting them all at once.
