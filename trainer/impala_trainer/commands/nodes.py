@@ -8,8 +8,8 @@ The process stays up for the pod's lifetime:
   in the GCS; the driver stops sending the node's actors new work, uses the fragments they still
   have in flight and then releases them, the raylet goes idle and exits, and so do we (exit 0).
 * Head lost (learner pod restarted): the GCS port stops answering or our raylet exits. We stop
-  what is left of the node and rejoin as soon as the new head's GCS accepts connections, without
-  anyone restarting this pod.
+  what is left of the node and rejoin as soon as the new head is up (its raylet registered in
+  its GCS), without anyone restarting this pod.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         node = RayNodeProcess(cfg, log_path=args.log_file, drain_timeout_s=args.drain_timeout)
         node.start()
         joins += 1
-        _say(f"joined as a {role} node offering {role}={args.workers} (join #{joins})")
+        _say(f"joining as a {role} node offering {role}={args.workers} (attempt {joins})")
         outcome = _watch(node, host, port, args.head_lost_after, stopping)
         if outcome == "stop":
             _say("SIGTERM: draining; the driver collects in-flight fragments first")
