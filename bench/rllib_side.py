@@ -169,6 +169,50 @@ def _config_summary(cfg: Any) -> dict[str, Any]:
     return {k: getattr(cfg, k, None) for k in keys}
 
 
+def sample_only(
+    spec: ImpalaJobSpec, seconds: float, *, seed: int = 0, process_start: float
+) -> dict[str, Any]:
+    """RLlib's rollout ceiling: its EnvRunners sampling with fixed weights, no learner.
+
+    The loop is IMPALA's own sampling call (`foreach_env_runner_async_fetch_ready`, as in
+    `IMPALA._sample_and_get_connector_states`) asking for plain `sample()`: each EnvRunner keeps
+    `max_requests_in_flight_per_env_runner` requests outstanding and every episode list is fetched
+    into this process, then dropped, like ours. (RLlib's `_env_runners_only` switch measured
+    *below* its own training throughput here, so it is not a ceiling.)
+    """
+    import ray
+
+    workers = spec.rollouts.initial_replicas * spec.rollouts.workers_per_pod
+    t_start = time.perf_counter()
+    _init_ray(workers)
+    cfg = rllib_config(spec, stack="new", seed=seed)
+    algo = cfg.build_algo()
+    build_s = time.perf_counter() - t_start
+    group = algo.env_runner_group
+    t0 = time.perf_counter()
+    points: list[list[float | None]] = [[round(time.time() - process_start, 3), 0.0, 0, None, None]]
+    steps, next_point = 0, 1.0
+    try:
+        while True:
+            t = time.perf_counter() - t0
+            if t >= next_point:
+                points.append(
+                    [round(time.time() - process_start, 3), round(t, 3), steps, None, None]
+                )
+                next_point += 1.0
+                if t >= seconds:
+                    break
+            results = group.foreach_env_runner_async_fetch_ready(
+                func="sample", tag="sample", timeout_seconds=0.05
+            )
+            for episodes in results:
+                steps += sum(len(e) for e in episodes)
+    finally:
+        algo.stop()
+        ray.shutdown()
+    return {"points": points, "build_s": round(build_s, 2)}
+
+
 def _rllib_obs(obs_shape: tuple[int, ...]) -> tuple[int, ...]:
     # RLlib's CNNs take channels-last images: our [C, H, W] is its [H, W, C].
     return (*obs_shape[1:], obs_shape[0]) if len(obs_shape) == 3 else obs_shape

@@ -2,8 +2,9 @@
 
 The same 2 rollout workers as scenario 1 sample with fixed weights and no learner: ours are the
 project's RolloutActors driven by the driver's sampling loop (fragments fetched, then dropped);
-RLlib's are its EnvRunners under IMPALA with `_env_runners_only=True` (RLlib's own switch that
-samples and discards). Pipeline efficiency = scenario-1 steps/s / this ceiling, per side, using
+RLlib's are its EnvRunners driven by IMPALA's own sampling call
+(`foreach_env_runner_async_fetch_ready("sample")`, episodes fetched, then dropped). Pipeline
+efficiency = scenario-1 steps/s / this ceiling, per side, using
 bench/results/cartpole_throughput.json (run that first, or pass --throughput).
 
     python bench/rollout_ceiling.py                      # 3 alternating rounds of 60 s
@@ -42,17 +43,20 @@ def trial(args: argparse.Namespace) -> dict[str, Any]:
         from ours_side import sample_only
 
         return sample_only(spec, args.seconds, seed=seed, process_start=args.trial_started)
-    from rllib_side import train
+    if args.trial == "rllib_old":
+        from rllib_side import train
 
-    stack = "old" if args.trial == "rllib_old" else "new"
-    return train(
-        spec,
-        args.seconds,
-        seed=seed,
-        stack=stack,
-        sample_only=True,
-        process_start=args.trial_started,
-    )
+        return train(
+            spec,
+            args.seconds,
+            seed=seed,
+            stack="old",
+            sample_only=True,
+            process_start=args.trial_started,
+        )
+    from rllib_side import sample_only as rllib_sample_only
+
+    return rllib_sample_only(spec, args.seconds, seed=seed, process_start=args.trial_started)
 
 
 def main(argv: list[str]) -> int:
