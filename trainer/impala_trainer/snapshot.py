@@ -83,6 +83,9 @@ class Member(Snap):
     """Lifecycle state."""
     env_steps: int = 0
     """Env steps this actor contributed."""
+    env_steps_produced: int | None = None
+    """Env steps the actor itself reported sampling, read when it was released after its node
+    drained: equal to env_steps when every fragment it produced reached the driver."""
 
 
 class Membership(Snap):
