@@ -73,17 +73,7 @@ class ImpalaDriver(Driver):
                     self._submit(actor)
 
     def _drain_learner(self) -> None:
-        c = self.stats.counters
-        while True:
-            try:
-                env_steps, stats = self.thread.outqueue.get_nowait()
-            except queue.Empty:
-                break
-            c.env_steps_trained += env_steps
-            c.learner_updates += 1
-            self.updates_since_broadcast += 1
-            self.stats.learner = stats
-        c.policy_version = self.learner.policy_version
+        self.updates_since_broadcast += self._drain_learner_counts()
         if (
             self.updates_since_broadcast >= self.spec.training.broadcast_interval
             and self.need_weights
@@ -247,9 +237,13 @@ class ImpalaDriver(Driver):
             thread.join(timeout=30)
         self._drain_learner_counts()
 
-    def _drain_learner_counts(self) -> None:
-        # Count updates that finished after the loop ended, without broadcasting.
+    def _drain_learner_counts(self) -> int:
+        """Take finished updates off the learner's outqueue into the counters; how many.
+
+        Called alone after the loop ends, so late updates are counted without a broadcast.
+        """
         c = self.stats.counters
+        updates = 0
         while True:
             try:
                 env_steps, stats = self.thread.outqueue.get_nowait()
@@ -257,8 +251,10 @@ class ImpalaDriver(Driver):
                 break
             c.env_steps_trained += env_steps
             c.learner_updates += 1
+            updates += 1
             self.stats.learner = stats
         c.policy_version = self.learner.policy_version
+        return updates
 
 
 def make_driver(job: Any, run_dir: Any, **kwargs: Any) -> Driver:
