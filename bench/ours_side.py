@@ -127,7 +127,14 @@ def train(
     for s in sets:
         argv += ["--set", s]
     rc = cli_main(argv)
-    points: list[list[float | None]] = [[0.0, 0.0, 0, None, None]]
+    from impala_trainer.manifest import load_manifest
+
+    t = load_manifest(manifest, sets).spec.training
+    # Trained env steps = learner updates x train batch / numSgdIter (every update trains on one
+    # batch; the first of its numSgdIter passes counts its steps). history.jsonl has the
+    # cumulative update count, not the trained steps.
+    per_update = t.train_batch_size / t.num_sgd_iter
+    points: list[list[float | None]] = [[0.0, 0.0, 0, 0, None]]
     history = run_dir / "history.jsonl"
     for line in history.read_text().splitlines() if history.exists() else []:
         try:
@@ -139,7 +146,7 @@ def train(
                 round(h["time"] - process_start, 3),
                 round(h["wall_seconds"], 3),
                 h["env_steps"],
-                None,
+                round(h.get("learner_updates", 0) * per_update),
                 h.get("episode_return_mean"),
             ]
         )
