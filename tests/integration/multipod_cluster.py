@@ -1,12 +1,12 @@
 """A multi-pod ImpalaJob as local processes, for the tests/integration/test_multipod_* tests.
 
 Every process runs exactly the argv `roles.role_command(...)` renders for its pod (learner host
-127.0.0.1, each node's ports shifted so several Ray nodes share this host), so what these tests
-exercise is what the pods run. Each process gets its own RAY_TMPDIR (Ray names its sockets per
-session directory, and nodes started at the same moment in one directory race for the names),
-runs at a lower priority (`nice`), and carries a marker in its environment: teardown kills every
-process with this cluster's marker, Ray's included, and nothing else on the machine (`ray stop`
-would kill other people's Ray too).
+127.0.0.1, each node on its own block of ports so several Ray nodes share this host), so what
+these tests exercise is what the pods run. Each process gets its own RAY_TMPDIR (Ray names its
+sockets per session directory, and nodes started at the same moment in one directory race for
+the names), runs at a lower priority (`nice`), and carries a marker in its environment: teardown
+kills every process with this cluster's marker, Ray's included, and nothing else on the machine
+(`ray stop` would kill other people's Ray too).
 """
 
 from __future__ import annotations
@@ -30,12 +30,30 @@ from typing import Any
 import psutil
 import yaml
 
-from impala_trainer.roles import DEFAULT_PORTS, RayPorts, Role, role_command
+from impala_trainer.roles import RayPorts, Role, role_command
 from impala_trainer.snapshot import STATUS_FILE, SUMMARY_FILE
 from impala_trainer.spec import ImpalaJob
 
-NODE_SPACING = 150  # > the 100 worker ports of a node
+NODE_SPACING = 150  # > the 110 ports of one node's block
+# Every block sits below Linux's ephemeral range (32768 up): a port there can be taken, between
+# the free check and Ray's bind, as the local end of one of the many outgoing gRPC connections.
+PORTS_LOW, PORTS_HIGH = 15000, 32768
 MARKER = "IMPALAJOB_TEST_CLUSTER"
+
+
+def node_ports(base: int) -> RayPorts:
+    """One node's block of ports starting at `base` (the defaults spread over 6379..52368)."""
+    return RayPorts(
+        gcs=base,
+        node_manager=base + 1,
+        object_manager=base + 2,
+        dashboard_agent_listen=base + 3,
+        dashboard_agent_grpc=base + 4,
+        runtime_env_agent=base + 5,
+        metrics_export=base + 6,
+        min_worker=base + 10,
+        max_worker=base + 109,
+    )
 
 
 def _ports_free(ports: RayPorts) -> bool:
@@ -58,13 +76,12 @@ def _ports_free(ports: RayPorts) -> bool:
     return True
 
 
-def pick_offset(slots: int) -> int:
-    """A port offset under which `slots` nodes' port sets are all free right now."""
+def pick_base(slots: int) -> int:
+    """A first port under which `slots` nodes' blocks are all free right now."""
     rng = random.Random()
     for _ in range(200):
-        # The highest default port (52368) must stay below 65536 after the shift.
-        base = rng.randrange(1000, 13000 - slots * NODE_SPACING, 10)
-        if all(_ports_free(DEFAULT_PORTS.shifted(base + i * NODE_SPACING)) for i in range(slots)):
+        base = rng.randrange(PORTS_LOW, PORTS_HIGH - slots * NODE_SPACING, 10)
+        if all(_ports_free(node_ports(base + i * NODE_SPACING)) for i in range(slots)):
             return base
     raise RuntimeError("no free port range for the local Ray nodes")
 
@@ -80,8 +97,8 @@ class LocalJob:
         self.run_dir = root / "run"
         self.logs = root / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.offset = pick_offset(slots)
-        self.learner_ports = DEFAULT_PORTS.shifted(self.offset)
+        self.base = pick_base(slots)
+        self.learner_ports = node_ports(self.base)
         self.slots = slots
         self._next_slot = 1
         self.marker = uuid.uuid4().hex
@@ -108,7 +125,7 @@ class LocalJob:
             role,
             self.job,
             learner_host="127.0.0.1",
-            ports=DEFAULT_PORTS.shifted(self.offset + slot * NODE_SPACING),
+            ports=node_ports(self.base + slot * NODE_SPACING),
             learner_gcs_port=self.learner_ports.gcs,
             executable=self.exe,
         )

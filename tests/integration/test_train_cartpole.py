@@ -144,8 +144,10 @@ def test_async_gradients_mode_improves_the_return(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     summary = _json(run / "summary.json")
     assert summary["stopped_by"] == "episodeReturnMean"
-    first = next(p for p in _history(run) if p["episode_return_mean"] is not None)
-    assert first["episode_return_mean"] < 100 <= summary["episode_return_mean"]
+    # A freshly initialised policy is near-uniform, and a uniform policy's CartPole return is ~22;
+    # reaching 150 is the improvement. (How far the first snapshot already got depends on the
+    # machine's speed, so it is not compared.)
+    assert summary["episode_return_mean"] >= 150
     c = _json(run / "status.json")["counters"]
     # A3C trains each sample exactly once, as gradients from the worker that sampled it.
     assert c["env_steps_trained"] == c["env_steps_sampled"]
