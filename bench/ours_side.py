@@ -59,7 +59,10 @@ def learner_only(
     samples/s = optimiser updates/s x batch env steps / numSgdIter, i.e. env steps of *new* train
     batches consumed per second (each is trained on numSgdIter times).
     """
+    from impala_trainer.allocator import keep_freed_memory
     from impala_trainer.learner_thread import make_learner_thread
+
+    keep_freed_memory()  # as the learner's process does (commands/train.py, commands/learner.py)
 
     t = spec.training
     b = t.train_batch_size // t.rollout_fragment_length

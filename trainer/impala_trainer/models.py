@@ -105,6 +105,17 @@ class ImpalaShallowCNN(ActorCritic):
         _init_linear(self.policy_head, 0.01)
         _init_linear(self.value_head, 1.0)
 
+        # Channels-last (NHWC in memory): oneDNN's convolutions, and above all their backward,
+        # run 2-3x faster on CPU than on NCHW (bench/learner_only.py; docs/benchmarks.md).
+        self.to(memory_format=torch.channels_last)
+
+    def _prepare(self, obs: torch.Tensor) -> torch.Tensor:
+        # One pass: uint8 [N, C, H, W] -> float in channels-last layout (the logical shape stays
+        # [N, C, H, W]; nn.Flatten after the convolutions reads it back in C, H, W order).
+        dtype = self.value_head.weight.dtype
+        x = obs.to(dtype, memory_format=torch.channels_last)
+        return x.mul_(1.0 / 255.0) if obs.dtype == torch.uint8 else x
+
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         features = self.fc(self.convs(self._prepare(obs)))  # [N, hidden[-1]]
         return self.policy_head(features), self.value_head(features).squeeze(-1)

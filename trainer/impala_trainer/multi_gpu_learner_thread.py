@@ -39,6 +39,7 @@ class MultiGPULearnerThread(LearnerThread):
         learner_queue_timeout: float = 300.0,
         num_multi_gpu_tower_stacks: int = 1,
         num_gpu_loader_threads: int = 8,
+        intra_op_threads: int | None = None,
     ) -> None:
         super().__init__(
             learner,
@@ -46,6 +47,7 @@ class MultiGPULearnerThread(LearnerThread):
             num_sgd_iter=num_sgd_iter,
             learner_queue_size=learner_queue_size,
             learner_queue_timeout=learner_queue_timeout,
+            intra_op_threads=intra_op_threads,
         )
         if num_multi_gpu_tower_stacks > learner.num_stacks:
             raise ValueError(

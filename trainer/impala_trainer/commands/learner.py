@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         print("error: spec.stop sets no criterion", file=sys.stderr)
         return 2
 
+    from impala_trainer.allocator import keep_freed_memory
     from impala_trainer.checkpoint import list_checkpoints
     from impala_trainer.run_dir import RunDir
 
@@ -89,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         run_dir.clear()  # --resume never, or nothing to resume from: a fresh run
     run_dir.prepare(job)
 
+    # Before any thread starts: the learner's large per-update tensors reuse freed memory.
+    keep_freed_memory()
     apply_ray_env()
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     cfg = NodeConfig.from_args(args, head=True, gcs_port=args.port, resources={})

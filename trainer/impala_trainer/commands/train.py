@@ -105,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.file}: invalid ImpalaJob\n  spec.env.id: {problem}", file=sys.stderr)
         return 2
 
+    from impala_trainer.allocator import keep_freed_memory
     from impala_trainer.run_dir import RunDir
 
     run_dir = RunDir(Path(args.output or Path("runs") / job.name))
@@ -116,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
         run_dir.clear()
     run_dir.prepare(job)
     run_dir.log_to_file()
+    # Before any thread starts: the learner's large per-update tensors reuse freed memory.
+    keep_freed_memory()
 
     # Import torch and the trainer (seconds) while Ray starts its processes (more seconds).
     # Ray must start on the main thread: its processes die with the thread that spawned them.
