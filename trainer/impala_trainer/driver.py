@@ -61,16 +61,24 @@ class ImpalaDriver(Driver):
             raise RuntimeError("the learner thread stopped")
         self._drain_learner()
         self._feed_learner()
+        # Parked actors go back to work the moment the learner queue takes the waiting batch,
+        # before this loop blocks on anything: an actor left parked over a blocking wait idles
+        # for the whole wait.
+        self._unpark()
         if self.pending:
             self._wait_on_learner()
+            self._unpark()
         else:
             self._collect()
-        if not self.pending and self.parked:
-            for actor_id in list(self.parked):
-                self.parked.discard(actor_id)
-                actor = self.manager.actors.get(actor_id)
-                if actor is not None:
-                    self._submit(actor)
+
+    def _unpark(self) -> None:
+        if self.pending or not self.parked:
+            return
+        for actor_id in list(self.parked):
+            self.parked.discard(actor_id)
+            actor = self.manager.actors.get(actor_id)
+            if actor is not None:
+                self._submit(actor)
 
     def _drain_learner(self) -> None:
         self.updates_since_broadcast += self._drain_learner_counts()
@@ -160,6 +168,7 @@ class ImpalaDriver(Driver):
             self.agg_refs[aggregator.handle.process.remote(fragment_ref)] = aggregator.actor_id
         else:
             self.pending.extend(self.local_aggregator.add(ray.get(fragment_ref)))
+            self._feed_learner()  # room in the learner queue: the actor need not park
         if actor is not None:
             if self.pending:
                 self.parked.add(actor_id)

@@ -164,3 +164,37 @@ def test_make_learner_thread_picks_by_devices() -> None:
     assert isinstance(multi.learner, MultiDeviceLearner) and len(multi.learner.towers) == 2
     assert threading.active_count() >= 1  # nothing started until .start()
     assert not multi.is_alive()
+
+
+def test_the_learner_thread_computes_with_the_threads_the_main_thread_gives_up() -> None:
+    import torch
+
+    from impala_trainer.learner_thread import make_learner_thread
+    from impala_trainer.spec import ImpalaJob
+
+    job = ImpalaJob.model_validate(
+        {
+            "apiVersion": "impala.dev/v1alpha1",
+            "kind": "ImpalaJob",
+            "metadata": {"name": "threads"},
+            "spec": {"env": {"id": "CartPole-v1"}, "stop": {"timesteps": 1000}},
+        }
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        thread = make_learner_thread(job.spec, (4,), 2)
+        assert torch.get_num_threads() == 1  # the calling thread: no OpenMP team of its own
+        assert thread.intra_op_threads == 2
+        seen: list[int] = []
+
+        def step() -> None:
+            seen.append(torch.get_num_threads())
+            thread.stop()
+
+        thread.step = step  # type: ignore[method-assign]
+        thread.start()
+        thread.join(timeout=10)
+        assert seen == [2]
+    finally:
+        torch.set_num_threads(before)
