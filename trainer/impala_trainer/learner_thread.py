@@ -227,6 +227,27 @@ class LearnerThread(threading.Thread):
         return result
 
 
+_process_threads: int | None = None
+"""The process's intra-op thread count before the first learner thread took it from main."""
+
+
+def _take_intra_op_threads() -> int:
+    """The intra-op threads for a new learner thread; leaves the calling thread with one.
+
+    After the first call the calling thread reports 1, so the count it had is kept here (a later
+    learner in the same process, e.g. the next case of bench/learner_only.py, gets the same);
+    a count set again since (anything but 1) wins.
+    """
+    import torch
+
+    global _process_threads
+    current = torch.get_num_threads()
+    if _process_threads is None or current != 1:
+        _process_threads = current
+    torch.set_num_threads(1)
+    return _process_threads
+
+
 def make_learner_thread(
     spec: ImpalaJobSpec, obs_shape: tuple[int, ...], num_actions: int
 ) -> LearnerThread | MultiGPULearnerThread:
@@ -235,8 +256,6 @@ def make_learner_thread(
     Several devices (gpus > 1 or fakeDevices > 0), or one GPU with several tower stacks, use the
     MultiGPULearnerThread with loader threads; otherwise the plain LearnerThread.
     """
-    import torch
-
     from impala_trainer.learner import Learner, MultiDeviceLearner
     from impala_trainer.multi_gpu_learner_thread import MultiGPULearnerThread
 
@@ -246,8 +265,7 @@ def make_learner_thread(
     # slower (measured, torch 2.15): a CartPole update in the learner thread took 6-7 ms with 2
     # threads against 2.6-3 ms with the main thread kept single-threaded. The main thread only
     # copies weights out and writes checkpoints.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    threads = _take_intra_op_threads()
 
     t, gpus = spec.training, spec.learner.gpus
     multi = (

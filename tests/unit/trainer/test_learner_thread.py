@@ -196,5 +196,8 @@ def test_the_learner_thread_computes_with_the_threads_the_main_thread_gives_up()
         thread.start()
         thread.join(timeout=10)
         assert seen == [2]
+        # A second learner in the same process gets the same count, not the main thread's 1.
+        assert make_learner_thread(job.spec, (4,), 2).intra_op_threads == 2
+        assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
