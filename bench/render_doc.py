@@ -232,6 +232,13 @@ def targets_block() -> str:
     return table(["target", "aim", "measured (same run)", "status"], rows)
 
 
+# Results files whose script is not named like the file.
+NOT_RUN_COMMANDS = {
+    "cpu_budget_cartpole": "python bench/cpu_budget.py",
+    "cpu_budget_pong": "python bench/cpu_budget.py --manifest pong",
+}
+
+
 def render() -> str:
     parts = ["### Targets", "", targets_block(), ""]
     first = next(
@@ -282,7 +289,8 @@ def render() -> str:
         r = _load(name)
         parts += [title, ""]
         if r is None:
-            parts += [f"Not run yet: `python bench/{name.split('_budget')[0]}...`.", ""]
+            command = NOT_RUN_COMMANDS.get(name, f"python bench/{name}.py")
+            parts += [f"Not run yet: `{command}`.", ""]
             continue
         parts += [fn(r, unit) if unit else fn(r), ""]
         if name == "cartpole_time_to_return":
