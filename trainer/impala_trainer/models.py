@@ -47,6 +47,10 @@ class ActorCritic(nn.Module):
         """Parameters only the value function uses (the separate vf optimiser trains these)."""
         return self.value_head.parameters()
 
+    def policy_logits(self, obs: torch.Tensor) -> torch.Tensor:
+        """Logits [N, A] only: what acting needs (rollout workers call this every step)."""
+        return self(obs)[0]
+
     def _prepare(self, obs: torch.Tensor) -> torch.Tensor:
         dtype = self.value_head.weight.dtype
         if obs.dtype == torch.uint8:
@@ -73,6 +77,10 @@ class MLPActorCritic(ActorCritic):
     def value_function_parameters(self) -> Iterator[nn.Parameter]:
         yield from self.value_trunk.parameters()
         yield from self.value_head.parameters()
+
+    def policy_logits(self, obs: torch.Tensor) -> torch.Tensor:
+        # The value tower is half the acting forward and acting never reads it.
+        return self.policy_head(self.policy_trunk(self._prepare(obs).flatten(1)))
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self._prepare(obs).flatten(1)  # [N, obs_size]

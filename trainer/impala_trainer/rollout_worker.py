@@ -83,8 +83,7 @@ class RolloutWorker:
         obs = self.obs
         for t in range(t_len):
             obs_buf[t] = obs
-            logits, _ = self.model(torch.from_numpy(obs_buf[t]))
-            logits_buf[t] = logits.numpy()
+            logits_buf[t] = self.model.policy_logits(torch.from_numpy(obs_buf[t])).numpy()
             np.add(logits_buf[t], gumbel[t], out=self._scores)
             np.argmax(self._scores, axis=1, out=actions[t])
             obs, reward, term, trunc, infos = self.env.step(actions[t])

@@ -30,6 +30,19 @@ def test_cnn_shapes_and_uint8_scaling() -> None:
     assert model.fc[0].in_features == 32 * 9 * 9
 
 
+@pytest.mark.parametrize(
+    ("model_spec", "obs"),
+    [
+        (ModelSpec(hidden=[32, 32]), torch.randn(7, 4)),
+        (ModelSpec(hidden=[64]), torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)),
+    ],
+)
+def test_policy_logits_are_the_forward_logits(model_spec: ModelSpec, obs: torch.Tensor) -> None:
+    model = build_model(model_spec, tuple(obs.shape[1:]), 5)
+    logits, _ = model(obs)
+    torch.testing.assert_close(model.policy_logits(obs), logits, rtol=0, atol=0)
+
+
 def test_explicit_type_and_errors() -> None:
     assert isinstance(
         build_model(ModelSpec(type="mlp", hidden=[8]), (4, 84, 84), 2), MLPActorCritic
