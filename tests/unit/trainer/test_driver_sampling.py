@@ -71,10 +71,9 @@ class _FakeRay:
     class exceptions:  # mirrors ray.exceptions
         RayError = RuntimeError
 
-    def __init__(self) -> None:
-        self.empty_waits = 0
-
-    def wait(self, refs: list[_Ref], num_returns: int = 1, timeout: float | None = None):
+    def wait(
+        self, refs: list[_Ref], num_returns: int = 1, timeout: float | None = None
+    ) -> tuple[list[_Ref], list[_Ref]]:
         return list(refs), []
 
     def get(self, ref: _Ref) -> Any:
