@@ -50,14 +50,7 @@ class RolloutActor:
         """(fragment, small metadata): the driver reads the metadata without pulling the
         fragment, which can go by reference straight to an aggregator actor."""
         fragment = self.worker.sample()
-        meta = {
-            "worker_id": fragment.worker_id,
-            "env_steps": fragment.env_steps,
-            "episode_returns": fragment.episode_returns,
-            "episode_lengths": fragment.episode_lengths,
-            "policy_version": fragment.policy_version,
-        }
-        return fragment, meta
+        return fragment, fragment.meta()
 
     def set_weights(self, weights: dict[str, Any], policy_version: int) -> None:
         """Load broadcast weights (Ray resolves the object reference the driver passes)."""

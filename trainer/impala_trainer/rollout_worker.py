@@ -144,11 +144,4 @@ class RolloutWorker:
         self._learner.global_timestep = global_timestep
         with torch.enable_grad():
             grads, stats = self._learner.compute_gradients(concat_fragments([fragment]))
-        info: dict[str, Any] = {
-            "stats": stats,
-            "env_steps": fragment.env_steps,
-            "episode_returns": fragment.episode_returns,
-            "episode_lengths": fragment.episode_lengths,
-            "policy_version": fragment.policy_version,
-        }
-        return grads, info
+        return grads, {**fragment.meta(), "stats": stats}

@@ -8,6 +8,7 @@ reader zero-copy; the learner turns them into tensors with `torch.from_numpy`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -46,6 +47,16 @@ class Fragment:
     @property
     def env_steps(self) -> int:
         return int(self.actions.shape[0] * self.actions.shape[1])
+
+    def meta(self) -> dict[str, Any]:
+        """The small part the driver reads without pulling the arrays (counters, episodes)."""
+        return {
+            "worker_id": self.worker_id,
+            "env_steps": self.env_steps,
+            "episode_returns": self.episode_returns,
+            "episode_lengths": self.episode_lengths,
+            "policy_version": self.policy_version,
+        }
 
 
 @dataclass

@@ -52,14 +52,7 @@ class _Handle:
 
         def sample() -> tuple[_Ref, _Ref]:
             fragment = worker.sample()
-            meta = {
-                "worker_id": fragment.worker_id,
-                "env_steps": fragment.env_steps,
-                "episode_returns": fragment.episode_returns,
-                "episode_lengths": fragment.episode_lengths,
-                "policy_version": fragment.policy_version,
-            }
-            return _Ref(fragment), _Ref(meta)
+            return _Ref(fragment), _Ref(fragment.meta())
 
         self.sample = _Method(sample, self.calls, "sample")
         self.set_weights = _Method(
