@@ -569,6 +569,30 @@ def load_spec(name: str, overrides: Sequence[str] = ()) -> Any:
 # -- curves -----------------------------------------------------------------------------------
 
 
+class SecondPoints:
+    """Curve points once a second over a fixed window, in the trials' point format:
+    [seconds since launch, seconds into the window, steps, None, None]."""
+
+    def __init__(self, seconds: float, process_start: float) -> None:
+        self.seconds = seconds
+        self.process_start = process_start
+        self.t0 = time.perf_counter()
+        self.next_point = 1.0
+        self.points: list[list[float | None]] = [
+            [round(time.time() - process_start, 3), 0.0, 0, None, None]
+        ]
+
+    def due(self, steps: int) -> bool:
+        """Record a point if a second has passed since the last; True once the window is over."""
+        t = time.perf_counter() - self.t0
+        if t < self.next_point:
+            return False
+        launch_s = round(time.time() - self.process_start, 3)
+        self.points.append([launch_s, round(t, 3), steps, None, None])
+        self.next_point += 1.0
+        return t >= self.seconds
+
+
 def steady_rate(points: Sequence[Sequence[Any]], warmup_s: float, column: int = 2) -> float | None:
     """Steps per second on the process clock after `warmup_s` from the first sampled step.
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from common import SecondPoints
 from impala_trainer.sample_batch import TrainBatch
 from impala_trainer.spec import ImpalaJobSpec
 
@@ -203,19 +204,10 @@ def sample_only(
         for _ in range(in_flight):
             fragment_ref, meta_ref = actor.sample.remote()
             refs[meta_ref] = (i, fragment_ref)
-    t0 = time.perf_counter()
-    points: list[list[float | None]] = [[round(time.time() - process_start, 3), 0.0, 0, None, None]]
-    steps, next_point = 0, 1.0
+    curve = SecondPoints(seconds, process_start)
+    steps = 0
     try:
-        while True:
-            t = time.perf_counter() - t0
-            if t >= next_point:
-                points.append(
-                    [round(time.time() - process_start, 3), round(t, 3), steps, None, None]
-                )
-                next_point += 1.0
-                if t >= seconds:
-                    break
+        while not curve.due(steps):
             ready, _ = ray.wait(list(refs), num_returns=1, timeout=0.05)
             for meta_ref in ready:
                 i, fragment_ref = refs.pop(meta_ref)
@@ -226,4 +218,4 @@ def sample_only(
                 refs[new_meta] = (i, new_fragment)
     finally:
         ray.shutdown()
-    return {"points": points}
+    return {"points": curve.points}

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from common import quiet_ray_logs, rllib_config
+from common import SecondPoints, quiet_ray_logs, rllib_config
 from impala_trainer.spec import ImpalaJobSpec
 
 
@@ -189,19 +189,10 @@ def sample_only(
     algo = cfg.build_algo()
     build_s = time.perf_counter() - t_start
     group = algo.env_runner_group
-    t0 = time.perf_counter()
-    points: list[list[float | None]] = [[round(time.time() - process_start, 3), 0.0, 0, None, None]]
-    steps, next_point = 0, 1.0
+    curve = SecondPoints(seconds, process_start)
+    steps = 0
     try:
-        while True:
-            t = time.perf_counter() - t0
-            if t >= next_point:
-                points.append(
-                    [round(time.time() - process_start, 3), round(t, 3), steps, None, None]
-                )
-                next_point += 1.0
-                if t >= seconds:
-                    break
+        while not curve.due(steps):
             results = group.foreach_env_runner_async_fetch_ready(
                 func="sample", tag="sample", timeout_seconds=0.05
             )
@@ -210,7 +201,7 @@ def sample_only(
     finally:
         algo.stop()
         ray.shutdown()
-    return {"points": points, "build_s": round(build_s, 2)}
+    return {"points": curve.points, "build_s": round(build_s, 2)}
 
 
 def _rllib_obs(obs_shape: tuple[int, ...]) -> tuple[int, ...]:
