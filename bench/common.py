@@ -487,10 +487,14 @@ def rllib_config(
         max_requests_in_flight_per_env_runner=t.max_requests_in_flight_per_worker,
     )
     epochs = num_sgd_iter if num_sgd_iter is not None else t.num_sgd_iter
+    # Schedules are [[env steps, value], ...] on both sides: the new stack takes them in `lr` /
+    # `entropy_coeff` themselves, the old one in separate *_schedule settings.
+    lr_points = [list(p) for p in t.lr_schedule] if t.lr_schedule else None
+    entropy_points = (
+        [list(p) for p in t.entropy_coeff_schedule] if t.entropy_coeff_schedule else None
+    )
     common_training: dict[str, Any] = dict(
-        lr=t.lr,
         gamma=t.gamma,
-        entropy_coeff=t.entropy_coeff,
         vf_loss_coeff=t.vf_loss_coeff,
         grad_clip=t.grad_clip,
         vtrace_clip_rho_threshold=t.vtrace_clip_rho_threshold,
@@ -501,7 +505,12 @@ def rllib_config(
     )
     model = rllib_model_config(spec, obs_shape, stack)
     if stack == "new":
-        cfg = cfg.training(train_batch_size_per_learner=t.train_batch_size, **common_training)
+        cfg = cfg.training(
+            train_batch_size_per_learner=t.train_batch_size,
+            lr=lr_points or t.lr,
+            entropy_coeff=entropy_points or t.entropy_coeff,
+            **common_training,
+        )
         cfg = cfg.rl_module(model_config=model)
         cfg = cfg.learners(num_learners=1 if env_runners > 0 else 0, num_gpus_per_learner=0)
         if sample_only:
@@ -514,6 +523,10 @@ def rllib_config(
             opt_type=t.optimizer.type,
             _separate_vf_optimizer=t.separate_vf_optimizer,
             _lr_vf=t.lr_vf,
+            lr=t.lr,
+            lr_schedule=lr_points,
+            entropy_coeff=t.entropy_coeff,
+            entropy_coeff_schedule=entropy_points,
             **common_training,
         )
         cfg = cfg.resources(num_gpus=0)

@@ -153,6 +153,7 @@ def _config_summary(cfg: Any) -> dict[str, Any]:
         "train_batch_size",
         "num_learners",
         "lr",
+        "lr_schedule",
         "gamma",
         "entropy_coeff",
         "vf_loss_coeff",

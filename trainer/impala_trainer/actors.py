@@ -46,15 +46,18 @@ class RolloutActor:
         return {**_node_info(), "obs_shape": self.worker.obs_shape}
 
     @ray.method(num_returns=2)
-    def sample(self) -> tuple[Fragment, dict[str, Any]]:
-        """(fragment, small metadata): the driver reads the metadata without pulling the
-        fragment, which can go by reference straight to an aggregator actor."""
+    def sample(
+        self, weights: dict[str, Any] | None = None, policy_version: int = 0
+    ) -> tuple[Fragment, dict[str, Any]]:
+        """(fragment, small metadata), sampled after loading `weights` when given (the driver
+        sends a broadcast with the next request instead of in a call of its own).
+
+        The driver reads the metadata without pulling the fragment, which can go by reference
+        straight to an aggregator actor."""
+        if weights is not None:
+            self.worker.set_weights(weights, policy_version)
         fragment = self.worker.sample()
         return fragment, fragment.meta()
-
-    def set_weights(self, weights: dict[str, Any], policy_version: int) -> None:
-        """Load broadcast weights (Ray resolves the object reference the driver passes)."""
-        self.worker.set_weights(weights, policy_version)
 
     def compute_gradients(
         self, weights: dict[str, Any] | None, policy_version: int, global_timestep: int

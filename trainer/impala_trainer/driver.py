@@ -1,11 +1,12 @@
 """The IMPALA driver loop (RLlib's IMPALA training step, seeds/002), on Ray.
 
 Each iteration: take the learner's results (counters, stats) and broadcast weights every
-`broadcastInterval` updates to the rollout actors that sent samples since the last broadcast (one
+`broadcastInterval` updates if a rollout actor sent samples since the last broadcast (one
 `ray.put`); move finished train batches into the learner thread's bounded inqueue; wait up to
 WAIT_SECONDS for sample (or aggregator) results and route them: fragment -> aggregator (an actor,
 by reference, or the local Aggregator) -> train batches. Each rollout actor keeps
-`maxRequestsInFlightPerWorker` sample requests outstanding.
+`maxRequestsInFlightPerWorker` sample requests outstanding, and the newest broadcast rides on
+the next sample request of an actor that has not got it yet: one Ray call per fragment, not two.
 
 Backpressure instead of dropping: a batch that finds the learner queue full is counted
 (`learner_queue_full`) and kept; while one waits, returning actors are parked instead of asked
@@ -43,11 +44,13 @@ class ImpalaDriver(Driver):
         self.in_flight: Counter[str] = Counter()
         self.parked: set[str] = set()
         self.need_weights: set[str] = set()
+        self.weights_sent: dict[str, int] = {}  # actor id -> broadcast version it was sent
         self.pending: deque[TrainBatch] = deque()
         self._head_counted_full = False
         self.updates_since_broadcast = 0
         self._timers: dict[str, deque[float]] = {}
         self.weights_ref: Any = None
+        self.weights_version = -1
 
     def _begin(self) -> None:
         self.thread.start()
@@ -89,13 +92,12 @@ class ImpalaDriver(Driver):
             self._broadcast()
 
     def _broadcast(self) -> None:
+        # The weights go out with each actor's next sample request (`_submit`), which is when a
+        # separate set_weights call would have run on the actor anyway: after the sample it is
+        # busy with. Measured on CartPole, the separate call cost the actor ~1 ms of CPU per
+        # fragment in Ray's task path, for ~0.13 ms of load_state_dict.
         start = time.perf_counter()
-        version = self.learner.policy_version
-        self.weights_ref = ray.put(self.learner.get_weights())
-        for actor_id in self.need_weights:
-            actor = self.manager.actors.get(actor_id)
-            if actor is not None:  # fire and forget: the next sample runs after it on the actor
-                actor.handle.set_weights.remote(self.weights_ref, version)
+        self._put_weights()
         self.need_weights.clear()
         self.updates_since_broadcast = 0
         self.stats.counters.weight_broadcasts += 1
@@ -193,7 +195,13 @@ class ImpalaDriver(Driver):
         if actor.state == "draining":  # its node is leaving: collect what it owes, ask no more
             return
         while self.in_flight[actor.actor_id] < self.max_in_flight:
-            fragment_ref, meta_ref = actor.handle.sample.remote()
+            if self.weights_sent.get(actor.actor_id) == self.weights_version:
+                fragment_ref, meta_ref = actor.handle.sample.remote()
+            else:
+                self.weights_sent[actor.actor_id] = self.weights_version
+                fragment_ref, meta_ref = actor.handle.sample.remote(
+                    self.weights_ref, self.weights_version
+                )
             self.sample_refs[meta_ref] = (actor.actor_id, fragment_ref)
             self.in_flight[actor.actor_id] += 1
 
@@ -201,9 +209,12 @@ class ImpalaDriver(Driver):
         if actor.role != "rollout":
             return
         if self.weights_ref is None:
-            self.weights_ref = ray.put(self.learner.get_weights())
-        actor.handle.set_weights.remote(self.weights_ref, self.learner.policy_version)
-        self._submit(actor)
+            self._put_weights()
+        self._submit(actor)  # its first request carries the weights
+
+    def _put_weights(self) -> None:
+        self.weights_version = self.learner.policy_version
+        self.weights_ref = ray.put(self.learner.get_weights())
 
     def _in_flight(self, actor_id: str) -> int:
         return self.in_flight[actor_id] + sum(1 for a in self.agg_refs.values() if a == actor_id)
@@ -219,6 +230,7 @@ class ImpalaDriver(Driver):
         self.in_flight.pop(actor_id, None)
         self.parked.discard(actor_id)
         self.need_weights.discard(actor_id)
+        self.weights_sent.pop(actor_id, None)
 
     # -- stats and shutdown ---------------------------------------------------------------------
 

@@ -49,15 +49,17 @@ class _Handle:
 
     def __init__(self, worker: RolloutWorker) -> None:
         self.calls: list[str] = []
+        self.worker = worker
+        self.versions_sent: list[int | None] = []  # per sample request: the weights it carried
 
-        def sample() -> tuple[_Ref, _Ref]:
+        def sample(weights: _Ref | None = None, policy_version: int = 0) -> tuple[_Ref, _Ref]:
+            self.versions_sent.append(None if weights is None else policy_version)
+            if weights is not None:
+                worker.set_weights(weights.value, policy_version)
             fragment = worker.sample()
             return _Ref(fragment), _Ref(fragment.meta())
 
         self.sample = _Method(sample, self.calls, "sample")
-        self.set_weights = _Method(
-            lambda ref, version: worker.set_weights(ref.value, version), self.calls, "set_weights"
-        )
 
 
 class _FakeRay:
@@ -170,3 +172,24 @@ def test_the_learner_queue_is_never_overfilled(tmp_path: Path, fake_ray: _FakeRa
     # Everything sampled is either queued for the learner or waiting in `pending`.
     sampled = driver.stats.counters.env_steps_sampled
     assert sampled == 32 * (q.qsize() + len(driver.pending))
+
+
+def test_broadcast_weights_ride_on_each_actors_next_sample_request(
+    tmp_path: Path, fake_ray: _FakeRay
+) -> None:
+    driver, handles = _driver(tmp_path, _job())
+    # An actor's first request carries the learner's initial weights.
+    assert [h.versions_sent for h in handles] == [[0], [0]]
+    driver._step()  # both fragments in, both actors asked again: nothing new to send
+    assert [h.versions_sent for h in handles] == [[0, None], [0, None]]
+
+    driver.learner.policy_version = 3  # as if the learner thread had taken three steps
+    driver.thread.outqueue.put((32, {}))
+    driver._drain_learner()  # broadcast: one put, no call to any actor
+    assert driver.stats.counters.weight_broadcasts == 1
+    assert all(h.calls == ["sample", "sample"] for h in handles)
+    driver.thread.inqueue.get_nowait()
+    driver.thread.inqueue.get_nowait()
+    driver._collect()  # the fragments return; each actor's next request carries version 3
+    assert [h.versions_sent for h in handles] == [[0, None, 3], [0, None, 3]]
+    assert all(h.worker.policy_version == 3 for h in handles)
