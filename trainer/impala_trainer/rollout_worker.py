@@ -12,7 +12,7 @@ import torch
 
 from impala_trainer.envs import final_observations, make_vector_env
 from impala_trainer.learner import Learner
-from impala_trainer.models import build_model
+from impala_trainer.models import acting_policy, build_model
 from impala_trainer.sample_batch import Fragment, concat_fragments
 from impala_trainer.spec import ImpalaJobSpec
 
@@ -20,7 +20,8 @@ from impala_trainer.spec import ImpalaJobSpec
 class RolloutWorker:
     """Steps `numEnvsPerWorker` envs for `rolloutFragmentLength` steps per `sample()` call.
 
-    Inference is one batched forward per vector step. Actions are drawn with the Gumbel-max trick
+    Inference is one batched forward per vector step (in numpy for MLPs, see
+    `models.NumpyPolicy`). Actions are drawn with the Gumbel-max trick
     from noise drawn once per fragment, which is cheaper than a torch distribution per step and
     makes a worker's actions a pure function of its seed and weights.
     """
@@ -47,6 +48,7 @@ class RolloutWorker:
         else:
             self.model = build_model(spec.model, self.obs_shape, self.num_actions)
         self.model.eval()
+        self._policy_logits = acting_policy(self.model)
         self.policy_version = 0
         self.rng = np.random.default_rng(seed)
         self.obs, _ = self.env.reset(seed=seed)
@@ -83,7 +85,7 @@ class RolloutWorker:
         obs = self.obs
         for t in range(t_len):
             obs_buf[t] = obs
-            logits_buf[t] = self.model.policy_logits(torch.from_numpy(obs_buf[t])).numpy()
+            logits_buf[t] = self._policy_logits(obs_buf[t])
             np.add(logits_buf[t], gumbel[t], out=self._scores)
             np.argmax(self._scores, axis=1, out=actions[t])
             obs, reward, term, trunc, infos = self.env.step(actions[t])

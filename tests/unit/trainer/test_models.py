@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from impala_trainer.models import ImpalaShallowCNN, MLPActorCritic, build_model
+from impala_trainer.models import (
+    ImpalaShallowCNN,
+    MLPActorCritic,
+    NumpyPolicy,
+    acting_policy,
+    build_model,
+)
 from impala_trainer.spec import ModelSpec
 
 
@@ -41,6 +48,38 @@ def test_policy_logits_are_the_forward_logits(model_spec: ModelSpec, obs: torch.
     model = build_model(model_spec, tuple(obs.shape[1:]), 5)
     logits, _ = model(obs)
     torch.testing.assert_close(model.policy_logits(obs), logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+@pytest.mark.parametrize("obs_shape", [(4,), (3, 2)])
+def test_numpy_acting_policy_equals_the_torch_logits_and_follows_loaded_weights(
+    activation: str, obs_shape: tuple[int, ...]
+) -> None:
+    spec = ModelSpec(hidden=[64, 64], activation=activation)
+    model = build_model(spec, obs_shape, 3)
+    act = acting_policy(model)
+    assert isinstance(act, NumpyPolicy)
+    obs = np.random.default_rng(0).normal(size=(32, *obs_shape)).astype(np.float32) * 3
+    with torch.no_grad():
+        expected = model.policy_logits(torch.from_numpy(obs)).numpy()
+    np.testing.assert_allclose(act(obs), expected, rtol=1e-5, atol=1e-6)
+    # New weights loaded the way a rollout worker loads a broadcast: the numpy views follow.
+    model.load_state_dict(build_model(spec, obs_shape, 3).state_dict())
+    with torch.no_grad():
+        reloaded = model.policy_logits(torch.from_numpy(obs)).numpy()
+    assert not np.allclose(reloaded, expected)
+    np.testing.assert_allclose(act(obs), reloaded, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(act(obs[:5]), reloaded[:5], rtol=1e-5, atol=1e-6)
+
+
+def test_the_cnn_acts_through_torch() -> None:
+    model = build_model(ModelSpec(hidden=[64]), (4, 84, 84), 6)
+    act = acting_policy(model)
+    assert not isinstance(act, NumpyPolicy)
+    frames = np.random.default_rng(0).integers(0, 256, (3, 4, 84, 84), dtype=np.uint8)
+    with torch.no_grad():
+        expected = model.policy_logits(torch.from_numpy(frames)).numpy()
+    np.testing.assert_allclose(act(frames), expected, rtol=1e-6)
 
 
 def test_explicit_type_and_errors() -> None:
