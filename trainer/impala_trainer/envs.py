@@ -20,37 +20,76 @@ from impala_trainer.spec import EnvSpec
 
 
 class SameStepCartPole(VectorWrapper):
-    """gymnasium's numpy-vectorised CartPole with same-step autoreset.
+    """gymnasium's numpy-vectorised CartPole with same-step autoreset, stepped in one pass.
 
     `CartPoleVectorEnv` (about 10x faster than a SyncVectorEnv of CartPoles) only offers next-step
     autoreset: the step after an episode ends ignores the action and returns the reset
     observation with reward 0. Recording that dummy transition would feed the learner an action
     that had no effect, so this wrapper resets finished sub-envs within the same step instead,
-    exactly as `CartPoleVectorEnv` itself would one step later, and reports the final
+    with the draw `CartPoleVectorEnv` itself would make one step later, and reports the final
     observations in `infos` the way SyncVectorEnv does in SAME_STEP mode.
+
+    `step` runs the inner env's physics itself, term for term as `CartPoleVectorEnv.step` (so
+    states are bit-identical; tests/unit/trainer/test_envs.py checks it), without what same-step
+    reset makes dead weight: the action-space check (rollout workers act by argmax over the
+    logits, always in range) and the next-step reset pass. 32 envs, wrapper included: ~45 -> ~30
+    us per step, i.e. ~0.5 us of a CartPole worker's ~4 us of CPU per env step.
     """
 
     def __init__(self, env: CartPoleVectorEnv) -> None:
         super().__init__(env)
         self.metadata = {**env.metadata, "autoreset_mode": AutoresetMode.SAME_STEP}
+        self._cartpole: CartPoleVectorEnv = env.unwrapped  # type: ignore[assignment]
+        e = self._cartpole
+        if e.kinematics_integrator != "euler":
+            raise ValueError("SameStepCartPole implements CartPole's default euler integrator")
+        self._forces = np.array([-e.force_mag, e.force_mag])  # np.sign(action - 0.5) * force_mag
 
     def step(
         self, actions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        obs, rewards, terminated, truncated, infos = self.env.step(actions)
-        done = terminated | truncated
-        if not done.any():
-            return obs, rewards, terminated, truncated, infos
-        inner: CartPoleVectorEnv = self.env.unwrapped  # type: ignore[assignment]
-        final_obs = obs.copy()
-        # The same draw CartPoleVectorEnv makes on its next step, done now instead.
-        inner.state[:, done] = inner.np_random.uniform(
-            low=inner.low, high=inner.high, size=(4, int(done.sum()))
+        e = self._cartpole
+        x, x_dot, theta, theta_dot = e.state
+        force = self._forces[actions]
+        costheta = np.cos(theta)
+        sintheta = np.sin(theta)
+        temp = (force + e.polemass_length * np.square(theta_dot) * sintheta) / e.total_mass
+        thetaacc = (e.gravity * sintheta - costheta * temp) / (
+            e.length * (4.0 / 3.0 - e.masspole * np.square(costheta) / e.total_mass)
         )
-        inner.steps[done] = 0
-        inner.prev_done[done] = False
-        obs[done] = inner.state[:, done].T
-        infos = {**infos, "final_obs": final_obs, "_final_obs": done}
+        xacc = temp - e.polemass_length * thetaacc * costheta / e.total_mass
+        state = np.stack(
+            (
+                x + e.tau * x_dot,
+                x_dot + e.tau * xacc,
+                theta + e.tau * theta_dot,
+                theta_dot + e.tau * thetaacc,
+            )
+        )
+        x, theta = state[0], state[2]
+        terminated = (
+            (x < -e.x_threshold)
+            | (x > e.x_threshold)
+            | (theta < -e.theta_threshold_radians)
+            | (theta > e.theta_threshold_radians)
+        )
+        e.steps += 1
+        truncated = e.steps >= e.max_episode_steps
+        if e._sutton_barto_reward:
+            rewards = -terminated.astype(np.float32)
+        else:
+            rewards = np.ones(e.num_envs, np.float32)
+        obs = state.T.astype(np.float32)
+        done = terminated | truncated
+        infos: dict[str, Any] = {}
+        if done.any():
+            infos = {"final_obs": obs.copy(), "_final_obs": done}
+            state[:, done] = e.np_random.uniform(
+                low=e.low, high=e.high, size=(4, int(done.sum()))
+            )
+            e.steps[done] = 0
+            obs[done] = state[:, done].T
+        e.state = state
         return obs, rewards, terminated, truncated, infos
 
 

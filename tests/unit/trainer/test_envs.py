@@ -52,6 +52,42 @@ def test_truncation_every_max_episode_steps_without_dummy_steps() -> None:
     assert trunc_steps == [4, 9, 14, 19]
 
 
+@pytest.mark.parametrize("kwargs", [{}, {"sutton_barto_reward": True, "max_episode_steps": 40}])
+def test_cartpole_steps_are_gymnasiums_bit_for_bit(kwargs: dict[str, object]) -> None:
+    """Our one-pass step against CartPoleVectorEnv.step itself, with the same-step reset done
+    after it as gymnasium would do it one step later (the same random draw)."""
+    import gymnasium as gym
+
+    n = 16
+    ours = make_vector_env(EnvSpec(id="CartPole-v1", kwargs=kwargs), n, seed=3)
+    ref = gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point", **kwargs)
+    ref.reset(seed=3)
+    inner = ref.unwrapped
+    rng = np.random.default_rng(0)
+    np.testing.assert_array_equal(ours.unwrapped.state, inner.state)  # type: ignore[attr-defined]
+    ends = 0
+    for _ in range(600):
+        actions = rng.integers(0, 2, n)
+        obs, rewards, term, trunc, infos = ours.step(actions)
+        r_obs, r_rewards, r_term, r_trunc, _ = ref.step(actions)
+        np.testing.assert_array_equal(rewards, r_rewards)
+        np.testing.assert_array_equal(term, r_term)
+        np.testing.assert_array_equal(trunc, r_trunc)
+        done = r_term | r_trunc
+        if done.any():
+            ends += int(done.sum())
+            np.testing.assert_array_equal(infos["final_obs"][done], r_obs[done])
+            inner.state[:, done] = inner.np_random.uniform(
+                low=inner.low, high=inner.high, size=(4, int(done.sum()))
+            )
+            inner.steps[done] = 0
+            inner.prev_done[done] = False
+            r_obs[done] = inner.state[:, done].T
+        np.testing.assert_array_equal(obs, r_obs)
+        np.testing.assert_array_equal(ours.unwrapped.state, inner.state)  # type: ignore[attr-defined]
+    assert ends > 100
+
+
 def test_same_seed_same_trajectory() -> None:
     a = make_vector_env(EnvSpec(id="CartPole-v1"), 4, seed=7)
     b = make_vector_env(EnvSpec(id="CartPole-v1"), 4, seed=7)
