@@ -30,6 +30,9 @@ from impala_trainer.driver_base import WAIT_SECONDS, Driver
 from impala_trainer.learner_thread import make_learner_thread
 from impala_trainer.sample_batch import TrainBatch
 
+# Below Ray's max_direct_call_object_size (100 KiB), with room for the pickled dict around them.
+INLINE_WEIGHTS_BYTES = 64 * 1024
+
 
 class ImpalaDriver(Driver):
     """V-trace mode: asynchronous sampling feeding a learner thread."""
@@ -214,7 +217,12 @@ class ImpalaDriver(Driver):
 
     def _put_weights(self) -> None:
         self.weights_version = self.learner.policy_version
-        self.weights_ref = ray.put(self.learner.get_weights())
+        weights = self.learner.get_weights()
+        # Small weights (an MLP's tens of KiB) travel inside each sample request: Ray inlines
+        # arguments under its direct-call limit, so no object-store put per broadcast and no
+        # fetch per actor. Large ones (the CNN's MiBs) are put once and shared by reference.
+        small = sum(a.nbytes for a in weights.values()) <= INLINE_WEIGHTS_BYTES
+        self.weights_ref = weights if small else ray.put(weights)
 
     def _in_flight(self, actor_id: str) -> int:
         return self.in_flight[actor_id] + sum(1 for a in self.agg_refs.values() if a == actor_id)

@@ -52,10 +52,12 @@ class _Handle:
         self.worker = worker
         self.versions_sent: list[int | None] = []  # per sample request: the weights it carried
 
-        def sample(weights: _Ref | None = None, policy_version: int = 0) -> tuple[_Ref, _Ref]:
+        def sample(weights: Any = None, policy_version: int = 0) -> tuple[_Ref, _Ref]:
+            # Ray resolves a reference passed as an argument; small weights come inline.
             self.versions_sent.append(None if weights is None else policy_version)
             if weights is not None:
-                worker.set_weights(weights.value, policy_version)
+                values = weights.value if isinstance(weights, _Ref) else weights
+                worker.set_weights(values, policy_version)
             fragment = worker.sample()
             return _Ref(fragment), _Ref(fragment.meta())
 
@@ -74,7 +76,11 @@ class _FakeRay:
     def get(self, ref: _Ref) -> Any:
         return ref.value
 
+    def __init__(self) -> None:
+        self.puts = 0
+
     def put(self, value: Any) -> _Ref:
+        self.puts += 1
         return _Ref(value)
 
 
@@ -193,3 +199,18 @@ def test_broadcast_weights_ride_on_each_actors_next_sample_request(
     driver._collect()  # the fragments return; each actor's next request carries version 3
     assert [h.versions_sent for h in handles] == [[0, None, 3], [0, None, 3]]
     assert all(h.worker.policy_version == 3 for h in handles)
+
+
+def test_small_weights_go_inline_and_large_ones_through_the_object_store(
+    tmp_path: Path, fake_ray: _FakeRay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    driver, handles = _driver(tmp_path, _job())  # a 16-unit MLP: ~1 KiB of weights
+    assert fake_ray.puts == 0
+    assert driver.weights_ref is not None and not isinstance(driver.weights_ref, _Ref)
+
+    monkeypatch.setattr(driver_mod, "INLINE_WEIGHTS_BYTES", 100)
+    driver.learner.policy_version = 1
+    driver._put_weights()
+    assert fake_ray.puts == 1 and isinstance(driver.weights_ref, _Ref)
+    driver._collect()  # the next requests carry the reference; the actors load its weights
+    assert [h.versions_sent[-1] for h in handles] == [1, 1]
