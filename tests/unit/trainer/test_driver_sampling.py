@@ -68,6 +68,9 @@ class _FakeRay:
     class exceptions:  # mirrors ray.exceptions
         RayError = RuntimeError
 
+    def __init__(self) -> None:
+        self.puts = 0
+
     def wait(
         self, refs: list[_Ref], num_returns: int = 1, timeout: float | None = None
     ) -> tuple[list[_Ref], list[_Ref]]:
@@ -75,9 +78,6 @@ class _FakeRay:
 
     def get(self, ref: _Ref) -> Any:
         return ref.value
-
-    def __init__(self) -> None:
-        self.puts = 0
 
     def put(self, value: Any) -> _Ref:
         self.puts += 1
@@ -191,7 +191,7 @@ def test_broadcast_weights_ride_on_each_actors_next_sample_request(
 
     driver.learner.policy_version = 3  # as if the learner thread had taken three steps
     driver.thread.outqueue.put((32, {}))
-    driver._drain_learner()  # broadcast: one put, no call to any actor
+    driver._drain_learner()  # broadcast: new weights taken, no call to any actor
     assert driver.stats.counters.weight_broadcasts == 1
     assert all(h.calls == ["sample", "sample"] for h in handles)
     driver.thread.inqueue.get_nowait()
