@@ -1,8 +1,8 @@
 """The IMPALA driver loop (RLlib's IMPALA training step, seeds/002), on Ray.
 
 Each iteration: take the learner's results (counters, stats) and broadcast weights every
-`broadcastInterval` updates if a rollout actor sent samples since the last broadcast (one
-`ray.put`); move finished train batches into the learner thread's bounded inqueue; wait up to
+`broadcastInterval` updates if a rollout actor sent samples since the last broadcast (inline
+when small, else one `ray.put`); move finished train batches into the learner thread's bounded inqueue; wait up to
 WAIT_SECONDS for sample (or aggregator) results and route them: fragment -> aggregator (an actor,
 by reference, or the local Aggregator) -> train batches. Each rollout actor keeps
 `maxRequestsInFlightPerWorker` sample requests outstanding, and the newest broadcast rides on
@@ -52,7 +52,7 @@ class ImpalaDriver(Driver):
         self._head_counted_full = False
         self.updates_since_broadcast = 0
         self._timers: dict[str, deque[float]] = {}
-        self.weights_ref: Any = None
+        self.weights_ref: Any = None  # the latest broadcast: a weights dict, or its object ref
         self.weights_version = -1
 
     def _begin(self) -> None:
