@@ -3,10 +3,11 @@
 Each iteration: take the learner's results (counters, stats) and broadcast weights every
 `broadcastInterval` updates if a rollout actor sent samples since the last broadcast (inline
 when small, else one `ray.put`); move finished train batches into the learner thread's bounded
-inqueue; wait up to WAIT_SECONDS for sample (or aggregator) results and route them: fragment -> aggregator (an actor,
-by reference, or the local Aggregator) -> train batches. Each rollout actor keeps
-`maxRequestsInFlightPerWorker` sample requests outstanding, and the newest broadcast rides on
-the next sample request of an actor that has not got it yet: one Ray call per fragment, not two.
+inqueue; wait up to WAIT_SECONDS for sample (or aggregator) results and route them: fragment ->
+aggregator (an actor, by reference, or the local Aggregator) -> train batches. Each rollout actor
+keeps `maxRequestsInFlightPerWorker` sample requests outstanding, and the newest broadcast rides
+on the next sample request of an actor that has not got it yet: one Ray call per fragment, not
+two.
 
 Backpressure instead of dropping: a batch that finds the learner queue full is counted
 (`learner_queue_full`) and kept; while one waits, returning actors are parked instead of asked
