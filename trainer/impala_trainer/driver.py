@@ -47,7 +47,8 @@ class ImpalaDriver(Driver):
         self.agg_refs: dict[Any, str] = {}  # train-batch list ref -> aggregator id
         self.in_flight: Counter[str] = Counter()
         self.parked: set[str] = set()
-        self.need_weights: set[str] = set()
+        # The broadcast is skipped while no actor has sampled since the last one (as RLlib).
+        self.sampled_since_broadcast = False
         self.weights_sent: dict[str, int] = {}  # actor id -> broadcast version it was sent
         self.pending: deque[TrainBatch] = deque()
         self._head_counted_full = False
@@ -91,7 +92,7 @@ class ImpalaDriver(Driver):
         self.updates_since_broadcast += self._drain_learner_counts()
         if (
             self.updates_since_broadcast >= self.spec.training.broadcast_interval
-            and self.need_weights
+            and self.sampled_since_broadcast
         ):
             self._broadcast()
 
@@ -102,7 +103,7 @@ class ImpalaDriver(Driver):
         # fragment in Ray's task path, for ~0.13 ms of load_state_dict.
         start = time.perf_counter()
         self._put_weights()
-        self.need_weights.clear()
+        self.sampled_since_broadcast = False
         self.updates_since_broadcast = 0
         self.stats.counters.weight_broadcasts += 1
         self._time("broadcast", start)
@@ -168,7 +169,7 @@ class ImpalaDriver(Driver):
         actor = self.manager.actors.get(actor_id)
         if actor is not None:
             actor.env_steps += meta["env_steps"]
-            self.need_weights.add(actor_id)
+            self.sampled_since_broadcast = True
         aggregator = self.manager.next_aggregator()
         if aggregator is not None:
             self.agg_refs[aggregator.handle.process.remote(fragment_ref)] = aggregator.actor_id
@@ -238,7 +239,6 @@ class ImpalaDriver(Driver):
             del self.agg_refs[ref]
         self.in_flight.pop(actor_id, None)
         self.parked.discard(actor_id)
-        self.need_weights.discard(actor_id)
         self.weights_sent.pop(actor_id, None)
 
     # -- stats and shutdown ---------------------------------------------------------------------

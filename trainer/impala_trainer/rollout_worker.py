@@ -21,9 +21,9 @@ class RolloutWorker:
     """Steps `numEnvsPerWorker` envs for `rolloutFragmentLength` steps per `sample()` call.
 
     Inference is one batched forward per vector step (in numpy for MLPs, see
-    `models.NumpyPolicy`). Actions are drawn with the Gumbel-max trick
-    from noise drawn once per fragment, which is cheaper than a torch distribution per step and
-    makes a worker's actions a pure function of its seed and weights.
+    `models.NumpyPolicy`). Actions are drawn with the Gumbel-max trick from noise drawn once per
+    fragment, which is cheaper than a torch distribution per step and makes a worker's actions a
+    pure function of its seed and weights.
     """
 
     def __init__(self, spec: ImpalaJobSpec, worker_id: str, seed: int) -> None:
