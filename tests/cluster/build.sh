@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Build (once) and cache the binaries of a real Kubernetes control plane for the e2e tests:
-# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok and helm.
+# Build (once) and cache the binaries of a real Kubernetes cluster for the e2e tests: the control
+# plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), kubectl, kwok and helm,
+# and the real node's own parts (kubelet, kube-proxy, CoreDNS, and the pod sandbox's `pause`).
 #
 # Everything is compiled from Go modules (no Docker, no GitHub release downloads) into
 #   ${IMPALA_TEST_CACHE:-$HOME/.cache/impalajob}/k8s-<k8s version>-<go version>/bin
 # Idempotent: a binary that is already cached is skipped. Prints the bin dir on the last line.
 #
-# Knobs (environment): K8S_VERSION, KWOK_VERSION, HELM_VERSION, IMPALA_TEST_CACHE,
+# Knobs (environment): K8S_VERSION, KWOK_VERSION, HELM_VERSION, COREDNS_VERSION, IMPALA_TEST_CACHE,
 # BUILD_PARALLELISM (go build -p, default 2: the CI machines are small and shared).
 set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-v1.37.2}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v4.3.1}"
+COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
 BUILD_PARALLELISM="${BUILD_PARALLELISM:-2}"
 
 # Never reach for a newer toolchain: the cache key is the local Go version.
@@ -34,7 +36,8 @@ if command -v flock >/dev/null 2>&1; then
 fi
 
 need=()
-for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm; do
+for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm \
+         kubelet kube-proxy coredns pause; do
   [[ -x "$BIN/$b" ]] || need+=("$b")
 done
 if [[ ${#need[@]} -eq 0 ]]; then
@@ -52,7 +55,7 @@ has() { local x; for x in "${need[@]}"; do [[ "$x" == "$1" ]] && return 0; done;
 # with its published tag (v1.Y.Z -> v0.Y.Z). The list is read from that release's own go.mod so a
 # new staging module in a future release is picked up without editing this script.
 if has kube-apiserver || has kube-controller-manager || has kube-scheduler || has kubectl \
-   || has etcd; then
+   || has etcd || has kubelet || has kube-proxy; then
   STAGING_VERSION="v0.${K8S_VERSION#v1.}"
   if [[ ! -f "$WRAP/go.mod" ]] || ! grep -q "k8s.io/kubernetes $K8S_VERSION" "$WRAP/go.mod"; then
     log "generating wrapper module for k8s.io/kubernetes $K8S_VERSION"
@@ -89,7 +92,9 @@ if has kube-apiserver || has kube-controller-manager || has kube-scheduler || ha
   done
 
   pkgs=()
-  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  # The kubelet and kube-proxy are the control plane's own version (no skew), built in the same
+  # invocation so they share its compile cache: ~1 min more on a warm cache.
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy; do
     has "$b" && pkgs+=("k8s.io/kubernetes/cmd/$b")
   done
   if [[ ${#pkgs[@]} -gt 0 ]]; then
@@ -138,10 +143,23 @@ helm_major="${HELM_VERSION%%.*}"
 has helm && install_tool helm "helm.sh/helm/$helm_major/cmd/helm" "$HELM_VERSION" \
   "-X helm.sh/helm/$helm_major/internal/version.version=$HELM_VERSION"
 
+# CoreDNS for the real node's Service DNS names: `go install` of its main module (no replace
+# directives, so the tagged module builds as released).
+has coredns && install_tool coredns github.com/coredns/coredns "$COREDNS_VERSION" \
+  "-X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION"
+# The pod sandbox process: static, so it runs in an image with nothing else in it.
+if has pause; then
+  log "compiling pause"
+  cc="${CC:-gcc}"
+  "$cc" -Os -static -s -o "$BIN/pause.tmp" "$(dirname "$0")/node/pause.c"
+  mv "$BIN/pause.tmp" "$BIN/pause"
+fi
+
 cat > "$ROOT/versions.env" <<VERS
 K8S_VERSION=$K8S_VERSION
 KWOK_VERSION=$KWOK_VERSION
 HELM_VERSION=$HELM_VERSION
+COREDNS_VERSION=$COREDNS_VERSION
 GO_VERSION=$GO_VERSION
 VERS
 log "done: $(ls "$BIN" | tr '\n' ' ')"

@@ -1,7 +1,9 @@
-"""Run a real Kubernetes control plane as local processes: no Docker, no kubelet.
+"""Run a real Kubernetes cluster as local processes: no Docker.
 
 etcd, kube-apiserver (RBAC, service-account tokens), kube-controller-manager, kube-scheduler and
-kwok (fake nodes that take pods to Running) are started from the binaries `build.sh` caches.
+kwok (fake nodes that take pods to Running) are started from the binaries `build.sh` caches;
+with `real_node=True` also one real node (node.py: containerd, kubelet, kube-proxy, CoreDNS),
+where pods actually run.
 Every process gets its own process group and is killed with it, also when pytest is interrupted
 (atexit) or killed (PR_SET_PDEATHSIG), so no process or port outlives the test session.
 
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .kube import KWOK_NODE_ANNOTATION, Kube, b64file, wait_for, write_kubeconfig
+from .node import HOST_IP, NODE_NAME, RealNode, missing_prerequisites
 from .pki import ClusterPKI, KeyPair, make_pki
 
 HERE = Path(__file__).resolve().parent
@@ -49,6 +52,7 @@ COMPONENTS = (
     "kwok",
     "helm",
 )
+NODE_COMPONENTS = ("kubelet", "kube-proxy", "coredns", "pause")
 
 
 def build_binaries(*, quiet: bool = False) -> Path:
@@ -152,6 +156,8 @@ class ControlPlane:
     processes: list[_Process] = field(default_factory=list)
     ports: dict[str, int] = field(default_factory=dict)
     kube: Kube | None = None
+    node: RealNode | None = None
+    """The real node, when started with `real_node=True`."""
     _stopped: bool = False
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -165,8 +171,15 @@ class ControlPlane:
         nodes: NodeSpec | None = None,
         keep_workdir: bool | None = None,
         timeout: float = 120.0,
+        real_node: bool = False,
+        images: Sequence[Path] = (),
+        taint_real_node: bool = True,
     ) -> Iterator[Kube]:
-        """Start everything, yield a `Kube` for it, and tear it all down afterwards."""
+        """Start everything, yield a `Kube` for it, and tear it all down afterwards.
+
+        `real_node` adds the real node (root only; see node.py), with the OCI archives in
+        `images` imported into its containerd; `taint_real_node` keeps pods that do not tolerate
+        it (every kwok test's) off it."""
         _sweep_stale_workdirs()
         workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         (workdir / "owner.pid").write_text(str(os.getpid()))
@@ -175,6 +188,15 @@ class ControlPlane:
         cp = cls(
             bin_dir=bin_dir, workdir=workdir, nodes=nodes or NodeSpec(), keep_workdir=keep_workdir
         )
+        if real_node:
+            problems = missing_prerequisites()
+            missing = [c for c in NODE_COMPONENTS if not (bin_dir / c).exists()]
+            if missing:
+                problems.append(f"{', '.join(missing)} in {bin_dir} (run build.sh)")
+            if problems:
+                shutil.rmtree(workdir, ignore_errors=True)
+                raise RuntimeError(f"the real node needs: {'; '.join(problems)}")
+            cp.node = RealNode(bin_dir, workdir, images=images, taint=taint_real_node)
         atexit.register(cp.stop)
         try:
             kube = cp._boot(timeout)
@@ -195,12 +217,16 @@ class ControlPlane:
         if self._stopped:
             return
         self._stopped = True
+        if self.node is not None:
+            self.node.stop_processes()
         # All at once and briefly: the data is thrown away, so a graceful shutdown buys nothing.
         for proc in reversed(self.processes):
             proc.terminate()
         deadline = time.monotonic() + 3.0
         for proc in reversed(self.processes):
             proc.kill(deadline)
+        if self.node is not None:
+            self.node.teardown()
         if self.keep_workdir:
             print(f"\n[controlplane] logs and data kept in {self.workdir}", file=sys.stderr)
         else:
@@ -221,7 +247,16 @@ class ControlPlane:
         missing = [c for c in COMPONENTS if not (self.bin_dir / c).exists()]
         if missing:
             raise FileNotFoundError(f"missing binaries in {self.bin_dir}: {missing}; run build.sh")
-        pki = make_pki(self.workdir / "pki", service_ip=SERVICE_IP)
+        host = "127.0.0.1"
+        if self.node is not None:
+            # Before the API server: it listens on the host end of the node's veth.
+            self.node.setup_network()
+            host = HOST_IP
+        pki = make_pki(
+            self.workdir / "pki",
+            service_ip=SERVICE_IP,
+            extra_ips=() if self.node is None else (HOST_IP,),
+        )
         for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler"):
             self.ports[name] = free_port()
 
@@ -229,8 +264,8 @@ class ControlPlane:
         etcd_url = f"http://127.0.0.1:{self.ports['etcd']}"
         self._wait(lambda: self._http_ok(f"{etcd_url}/health"), deadline, "etcd /health")
 
-        self._start_apiserver(pki, etcd_url)
-        server = f"https://127.0.0.1:{self.ports['apiserver']}"
+        self._start_apiserver(pki, etcd_url, host)
+        server = f"https://{host}:{self.ports['apiserver']}"
         ctx = ssl.create_default_context(cafile=str(pki.ca.cert))
         ctx.load_cert_chain(str(pki.admin.cert), str(pki.admin.key))
         self._wait(lambda: self._http_ok(f"{server}/readyz", ctx), deadline, "apiserver /readyz")
@@ -273,6 +308,8 @@ class ControlPlane:
             "controller-manager (default ServiceAccount)",
         )
         self._wait(lambda: self._nodes_ready(api("/api/v1/nodes")), deadline, "kwok nodes Ready")
+        if self.node is not None:
+            self._start_node(pki, server, kubeconfigs, admin, api)
         kube = Kube(
             kubeconfig=admin,
             bin_dir=self.bin_dir,
@@ -311,11 +348,11 @@ class ControlPlane:
 
     # ---- components ------------------------------------------------------------------------
 
-    def _spawn(self, name: str, args: Sequence[str]) -> _Process:
+    def _spawn(self, name: str, args: Sequence[str], *, argv0: str | None = None) -> _Process:
         log = self.workdir / "logs" / f"{name}.log"
         log.parent.mkdir(exist_ok=True)
         log_file = log.open("wb")
-        argv = [str(self.bin_dir / name), *args]
+        argv = [argv0 or str(self.bin_dir / name), *args]
         log_file.write((" ".join(argv) + "\n\n").encode())
         log_file.flush()
         popen = subprocess.Popen(
@@ -352,16 +389,79 @@ class ControlPlane:
             ],
         )
 
-    def _start_apiserver(self, pki: ClusterPKI, etcd_url: str) -> None:
+    def _start_node(
+        self,
+        pki: ClusterPKI,
+        server: str,
+        kubeconfigs: Path,
+        admin: Path,
+        api: Callable[[str], Any],
+    ) -> None:
+        assert self.node is not None
+        identities = {
+            # The Node authorizer grants a kubelet exactly its own node's objects by this name.
+            "kubelet": self._kubeconfig(
+                kubeconfigs / "kubelet",
+                server,
+                pki.ca,
+                pki.client("kubelet", f"/O=system:nodes/CN=system:node:{NODE_NAME}"),
+                f"system:node:{NODE_NAME}",
+            ),
+            # Bound to system:node-proxier by the bootstrap policy.
+            "kube-proxy": self._kubeconfig(
+                kubeconfigs / "kube-proxy",
+                server,
+                pki.ca,
+                pki.client("kube-proxy", "/CN=system:kube-proxy"),
+                "system:kube-proxy",
+            ),
+            "coredns": admin,
+        }
+        # Image imports take a while (the product image is gigabytes): its own budget.
+        deadline = time.monotonic() + 600
+
+        def alive() -> None:
+            dead = [p.name for p in self.processes if not p.alive()]
+            if dead:
+                raise _Dead(f"{', '.join(dead)} exited while starting the real node")
+
+        self.node.start(
+            lambda name, argv: self._spawn(name, argv[1:], argv0=argv[0]),
+            ca_cert=pki.ca.cert,
+            kubeconfigs=identities,
+            deadline=deadline,
+            alive=alive,
+        )
+
+        def ready() -> bool:
+            node = api(f"/api/v1/nodes/{NODE_NAME}")
+            return any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in node.get("status", {}).get("conditions", [])
+            )
+
+        self._wait(ready, time.monotonic() + 120, f"real node {NODE_NAME} Ready")
+
+    def _start_apiserver(self, pki: ClusterPKI, etcd_url: str, host: str) -> None:
+        if host == "127.0.0.1":
+            # The endpoint reconciler refuses a loopback advertise address, and nothing runs in
+            # a pod that could use the `kubernetes` Service's endpoints anyway.
+            endpoints = ["--endpoint-reconciler-type=none"]
+        else:
+            # Pods on the real node reach the API through the `kubernetes` Service, whose
+            # endpoint is this address; logs/exec/port-forward go to the kubelet's InternalIP.
+            endpoints = [
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-client-certificate={pki.admin.cert}",
+                f"--kubelet-client-key={pki.admin.key}",
+            ]
         self._spawn(
             "kube-apiserver",
             [
                 f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                # The endpoint reconciler refuses a loopback advertise address, and nothing runs
-                # in a pod that could use the `kubernetes` Service's endpoints anyway.
-                "--endpoint-reconciler-type=none",
+                f"--bind-address={host}",
+                f"--advertise-address={host}",
+                *endpoints,
                 f"--secure-port={self.ports['apiserver']}",
                 f"--cert-dir={self.workdir / 'apiserver-certs'}",
                 f"--tls-cert-file={pki.apiserver.cert}",

@@ -59,6 +59,12 @@ class ClusterPKI:
     """Service-account token signing key (private), shared by apiserver and controller-manager."""
     sa_pub: Path
     """Its public half, which the apiserver uses to verify tokens."""
+    dir: Path
+    """Where the files are; `client` issues more identities there."""
+
+    def client(self, name: str, subject: str) -> KeyPair:
+        """A client certificate for `subject` (e.g. `/O=system:nodes/CN=system:node:n1`)."""
+        return _signed(self.dir, name, subject, "v3_client", self.ca, self.dir / "openssl.cnf")
 
 
 def _openssl(*args: str | Path, cwd: Path) -> None:
@@ -105,11 +111,14 @@ def _signed(d: Path, name: str, subject: str, extensions: str, ca: KeyPair, cnf:
     return KeyPair(cert=cert, key=key)
 
 
-def make_pki(d: Path, *, service_ip: str = "10.0.0.1") -> ClusterPKI:
+def make_pki(
+    d: Path, *, service_ip: str = "10.0.0.1", extra_ips: tuple[str, ...] = ()
+) -> ClusterPKI:
     """Create a CA, serving/client certificates and the service-account key pair under `d`.
 
     `service_ip` is the first address of the service CIDR: in-cluster clients reach the apiserver
-    through the `kubernetes` Service, so the serving certificate must name it.
+    through the `kubernetes` Service, so the serving certificate must name it. `extra_ips` are
+    further addresses it listens on (the real node's side of the host).
     """
     d.mkdir(parents=True, exist_ok=True)
     alt = [
@@ -120,6 +129,7 @@ def make_pki(d: Path, *, service_ip: str = "10.0.0.1") -> ClusterPKI:
         "DNS.5 = kubernetes.default.svc.cluster.local",
         "IP.1 = 127.0.0.1",
         f"IP.2 = {service_ip}",
+        *(f"IP.{i} = {ip}" for i, ip in enumerate(extra_ips, start=3)),
     ]
     cnf = d / "openssl.cnf"
     cnf.write_text(_OPENSSL_CNF.format(alt_names="\n".join(alt)))
@@ -162,4 +172,5 @@ def make_pki(d: Path, *, service_ip: str = "10.0.0.1") -> ClusterPKI:
         scheduler=_signed(d, "scheduler", "/CN=system:kube-scheduler", "v3_client", ca, cnf),
         sa_key=sa_key,
         sa_pub=sa_pub,
+        dir=d,
     )

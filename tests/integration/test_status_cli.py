@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
+from urllib.parse import unquote
 
 import httpx
 import pytest
@@ -160,8 +161,10 @@ class _FakeApiServer(BaseHTTPRequestHandler):
     seen: ClassVar[list[tuple[str, str | None]]] = []
 
     def do_GET(self) -> None:
-        self.seen.append((self.path, self.headers.get("Authorization")))
-        obj = self.objects.get(self.path)
+        # Clients may escape the `:` of `service:port` in proxy paths; the API server accepts both.
+        path = unquote(self.path)
+        self.seen.append((path, self.headers.get("Authorization")))
+        obj = self.objects.get(path)
         body = json.dumps(
             obj
             or {
@@ -255,10 +258,38 @@ def test_job_name_without_status_url(cli: Cli, kubeconfig: tuple) -> None:
     assert "has no status.statusURL yet" in proc.stderr
 
 
-def test_unreachable_status_url_suggests_port_forward(cli: Cli, kubeconfig: tuple) -> None:
+def test_service_url_is_read_through_the_api_server_proxy(
+    cli: Cli, sidecar: Callable[..., str], kubeconfig: tuple, tmp_path: Path
+) -> None:
+    # From a kubeconfig, a cluster-internal Service address is not reachable; the CLI asks the
+    # API server's Service proxy instead, with the kubeconfig's credentials.
     path, handler = kubeconfig
-    handler.objects.update([_job("team-a", "far", "http://far-status.team-a.svc:8080")])
+    write_sample_run(tmp_path / "run", job="far", points=5)
+    body = httpx.get(sidecar(tmp_path / "run") + "/status", timeout=10).json()
+    handler.objects.update([_job("team-a", "far", "http://far-status.team-a.svc:8080/status")])
+    proxy = "/api/v1/namespaces/team-a/services/far-status:8080/proxy/status"
+    handler.objects[proxy] = body
+    proc = cli("far", "--json", env={"KUBECONFIG": str(path)})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["job"] == "far"
+    assert handler.seen[-1] == (proxy, "Bearer kube-token")
+
+
+def test_service_proxy_failure_names_the_service(cli: Cli, kubeconfig: tuple) -> None:
+    path, handler = kubeconfig
+    handler.objects.update([_job("team-a", "gone", "http://gone-status.team-a.svc:8080")])
+    proc = cli("gone", "--timeout", "2", env={"KUBECONFIG": str(path)})
+    assert proc.returncode == 1
+    assert "gone-status.team-a.svc:8080/status (through the API server's Service proxy)" in (
+        proc.stderr
+    )
+    assert "answered 404" in proc.stderr
+
+
+def test_unreachable_status_url_suggests_port_forward(cli: Cli, kubeconfig: tuple) -> None:
+    # A URL that is not a Service address is fetched directly; failing, the CLI says what to do.
+    path, handler = kubeconfig
+    handler.objects.update([_job("team-a", "far", "http://127.0.0.1:9/far")])
     proc = cli("far", "--timeout", "2", env={"KUBECONFIG": str(path)})
     assert proc.returncode == 1
-    assert "kubectl port-forward svc/far-status 8080" in proc.stderr
-    assert "impalajob status http://localhost:8080" in proc.stderr
+    assert "cannot reach http://127.0.0.1:9/far" in proc.stderr

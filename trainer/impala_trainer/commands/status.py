@@ -2,7 +2,10 @@
 
 TARGET is the sidecar's URL, or an ImpalaJob name: then the URL is the job's `status.statusURL`
 (set by the operator), read with the Kubernetes client from the current (or --namespace)
-namespace. The Kubernetes client is imported only for names, so URL targets start fast.
+namespace. In a pod that URL is fetched directly; from a kubeconfig, i.e. outside the cluster, a
+Service address (`svc.ns.svc:port`, the operator's) is reached through the API server's Service
+proxy with the kubeconfig's credentials, so no port-forward is needed. The Kubernetes client is
+imported only for names, so URL targets start fast.
 """
 
 from __future__ import annotations
@@ -44,9 +47,15 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        url = resolve_url(args.target, args.namespace)
         token = args.token if args.token is not None else os.environ.get("IMPALA_STATUS_TOKEN")
-        data = fetch_status(url, token, args.timeout, via_cluster=not is_url(args.target))
+        if is_url(args.target):
+            data = fetch_status(base_url(args.target), token, args.timeout, via_cluster=False)
+        else:
+            url, in_cluster = status_url_from_cluster(args.target, args.namespace)
+            if in_cluster or not is_service_url(url):
+                data = fetch_status(url, token, args.timeout, via_cluster=True)
+            else:
+                data = fetch_status_via_api_server(url, token, args.timeout)
     except StatusCommandError as err:
         print(f"impalajob status: {err}", file=sys.stderr)
         return 1
@@ -71,15 +80,17 @@ def resolve_url(target: str, namespace: str | None) -> str:
     """The sidecar base URL for a URL or a job name."""
     if is_url(target):
         return base_url(target)
-    return status_url_from_cluster(target, namespace)
+    return status_url_from_cluster(target, namespace)[0]
 
 
-def status_url_from_cluster(name: str, namespace: str | None) -> str:
-    """Read `status.statusURL` of ImpalaJob `name` through the Kubernetes API."""
+def status_url_from_cluster(name: str, namespace: str | None) -> tuple[str, bool]:
+    """Read `status.statusURL` of ImpalaJob `name` through the Kubernetes API; also whether the
+    configuration is the in-cluster one (the URL is then directly reachable)."""
     from kubernetes import client, config
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config.config_exception import ConfigException
 
+    in_cluster = False
     try:
         config.load_kube_config()
         if namespace is None:
@@ -88,6 +99,7 @@ def status_url_from_cluster(name: str, namespace: str | None) -> str:
     except ConfigException:
         try:
             config.load_incluster_config()
+            in_cluster = True
         except ConfigException as err:
             raise StatusCommandError(
                 f"{name!r} is not a URL, and there is no kubeconfig or in-cluster config to "
@@ -116,7 +128,75 @@ def status_url_from_cluster(name: str, namespace: str | None) -> str:
             "and the learner pod scheduled?)"
         )
     # The operator may publish the base URL or its /status endpoint: accept both.
-    return base_url(str(url))
+    return base_url(str(url)), in_cluster
+
+
+def is_service_url(url: str) -> bool:
+    """Whether `url` names a Service by its cluster DNS name (`svc.ns.svc[.cluster.local]`)."""
+    labels = (urlsplit(url).hostname or "").split(".")
+    return len(labels) >= 3 and labels[2] == "svc"
+
+
+def service_of(url: str) -> tuple[str, str, int]:
+    """(namespace, service, port) of a cluster-internal `http://svc.ns.svc[...]:port` URL."""
+    parts = urlsplit(url)
+    labels = (parts.hostname or "").split(".")
+    if len(labels) < 3 or labels[2] != "svc":
+        raise StatusCommandError(
+            f"{url} is not a Service address (svc.namespace.svc...): pass the sidecar's URL"
+        )
+    return labels[1], labels[0], parts.port or 80
+
+
+def fetch_status_via_api_server(url: str, token: str | None, timeout: float) -> dict[str, Any]:
+    """GET /status of the Service behind `url` through the API server's Service proxy
+    (`/api/v1/namespaces/NS/services/SVC:PORT/proxy/status`), with the kubeconfig's identity.
+
+    The API server consumes the `Authorization` header itself, so a sidecar that wants its own
+    bearer token is reached with a port-forward instead (the 401 message says so)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    namespace, service, port = service_of(url)
+    try:
+        # Raw bytes (`_preload_content=False`): the generated client would hand back the
+        # JSON body as a Python repr string.
+        resp = client.CoreV1Api().connect_get_namespaced_service_proxy_with_path(
+            f"{service}:{port}",
+            namespace,
+            "status",
+            _preload_content=False,
+            _request_timeout=timeout,
+        )
+        body = json.loads(resp.data)
+    except ApiException as err:
+        try:
+            detail = json.loads(err.body)
+            # The sidecar's errors are {error, detail}; the API server's own, a Status.
+            if "error" in detail:
+                why = f"{detail.get('error')}: {detail.get('detail')}"
+            else:
+                why = str(detail.get("message", detail))
+        except (TypeError, ValueError, AttributeError):
+            why = f"{err.reason} {str(err.body or '')[:200]}".strip()
+        hint = ""
+        if err.status == 401 or token:
+            hint = (
+                f"\n  the sidecar wants its token, which the API server's proxy cannot pass: run "
+                f"`kubectl port-forward -n {namespace} svc/{service} {port}` and "
+                f"`impalajob status http://localhost:{port}`"
+            )
+        raise StatusCommandError(
+            f"{url}/status (through the API server's Service proxy) answered {err.status}: "
+            f"{why}{hint}"
+        ) from err
+    except ValueError as err:
+        raise StatusCommandError(f"{url}/status did not answer JSON: {err}") from err
+    except Exception as err:  # urllib3 connection errors and the like
+        raise StatusCommandError(f"cannot reach the Kubernetes API: {err}") from err
+    if not isinstance(body, dict):
+        raise StatusCommandError(f"{url}/status answered {body!r}")
+    return body
 
 
 def fetch_status(url: str, token: str | None, timeout: float, via_cluster: bool) -> dict[str, Any]:

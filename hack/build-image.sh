@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Build the ImpalaJob image without Docker: buildah runs the repository's Dockerfile on a Debian
+# bookworm base that mmdebstrap makes (Python 3.11 from Debian), and the result is exported as an
+# OCI archive that containerd (`ctr images import`), podman or skopeo can load.
+#
+#   bash hack/build-image.sh            # prints the archive's path on the last line
+#
+# Cached outside the repository, under ${IMPALA_IMAGE_CACHE:-$HOME/.cache/impalajob/image}:
+#   base   the mmdebstrap rootfs, keyed by the suite and package list below;
+#   deps   the Dockerfile's dependency layer (torch, Ray, ...), keyed by pyproject.toml: buildah's
+#          layer cache reuses it until the dependency list changes;
+#   image  the archive, keyed by the content of everything that goes into it, so an unchanged
+#          tree costs nothing and a code change rebuilds only the project layer (seconds).
+#
+# Knobs (environment): IMAGE (default impalajob:<version in pyproject.toml>), IMPALA_IMAGE_CACHE,
+# DEBIAN_MIRROR (default: mmdebstrap's), STORAGE_DRIVER (overlay, falling back to vfs).
+# Needs root (or a user namespace buildah accepts) and the Debian packages buildah and mmdebstrap,
+# which it installs when missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { echo "[build-image] $*" >&2; }
+
+SUITE=bookworm
+BASE_PACKAGES="python3,python3-venv,ca-certificates"
+BASE_RECIPE_VERSION=1   # bump when the base recipe below changes in a way the key cannot see
+VERSION="$(python3 -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['version'])")"
+IMAGE="${IMAGE:-impalajob:$VERSION}"
+CACHE="${IMPALA_IMAGE_CACHE:-$HOME/.cache/impalajob/image}"
+mkdir -p "$CACHE"
+
+# One builder at a time per cache (CI's setup and a developer's shell may overlap).
+exec 8>"$CACHE/.lock"
+command -v flock >/dev/null 2>&1 && flock 8
+
+need=()
+command -v buildah >/dev/null 2>&1 || need+=(buildah)
+command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing Debian packages: ${need[*]}"
+  sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
+  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq --no-install-recommends \
+    buildah mmdebstrap >/dev/null
+fi
+
+# --- what goes into the image, hashed -----------------------------------------------------------
+# The same files the Dockerfile copies (.dockerignore's allow-list), read from the work tree so an
+# uncommitted change is built too.
+sources() {
+  printf '%s\n' Dockerfile .dockerignore pyproject.toml README.md
+  find trainer operator -type f ! -name '*.pyc' ! -path '*/__pycache__/*' ! -path '*.egg-info/*' \
+    | LC_ALL=C sort
+}
+base_key="$(printf '%s %s %s' "$SUITE" "$BASE_PACKAGES" "$BASE_RECIPE_VERSION" | sha256sum | cut -c1-12)"
+tree_key="$( { echo "$IMAGE $base_key"; sources | while read -r f; do
+  printf '%s  %s\n' "$(sha256sum < "$f" | cut -c1-64)" "$f"; done; } | sha256sum | cut -c1-16)"
+archive="$CACHE/${IMAGE//[:\/]/_}-$tree_key.oci.tar"
+if [[ -f "$archive" ]]; then
+  log "cached: $archive"
+  echo "$archive"
+  exit 0
+fi
+
+# --- buildah storage (outside the repo, persistent: it holds the layer cache) --------------------
+driver="${STORAGE_DRIVER:-}"
+if [[ -z "$driver" ]]; then
+  driver=vfs
+  probe="$(mktemp -d)"
+  # overlay shares unchanged files between layers (vfs copies the whole tree per layer, gigabytes
+  # here); it fails on some filesystems, e.g. overlay on overlay.
+  if mkdir -p "$probe"/{l,u,w,m} && mount -t overlay overlay \
+      -o "lowerdir=$probe/l,upperdir=$probe/u,workdir=$probe/w" "$probe/m" 2>/dev/null; then
+    umount "$probe/m"; driver=overlay
+  fi
+  rm -rf "$probe"
+fi
+B=(buildah --root "$CACHE/storage-$driver" --runroot "$CACHE/run-$driver" --storage-driver "$driver")
+t0=$SECONDS
+
+# --- base: Debian bookworm with Python 3.11, made by mmdebstrap ----------------------------------
+base_ref="localhost/impalajob-base:$SUITE-$base_key"
+if ! "${B[@]}" inspect --type image "$base_ref" >/dev/null 2>&1; then
+  log "making the $SUITE base with mmdebstrap ($BASE_PACKAGES)"
+  tmp="$(mktemp -d)"
+  # minbase: essential + apt; the docs, man pages and locales are dropped (nothing reads them).
+  mmdebstrap --quiet --variant=minbase --include="$BASE_PACKAGES" \
+    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+    "$SUITE" "$tmp/base.tar" ${DEBIAN_MIRROR:+"$DEBIAN_MIRROR"}
+  ctr="$("${B[@]}" from scratch)"
+  "${B[@]}" add "$ctr" "$tmp/base.tar" /
+  "${B[@]}" config --cmd /bin/bash --env LANG=C.UTF-8 "$ctr"
+  "${B[@]}" commit --quiet --rm "$ctr" "$base_ref" >/dev/null
+  rm -rf "$tmp"
+fi
+
+# --- wheelhouse: the host's pip, for the image's pip ---------------------------------------------
+# When this host's Python is the image's (3.11), the host's pip downloads every wheel the image
+# needs (from its local cache, on a machine that just ran `pip install`: the torch layer is not
+# fetched twice), and the image's pip installs from there alone. That also spares the image's pip
+# the network, which it may not be able to use: a TLS-intercepting proxy's CA is the host's, not
+# the base image's. Otherwise the image's pip uses the index, as under Docker.
+wheels="$CACHE/wheels"
+mkdir -p "$wheels"
+pip_flags=""
+if python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+  python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+    > "$CACHE/requirements.txt"
+  # The build backend too: pip builds the project in an isolated environment.
+  echo "setuptools>=69" >> "$CACHE/requirements.txt"; echo "wheel" >> "$CACHE/requirements.txt"
+  if python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+      -r "$CACHE/requirements.txt" -d "$wheels" >&2; then
+    pip_flags="--no-index --find-links=/wheels"
+  else
+    log "pip download failed; the image's pip uses the index directly"
+  fi
+fi
+
+# --- the image: the Dockerfile, layer-cached -----------------------------------------------------
+log "building $IMAGE from the Dockerfile on $base_ref ($driver storage)"
+"${B[@]}" build --quiet --layers --network host \
+  --build-arg BASE_IMAGE="$base_ref" --build-arg PIP_INSTALL_FLAGS="$pip_flags" \
+  --volume "$wheels:/wheels:ro" \
+  -f Dockerfile -t "localhost/$IMAGE" . >&2
+
+tmp_archive="$archive.tmp"
+rm -f "$tmp_archive"
+# Uncompressed: gzip of the torch layer costs minutes on two cores and saves nothing on local disk.
+"${B[@]}" push --quiet --disable-compression "localhost/$IMAGE" "oci-archive:$tmp_archive:$IMAGE" >&2
+mv "$tmp_archive" "$archive"
+# Older archives of this image and the untagged layers of old project builds go; the tagged base
+# and the layer cache of the current build stay.
+for old in "$CACHE/${IMAGE//[:\/]/_}"-*.oci.tar; do
+  [[ "$old" == "$archive" ]] || rm -f "$old"
+done
+log "built $IMAGE in $((SECONDS - t0)) s: $archive ($(du -h "$archive" | cut -f1))"
+echo "$archive"

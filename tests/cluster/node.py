@@ -1,0 +1,622 @@
+"""One real Kubernetes node beside the kwok ones: containerd + runc, the kubelet, CNI, kube-proxy
+and CoreDNS, all local processes, where pods really run.
+
+The node lives in a network namespace of its own, joined to the host by a veth pair the harness
+creates (host end `HOST_IP`, where the API server listens; node end `NODE_IP`, the node's
+InternalIP). Inside it: the CNI bridge `impala0` with the pod gateway `POD_GATEWAY`, where CoreDNS
+answers, and kube-proxy's iptables rules. So nothing of the node's networking touches the host's
+interfaces, routes (but the one route to the pods, which goes with the veth) or firewall, and the
+teardown of the network is deleting one namespace.
+
+What cannot be namespaced is removed by `teardown`, in order: the kubelet first (nothing restarts
+containers), every process in the node's cgroups (kubepods), containerd's shims, containerd, then
+every mount under the work dir (the kubelet's root dir, emptyDirs, overlay snapshots) and the pod
+network namespaces' bind mounts, the node's namespace, and the cgroup directories it created in
+each hierarchy. Existing cgroups and mounts are never touched: only what appeared after `start`.
+
+Choices, and why:
+- kubelet v1.37 (the control plane's own version) on Debian's containerd 1.6.20. Upstream tests
+  containerd 1.x only up to kubelet 1.35, but the CRI v1 API that 1.6 speaks is all the kubelet
+  uses here (one warning: `RuntimeConfig` unimplemented, so the cgroup driver comes from the
+  kubelet's config), and building containerd 2.x from source would add minutes to a cold CI run.
+  cgroup v1 is what this machine has: `failCgroupV1: false`.
+- containerd's CRI `restrict_oom_score_adj`: these machines deny lowering `oom_score_adj`, and
+  without it every sandbox fails with runc's "can't get final child's PID from pipe: EOF".
+- The pause image is built here (`pause.c`, static) and imported under the name containerd's
+  config gives, since nothing can be pulled.
+- kube-proxy masquerades all Service traffic: a reply from a pod on the same bridge then returns
+  through the node's netfilter, without relying on br_netfilter in the namespace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import tarfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from .kube import wait_for
+
+HOST_IP = "10.87.0.1"
+"""Host end of the veth: the API server listens here (reachable from the node and its pods)."""
+NODE_IP = "10.87.0.2"
+"""Node end of the veth: the node's InternalIP (kubelet, logs/exec/port-forward)."""
+VETH_CIDR_BITS = 30
+POD_CIDR = "10.88.0.0/16"
+POD_GATEWAY = "10.88.0.1"
+"""The CNI bridge's address: the pods' gateway, and where CoreDNS listens (clusterDNS)."""
+BRIDGE = "impala0"
+NODE_NAME = "real-node"
+REAL_NODE_LABEL = "impala.dev/real-node"
+"""Label (value `true`) of the real node: a nodeSelector for pods that must really run."""
+PAUSE_IMAGE = "impala.test/pause:1"
+CLUSTER_DOMAIN = "cluster.local"
+_CGROUP_FS = ("cgroup", "cgroup2")
+
+
+class Spawn(Protocol):
+    """Starts a long-running component (ControlPlane._spawn): name, argv; returns a process."""
+
+    def __call__(self, name: str, argv: Sequence[str]) -> Any: ...
+
+
+def _run(*argv: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
+    return proc
+
+
+def missing_prerequisites() -> list[str]:
+    """What this machine lacks to run the real node ([] when it can); for skip/fail messages."""
+    problems: list[str] = []
+    if os.geteuid() != 0:
+        problems.append("root (network namespaces, mounts, cgroups)")
+    path = [*os.environ.get("PATH", "").split(":"), "/usr/sbin", "/sbin"]
+    for tool, package in (
+        ("containerd", "containerd"),
+        ("ctr", "containerd"),
+        ("runc", "runc"),
+        ("ip", "iproute2"),
+        ("nsenter", "util-linux"),
+        ("iptables", "iptables"),
+        ("conntrack", "conntrack"),
+    ):
+        if not any(Path(d, tool).exists() for d in path):
+            problems.append(f"{tool} (Debian package {package})")
+    for plugin in ("bridge", "host-local", "loopback", "portmap"):
+        if not Path("/usr/lib/cni", plugin).exists():
+            problems.append(f"CNI plugin {plugin} (containernetworking-plugins)")
+    return problems
+
+
+# ---- images ----------------------------------------------------------------------------------
+
+
+def pause_image_archive(pause_binary: Path, out: Path) -> Path:
+    """An OCI archive of one layer holding the static `pause`, named `PAUSE_IMAGE`."""
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as tar:
+        info = tarfile.TarInfo("pause")
+        data = pause_binary.read_bytes()
+        info.size, info.mode = len(data), 0o755
+        tar.addfile(info, io.BytesIO(data))
+    layer_bytes = layer.getvalue()
+    layer_digest = hashlib.sha256(layer_bytes).hexdigest()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Entrypoint": ["/pause"], "User": "65535:65535"},
+            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_digest}"]},
+        }
+    ).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": f"sha256:{hashlib.sha256(config).hexdigest()}",
+                "size": len(config),
+            },
+            "layers": [
+                {
+                    "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": f"sha256:{layer_digest}",
+                    "size": len(layer_bytes),
+                }
+            ],
+        }
+    ).encode()
+    index = json.dumps(
+        {
+            "schemaVersion": 2,
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "digest": f"sha256:{hashlib.sha256(manifest).hexdigest()}",
+                    "size": len(manifest),
+                    "annotations": {"io.containerd.image.name": PAUSE_IMAGE},
+                }
+            ],
+        }
+    ).encode()
+    with tarfile.open(out, "w") as tar:
+        for name, blob in (
+            ("oci-layout", b'{"imageLayoutVersion": "1.0.0"}'),
+            ("index.json", index),
+            *(
+                (f"blobs/sha256/{hashlib.sha256(b).hexdigest()}", b)
+                for b in (layer_bytes, config, manifest)
+            ),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+    return out
+
+
+def docker_reference(name: str) -> str:
+    """The fully qualified name the CRI looks an image up by (`impalajob:0.1.0` ->
+    `docker.io/library/impalajob:0.1.0`)."""
+    first = name.split("/", 1)[0]
+    if "/" not in name:
+        return f"docker.io/library/{name}"
+    if "." in first or ":" in first or first == "localhost":
+        return name
+    return f"docker.io/{name}"
+
+
+# ---- host state the node adds: cgroups and mounts ---------------------------------------------
+
+
+def cgroup_mounts() -> list[Path]:
+    """Mount points of every cgroup hierarchy (v1 controllers and the unified one)."""
+    out: list[Path] = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        pre, _, post = line.partition(" - ")
+        if post.split(" ", 1)[0] in _CGROUP_FS:
+            out.append(Path(pre.split()[4]))
+    return out
+
+
+def _cgroup_children() -> set[Path]:
+    return {p for m in cgroup_mounts() if m.is_dir() for p in m.iterdir() if p.is_dir()}
+
+
+def _mount_points() -> list[str]:
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        points.append(point)
+    return points
+
+
+def _kill_cgroup_tree(root: Path) -> None:
+    for procs in root.rglob("cgroup.procs"):
+        with contextlib.suppress(OSError):
+            for pid in procs.read_text().split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+
+
+def _remove_cgroup_tree(root: Path, timeout: float = 10.0) -> None:
+    # Directories only (cgroupfs files cannot be unlinked); deepest first; a cgroup whose tasks
+    # are still exiting refuses rmdir for a moment, hence the retry.
+    deadline = time.monotonic() + timeout
+    while root.exists():
+        dirs = sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+        for d in [*dirs, root]:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        if not root.exists() or time.monotonic() > deadline:
+            return
+        _kill_cgroup_tree(root)
+        time.sleep(0.1)
+
+
+# ---- the node ----------------------------------------------------------------------------------
+
+
+@dataclass
+class RealNode:
+    """The real node of one test session; `setup_network` before the API server starts, then
+    `start`, and `teardown` (idempotent) at the end."""
+
+    bin_dir: Path
+    workdir: Path
+    images: Sequence[Path] = ()
+    """OCI archives to import into containerd's `k8s.io` namespace (the product image)."""
+    taint: bool = False
+    """Taint the node so only pods that tolerate `REAL_NODE_LABEL` land on it (kwok tests' pods
+    never do); off for a cluster where the examples should run unchanged."""
+    netns: str = field(default_factory=lambda: f"impala-node-{os.getpid()}")
+    host_veth: str = field(default_factory=lambda: f"ijh{os.getpid() % 100000}")
+    node_veth: str = field(default_factory=lambda: f"ijn{os.getpid() % 100000}")
+    _cgroups_before: set[Path] = field(default_factory=set)
+    _netns_before: set[str] = field(default_factory=set)
+    _network_up: bool = False
+    _started: bool = False
+    _torn_down: bool = False
+    processes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dir(self) -> Path:
+        return self.workdir / "node"
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.dir / "containerd" / "containerd.sock"
+
+    @property
+    def cgroup_root(self) -> str:
+        return f"/impala-e2e-{os.getpid()}"
+
+    def in_netns(self, *argv: str) -> list[str]:
+        """argv run inside the node's network namespace (and only that namespace: `ip netns exec`
+        would also give it a mount namespace of its own, hiding the kubelet's mounts)."""
+        return ["nsenter", f"--net=/run/netns/{self.netns}", "--", *argv]
+
+    # ---- network -----------------------------------------------------------------------------
+
+    def setup_network(self) -> None:
+        """The node's namespace, the veth pair to the host, the CNI bridge and the pod route."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._netns_before = set(os.listdir("/run/netns")) if Path("/run/netns").exists() else set()
+        self._cgroups_before = _cgroup_children()
+        self._network_up = True
+        _run("ip", "netns", "add", self.netns)
+        _run(
+            "ip",
+            "link",
+            "add",
+            self.host_veth,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            self.node_veth,
+            "netns",
+            self.netns,
+        )
+        _run("ip", "addr", "add", f"{HOST_IP}/{VETH_CIDR_BITS}", "dev", self.host_veth)
+        _run("ip", "link", "set", self.host_veth, "up")
+        ns = ("ip", "-n", self.netns)
+        _run(*ns, "link", "set", "lo", "up")
+        _run(*ns, "addr", "add", f"{NODE_IP}/{VETH_CIDR_BITS}", "dev", self.node_veth)
+        _run(*ns, "link", "set", self.node_veth, "up")
+        _run(*ns, "route", "add", "default", "via", HOST_IP)
+        # Made here rather than by the CNI plugin on the first pod: CoreDNS binds its address
+        # before any pod exists. The plugin adopts an existing bridge of its name.
+        _run(*ns, "link", "add", BRIDGE, "type", "bridge")
+        _run(*ns, "addr", "add", f"{POD_GATEWAY}/16", "dev", BRIDGE)
+        _run(*ns, "link", "set", BRIDGE, "up")
+        # The node routes between its pods, Services and the host; per namespace, so the host's
+        # own forwarding setting is untouched.
+        _run(*self.in_netns("sysctl", "-q", "-w", "net.ipv4.ip_forward=1"))
+        # The API server's Service proxy (on the host) reaches pod IPs through the node.
+        _run("ip", "route", "add", POD_CIDR, "via", NODE_IP, "dev", self.host_veth)
+
+    # ---- start ---------------------------------------------------------------------------------
+
+    def start(
+        self,
+        spawn: Spawn,
+        *,
+        ca_cert: Path,
+        kubeconfigs: dict[str, Path],
+        deadline: float,
+        alive: Callable[[], None],
+    ) -> None:
+        """containerd (+ images), CNI config, kubelet, kube-proxy and CoreDNS; wait until the node
+        is Ready. `kubeconfigs` has `kubelet`, `kube-proxy` and `coredns` identities; `alive`
+        raises when a component has died (so waits fail fast with its log)."""
+        self._started = True
+        self._write_cni_config()
+        self._start_containerd(spawn)
+        wait_for(
+            lambda: alive() or self.containerd_socket.exists(),
+            timeout=max(1.0, deadline - time.monotonic()),
+            what="containerd socket",
+        )
+        self._import_images()
+        self._start_kubelet(spawn, ca_cert, kubeconfigs["kubelet"])
+        self._start_kube_proxy(spawn, kubeconfigs["kube-proxy"])
+        self._start_coredns(spawn, kubeconfigs["coredns"])
+
+    def _ctr(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return _run(
+            "ctr",
+            "--address",
+            str(self.containerd_socket),
+            "--namespace",
+            "k8s.io",
+            *args,
+            timeout=timeout,
+        )
+
+    def _write_cni_config(self) -> None:
+        conf = self.dir / "cni" / "net.d"
+        conf.mkdir(parents=True, exist_ok=True)
+        (conf / "10-impala.conflist").write_text(
+            json.dumps(
+                {
+                    "cniVersion": "1.0.0",
+                    "name": "impala",
+                    "plugins": [
+                        {
+                            "type": "bridge",
+                            "bridge": BRIDGE,
+                            "isGateway": True,
+                            # Pods talk to the host and each other only: no NAT to the outside.
+                            "ipMasq": False,
+                            # A pod reaching itself through a Service leaves and re-enters its
+                            # own bridge port.
+                            "hairpinMode": True,
+                            "ipam": {
+                                "type": "host-local",
+                                "ranges": [[{"subnet": POD_CIDR, "gateway": POD_GATEWAY}]],
+                                "routes": [{"dst": "0.0.0.0/0"}],
+                                "dataDir": str(self.dir / "cni" / "ipam"),
+                            },
+                        },
+                        {"type": "portmap", "capabilities": {"portMappings": True}},
+                    ],
+                },
+                indent=2,
+            )
+        )
+
+    def _start_containerd(self, spawn: Spawn) -> None:
+        d = self.dir / "containerd"
+        d.mkdir(parents=True, exist_ok=True)
+        cri = '[plugins."io.containerd.grpc.v1.cri"]'
+        (d / "config.toml").write_text(
+            f"""version = 2
+root = "{d / "root"}"
+state = "{d / "state"}"
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+]
+[grpc]
+  address = "{self.containerd_socket}"
+[ttrpc]
+  address = "{d / "containerd.ttrpc.sock"}"
+[metrics]
+  address = ""
+{cri}
+  sandbox_image = "{PAUSE_IMAGE}"
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+{cri[:-1]}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+{cri[:-1]}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+{cri[:-1]}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+{cri[:-1]}.cni]
+  bin_dir = "/usr/lib/cni"
+  conf_dir = "{self.dir / "cni" / "net.d"}"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d / "opt"}"
+"""
+        )
+        self.processes["containerd"] = spawn(
+            "containerd", self.in_netns("containerd", "--config", str(d / "config.toml"))
+        )
+
+    def _import_images(self) -> None:
+        archives = [pause_image_archive(self.bin_dir / "pause", self.dir / "pause.oci.tar")]
+        for archive in [*archives, *self.images]:
+            before = {line.split()[0] for line in self._ctr("images", "ls", "-q").stdout.split()}
+            self._ctr("images", "import", str(archive))
+            # buildah names the image by its short reference ("impalajob:0.1.0"); the CRI finds
+            # images by their full one, so each new name is tagged as that too.
+            for name in self._ctr("images", "ls", "-q").stdout.split():
+                if name not in before and docker_reference(name) != name:
+                    self._ctr("images", "tag", "--force", name, docker_reference(name))
+
+    def _start_kubelet(self, spawn: Spawn, ca_cert: Path, kubeconfig: Path) -> None:
+        d = self.dir / "kubelet"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "resolv.conf").write_text("# pods resolve through CoreDNS (clusterDNS) only\n")
+        config: dict[str, Any] = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "address": NODE_IP,
+            "port": 10250,
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": 10248,
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": True},
+                "x509": {"clientCAFile": str(ca_cert)},
+            },
+            "authorization": {"mode": "Webhook"},
+            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            "cgroupDriver": "cgroupfs",
+            # Every cgroup the node makes sits under this one directory per hierarchy, so the
+            # teardown finds them all and nothing else.
+            "cgroupRoot": self.cgroup_root,
+            "failCgroupV1": False,
+            "failSwapOn": False,
+            "clusterDNS": [POD_GATEWAY],
+            "clusterDomain": CLUSTER_DOMAIN,
+            "resolvConf": str(d / "resolv.conf"),
+            "podLogsDir": str(self.dir / "pod-logs"),
+            "staticPodPath": "",
+            "rotateCertificates": False,
+            "serializeImagePulls": False,
+            # The images cannot be pulled again: never garbage-collect them, never evict for a
+            # full disk on a shared CI machine.
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "evictionHard": {
+                "memory.available": "100Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+                "nodefs.inodesFree": "1%",
+            },
+            "maxPods": 60,
+            "shutdownGracePeriod": "0s",
+            "registerWithTaints": (
+                [{"key": REAL_NODE_LABEL, "value": "true", "effect": "NoSchedule"}]
+                if self.taint
+                else []
+            ),
+        }
+        (d / "config.yaml").write_text(json.dumps(config, indent=2))
+        self.processes["kubelet"] = spawn(
+            "kubelet",
+            self.in_netns(
+                str(self.bin_dir / "kubelet"),
+                f"--config={d / 'config.yaml'}",
+                f"--kubeconfig={kubeconfig}",
+                f"--root-dir={d / 'root'}",
+                f"--cert-dir={d / 'pki'}",
+                f"--node-ip={NODE_IP}",
+                f"--hostname-override={NODE_NAME}",
+                f"--node-labels={REAL_NODE_LABEL}=true",
+                "--v=1",
+            ),
+        )
+
+    def _start_kube_proxy(self, spawn: Spawn, kubeconfig: Path) -> None:
+        d = self.dir / "kube-proxy"
+        d.mkdir(parents=True, exist_ok=True)
+        config = {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(kubeconfig)},
+            "mode": "iptables",
+            "clusterCIDR": POD_CIDR,
+            "hostnameOverride": NODE_NAME,
+            "bindAddress": NODE_IP,
+            "healthzBindAddress": "127.0.0.1:10256",
+            "metricsBindAddress": "127.0.0.1:10249",
+            "iptables": {"masqueradeAll": True},
+            # Leave the (namespace-shared) conntrack sysctls alone.
+            "conntrack": {
+                "maxPerCore": 0,
+                "min": 0,
+                "tcpEstablishedTimeout": "0s",
+                "tcpCloseWaitTimeout": "0s",
+            },
+        }
+        (d / "config.yaml").write_text(json.dumps(config, indent=2))
+        self.processes["kube-proxy"] = spawn(
+            "kube-proxy",
+            self.in_netns(str(self.bin_dir / "kube-proxy"), f"--config={d / 'config.yaml'}"),
+        )
+
+    def _start_coredns(self, spawn: Spawn, kubeconfig: Path) -> None:
+        d = self.dir / "coredns"
+        d.mkdir(parents=True, exist_ok=True)
+        # No `forward`: nothing outside the cluster is reachable from these machines anyway.
+        (d / "Corefile").write_text(
+            f""".:53 {{
+    bind {POD_GATEWAY}
+    errors
+    health 127.0.0.1:18080
+    ready 127.0.0.1:18181
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {kubeconfig}
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+        ttl 5
+    }}
+    cache 5
+}}
+"""
+        )
+        self.processes["coredns"] = spawn(
+            "coredns",
+            self.in_netns(str(self.bin_dir / "coredns"), "-conf", str(d / "Corefile")),
+        )
+
+    # ---- teardown ----------------------------------------------------------------------------
+
+    def stop_processes(self, order: Sequence[str] = ("kubelet", "kube-proxy", "coredns")) -> None:
+        """The kubelet first (so nothing restarts), then every container and shim, containerd."""
+        for name in order:
+            proc = self.processes.get(name)
+            if proc is not None:
+                proc.terminate()
+                proc.kill(time.monotonic() + 3.0)
+        for cg in self._new_cgroups():
+            _kill_cgroup_tree(cg)
+        self._kill_shims()
+        proc = self.processes.get("containerd")
+        if proc is not None:
+            proc.terminate()
+            proc.kill(time.monotonic() + 5.0)
+        self._kill_shims()
+
+    def _new_cgroups(self) -> list[Path]:
+        return sorted(_cgroup_children() - self._cgroups_before)
+
+    def _kill_shims(self) -> None:
+        # Shims double-fork away from containerd (they outlive it by design); they are found by
+        # the containerd address on their command line.
+        marker = str(self.containerd_socket).encode()
+        for p in Path("/proc").iterdir():
+            if not p.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if marker in (p / "cmdline").read_bytes():
+                    os.kill(int(p.name), signal.SIGKILL)
+
+    def teardown(self) -> None:
+        """Remove everything the node added to the host; safe after a partial start."""
+        if self._torn_down:
+            return
+        self._torn_down = True
+        if self._started:
+            self.stop_processes()
+        # Mounts: deepest first, detached (a mount still busy goes as soon as it is free).
+        prefix = str(self.workdir)
+        for point in sorted(_mount_points(), key=len, reverse=True):
+            new_netns = point.startswith("/run/netns/") and (
+                Path(point).name not in self._netns_before and Path(point).name != self.netns
+            )
+            if point.startswith(prefix) or new_netns:
+                _run("umount", "-l", point, check=False)
+                if new_netns:
+                    with contextlib.suppress(OSError):
+                        Path(point).unlink()
+        if self._network_up:
+            _run("ip", "link", "del", self.host_veth, check=False)
+            _run("ip", "netns", "del", self.netns, check=False)
+        for cg in self._new_cgroups():
+            _remove_cgroup_tree(cg)
+
+    def leftovers(self) -> list[str]:
+        """What of the node is still on the host (for a test that proves the teardown)."""
+        out: list[str] = []
+        out += [f"mount {p}" for p in _mount_points() if p.startswith(str(self.workdir))]
+        out += [f"cgroup {p}" for p in self._new_cgroups()]
+        if Path("/run/netns", self.netns).exists():
+            out.append(f"netns {self.netns}")
+        if Path("/sys/class/net", self.host_veth).exists():
+            out.append(f"veth {self.host_veth}")
+        marker = str(self.containerd_socket).encode()
+        for p in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if p.name.isdigit() and marker in (p / "cmdline").read_bytes():
+                    out.append(f"process {p.name}")
+        return out
