@@ -1,12 +1,23 @@
-"""`cd tests && python -m cluster`: start the control plane and keep it up until Ctrl-C."""
+"""`cd tests && python -m cluster [--real-node]`: start a cluster and keep it up until Ctrl-C.
+
+Plain: the control plane with three kwok nodes. `--real-node`: the control plane with one real
+node and no kwok nodes, with the product image (hack/build-image.sh, or `--image ARCHIVE`)
+imported, so `helm install charts/impala-operator` and `kubectl apply -f manifests/examples/...`
+run for real, unchanged (as root; see tests/cluster/node.py).
+"""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import signal
+import subprocess
 import time
+from pathlib import Path
 
-from .controlplane import ControlPlane, build_binaries
+from .controlplane import ControlPlane, NodeSpec, build_binaries
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -15,14 +26,36 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main() -> None:
     """Start a cluster, print how to reach it, wait for Ctrl-C, tear it down."""
+    parser = argparse.ArgumentParser(prog="python -m cluster", description=__doc__)
+    parser.add_argument("--real-node", action="store_true", help="one real node, no kwok nodes")
+    parser.add_argument("--image", type=Path, help="OCI archive to import (default: build it)")
+    args = parser.parse_args()
     # `kill PID` should tear down as cleanly as Ctrl-C; a background job may also ignore SIGINT.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     bin_dir = build_binaries()
+    images: list[Path] = []
+    if args.real_node:
+        if args.image is None:
+            out = subprocess.run(
+                ["bash", str(REPO / "hack" / "build-image.sh")],
+                stdout=subprocess.PIPE,
+                text=True,
+                check=True,
+            ).stdout
+            args.image = Path(out.strip().splitlines()[-1])
+        images.append(args.image)
     t0 = time.monotonic()
-    with ControlPlane.start(bin_dir) as kube:
-        print(f"control plane {kube.version} ready in {time.monotonic() - t0:.1f}s")
-        print(f"export KUBECONFIG={kube.kubeconfig} PATH={bin_dir}:$PATH")
+    with ControlPlane.start(
+        bin_dir,
+        nodes=NodeSpec(count=0) if args.real_node else None,
+        real_node=args.real_node,
+        images=images,
+        taint_real_node=False,
+        timeout=900,
+    ) as kube:
+        print(f"cluster {kube.version} ready in {time.monotonic() - t0:.1f}s", flush=True)
+        print(f"export KUBECONFIG={kube.kubeconfig} PATH={bin_dir}:$PATH", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()
 

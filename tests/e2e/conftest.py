@@ -27,7 +27,7 @@ _TESTS = Path(__file__).resolve().parents[1]
 if str(_TESTS) not in sys.path:
     sys.path.insert(0, str(_TESTS))
 
-from cluster import ControlPlane, Kube, build_binaries  # noqa: E402
+from cluster import ControlPlane, Kube, NodeSpec, build_binaries  # noqa: E402
 
 
 def _existing_cluster() -> Kube | None:
@@ -90,3 +90,41 @@ def kwok_only(kube: Kube) -> None:
     """Skip on an existing cluster: the test drives pod phases through kwok."""
     if not kube.is_local:
         pytest.skip("needs the local kwok control plane")
+
+
+REPO = _TESTS.parent
+BUILD_IMAGE = REPO / "hack" / "build-image.sh"
+
+
+def build_image() -> Path:
+    """The product image as an OCI archive (hack/build-image.sh; cached by content)."""
+    proc = subprocess.run(
+        ["bash", str(BUILD_IMAGE)], stdout=subprocess.PIPE, text=True, check=True, cwd=REPO
+    )
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def real_kube() -> Iterator[Kube]:
+    """A control plane with one real node and no kwok nodes, with the product image imported:
+    pods run for real, and manifests apply unchanged. Per module, so its containers do not
+    compete with the rest of the session for the CPU."""
+    if os.environ.get("IMPALA_E2E_EXISTING_CLUSTER", "") not in ("", "0"):
+        pytest.skip("the real-node tests start their own cluster")
+    archive = build_image()
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        with ControlPlane.start(
+            build_binaries(),
+            nodes=NodeSpec(count=0),
+            real_node=True,
+            images=[archive],
+            taint_real_node=False,
+            timeout=900,
+        ) as k:
+            yield k
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
