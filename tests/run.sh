@@ -5,8 +5,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-bash tests/setup-system.sh            # Debian packages: chromium (dashboard test), wrk (bench)
-bash tests/cluster/setup.sh           # kube-apiserver, etcd, kcm, kwok, helm, kubectl (cached)
+bash tests/setup-system.sh            # Debian packages (chromium, wrk; the real node's, as root)
+
+# The product image for the real-node tests (hack/build-image.sh: cached by content, so a warm
+# machine skips it) builds mostly on disk and network while the Go build below takes the CPU.
+image_pid=""
+if [ "$(id -u)" -eq 0 ]; then
+  mkdir -p "${IMPALA_IMAGE_CACHE:-$HOME/.cache/impalajob/image}"
+  image_log="${IMPALA_IMAGE_CACHE:-$HOME/.cache/impalajob/image}/build.log"
+  bash hack/build-image.sh >"$image_log" 2>&1 &
+  image_pid=$!
+fi
+bash tests/cluster/setup.sh           # kube-apiserver, etcd, kcm, kubelet, CoreDNS, ... (cached)
+if [ -n "$image_pid" ] && ! wait "$image_pid"; then
+  echo "hack/build-image.sh failed; its log:" >&2
+  tail -n 40 "$image_log" >&2
+  exit 1
+fi
 
 # Ray must not try to reach the internet or collect usage stats in tests.
 export RAY_USAGE_STATS_ENABLED=0

@@ -1,10 +1,26 @@
 #!/usr/bin/env bash
 # Debian packages the tests use; installs only what is missing, so a warm machine skips it.
+#   chromium (dashboard test), wrk (bench), openssl (the control plane's PKI);
+#   for the real node and its image (as root only: tests/cluster/node.py, hack/build-image.sh):
+#   containerd, runc, the CNI plugins, iptables, conntrack, buildah, mmdebstrap.
 set -euo pipefail
 need=()
-command -v chromium >/dev/null 2>&1 || need+=(chromium)
-command -v wrk >/dev/null 2>&1 || need+=(wrk)
-command -v openssl >/dev/null 2>&1 || need+=(openssl)
+have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
+have chromium || need+=(chromium)
+have wrk || need+=(wrk)
+have openssl || need+=(openssl)
+if [ "$(id -u)" -eq 0 ]; then
+  have containerd || need+=(containerd)
+  have runc || need+=(runc)
+  [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+  have iptables || need+=(iptables)
+  have conntrack || need+=(conntrack)
+  have ip || need+=(iproute2)
+  have nsenter || need+=(util-linux)
+  have buildah || need+=(buildah)
+  have mmdebstrap || need+=(mmdebstrap)
+  have gcc || need+=(gcc libc6-dev)   # the pod sandbox's static `pause`
+fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing Debian packages: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -35,6 +35,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import tarfile
@@ -46,19 +47,20 @@ from typing import Any, Protocol
 
 from .kube import wait_for
 
-HOST_IP = "10.87.0.1"
+HOST_IP = "10.221.0.1"
 """Host end of the veth: the API server listens here (reachable from the node and its pods)."""
-NODE_IP = "10.87.0.2"
+NODE_IP = "10.221.0.2"
 """Node end of the veth: the node's InternalIP (kubelet, logs/exec/port-forward)."""
 VETH_CIDR_BITS = 30
-POD_CIDR = "10.88.0.0/16"
-POD_GATEWAY = "10.88.0.1"
+POD_CIDR = "10.222.0.0/16"
+POD_GATEWAY = "10.222.0.1"
 """The CNI bridge's address: the pods' gateway, and where CoreDNS listens (clusterDNS)."""
 BRIDGE = "impala0"
 NODE_NAME = "real-node"
 REAL_NODE_LABEL = "impala.dev/real-node"
 """Label (value `true`) of the real node: a nodeSelector for pods that must really run."""
 PAUSE_IMAGE = "impala.test/pause:1"
+SHIM_SOCKETS = Path("/run/containerd/s")
 CLUSTER_DOMAIN = "cluster.local"
 _CGROUP_FS = ("cgroup", "cgroup2")
 
@@ -245,6 +247,9 @@ class RealNode:
     node_veth: str = field(default_factory=lambda: f"ijn{os.getpid() % 100000}")
     _cgroups_before: set[Path] = field(default_factory=set)
     _netns_before: set[str] = field(default_factory=set)
+    _netns_dir_mounted: bool = False
+    _shim_dir_existed: bool = False
+    _shim_sockets_before: set[str] = field(default_factory=set)
     _network_up: bool = False
     _started: bool = False
     _torn_down: bool = False
@@ -273,6 +278,12 @@ class RealNode:
         """The node's namespace, the veth pair to the host, the CNI bridge and the pod route."""
         self.dir.mkdir(parents=True, exist_ok=True)
         self._netns_before = set(os.listdir("/run/netns")) if Path("/run/netns").exists() else set()
+        # `ip netns add` bind-mounts /run/netns onto itself the first time; containerd's shims
+        # put their sockets under /run/containerd/s whatever the config says.
+        self._netns_dir_mounted = "/run/netns" in _mount_points()
+        self._shim_dir_existed = SHIM_SOCKETS.parent.exists()
+        if SHIM_SOCKETS.exists():
+            self._shim_sockets_before = set(os.listdir(SHIM_SOCKETS))
         self._cgroups_before = _cgroup_children()
         self._network_up = True
         _run("ip", "netns", "add", self.netns)
@@ -408,6 +419,7 @@ disabled_plugins = [
   runtime_type = "io.containerd.runc.v2"
 {cri[:-1]}.containerd.runtimes.runc.options]
   SystemdCgroup = false
+  Root = "{d / "runc"}"
 {cri[:-1]}.cni]
   bin_dir = "/usr/lib/cni"
   conf_dir = "{self.dir / "cni" / "net.d"}"
@@ -427,12 +439,25 @@ disabled_plugins = [
             # buildah names the image by its short reference ("impalajob:0.1.0"); the CRI finds
             # images by their full one, so each new name is tagged as that too.
             for name in self._ctr("images", "ls", "-q").stdout.split():
-                if name not in before and docker_reference(name) != name:
+                if name in before or name.startswith("sha256:"):
+                    continue
+                if docker_reference(name) != name:
                     self._ctr("images", "tag", "--force", name, docker_reference(name))
+
+    def _make_cgroup_root(self) -> None:
+        # The kubelet refuses a cgroupRoot that does not exist in every hierarchy. A new cpuset
+        # cgroup has no CPUs or memory nodes until given its parent's.
+        for mount in cgroup_mounts():
+            root = mount / self.cgroup_root.lstrip("/")
+            root.mkdir(exist_ok=True)
+            for name in ("cpuset.cpus", "cpuset.mems"):
+                if (mount / name).exists():
+                    (root / name).write_text((mount / name).read_text())
 
     def _start_kubelet(self, spawn: Spawn, ca_cert: Path, kubeconfig: Path) -> None:
         d = self.dir / "kubelet"
         d.mkdir(parents=True, exist_ok=True)
+        self._make_cgroup_root()
         (d / "resolv.conf").write_text("# pods resolve through CoreDNS (clusterDNS) only\n")
         config: dict[str, Any] = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -599,24 +624,53 @@ disabled_plugins = [
                 if new_netns:
                     with contextlib.suppress(OSError):
                         Path(point).unlink()
+        # The kubelet links every container's log into this fixed directory.
+        logs = Path("/var/log/containers")
+        if logs.is_dir():
+            for link in logs.iterdir():
+                with contextlib.suppress(OSError):
+                    if link.is_symlink() and os.readlink(link).startswith(prefix):
+                        link.unlink()
         if self._network_up:
             _run("ip", "link", "del", self.host_veth, check=False)
             _run("ip", "netns", "del", self.netns, check=False)
+            netns_dir = Path("/run/netns")
+            if not self._netns_dir_mounted and netns_dir.is_dir() and not any(netns_dir.iterdir()):
+                _run("umount", str(netns_dir), check=False)
+                with contextlib.suppress(OSError):
+                    netns_dir.rmdir()
+        if not self._shim_dir_existed:
+            shutil.rmtree(SHIM_SOCKETS.parent, ignore_errors=True)
+        elif SHIM_SOCKETS.exists():
+            for name in set(os.listdir(SHIM_SOCKETS)) - self._shim_sockets_before:
+                with contextlib.suppress(OSError):
+                    (SHIM_SOCKETS / name).unlink()
         for cg in self._new_cgroups():
             _remove_cgroup_tree(cg)
 
     def leftovers(self) -> list[str]:
-        """What of the node is still on the host (for a test that proves the teardown)."""
-        out: list[str] = []
-        out += [f"mount {p}" for p in _mount_points() if p.startswith(str(self.workdir))]
-        out += [f"cgroup {p}" for p in self._new_cgroups()]
+        """What of the node is still on the host: [] after a clean teardown. Derived from the
+        work dir and this process's names alone, so a fresh `RealNode` can check an old one."""
+        prefix = str(self.workdir)
+        out = [f"mount {p}" for p in _mount_points() if p.startswith(prefix)]
+        out += [
+            f"cgroup {m / self.cgroup_root.lstrip('/')}"
+            for m in cgroup_mounts()
+            if (m / self.cgroup_root.lstrip("/")).exists()
+        ]
         if Path("/run/netns", self.netns).exists():
             out.append(f"netns {self.netns}")
         if Path("/sys/class/net", self.host_veth).exists():
             out.append(f"veth {self.host_veth}")
-        marker = str(self.containerd_socket).encode()
+        logs = Path("/var/log/containers")
+        if logs.is_dir():
+            out += [
+                f"log link {p}"
+                for p in logs.iterdir()
+                if p.is_symlink() and os.readlink(p).startswith(prefix)
+            ]
         for p in Path("/proc").iterdir():
             with contextlib.suppress(OSError):
-                if p.name.isdigit() and marker in (p / "cmdline").read_bytes():
+                if p.name.isdigit() and prefix.encode() in (p / "cmdline").read_bytes():
                     out.append(f"process {p.name}")
         return out

@@ -28,6 +28,7 @@ if str(_TESTS) not in sys.path:
     sys.path.insert(0, str(_TESTS))
 
 from cluster import ControlPlane, Kube, NodeSpec, build_binaries  # noqa: E402
+from cluster.node import RealNode  # noqa: E402
 
 
 def _existing_cluster() -> Kube | None:
@@ -111,6 +112,9 @@ def real_kube() -> Iterator[Kube]:
     compete with the rest of the session for the CPU."""
     if os.environ.get("IMPALA_E2E_EXISTING_CLUSTER", "") not in ("", "0"):
         pytest.skip("the real-node tests start their own cluster")
+    if os.geteuid() != 0:
+        # Network namespaces, mounts and cgroups; tests/run.sh (CI) runs as root.
+        pytest.skip("the real node needs root")
     archive = build_image()
     previous = None
     if threading.current_thread() is threading.main_thread():
@@ -124,7 +128,11 @@ def real_kube() -> Iterator[Kube]:
             taint_real_node=False,
             timeout=900,
         ) as k:
+            workdir = k.workdir
             yield k
+        # The teardown is part of the contract: nothing of the node stays on the host.
+        leftovers = RealNode(build_binaries(quiet=True), workdir).leftovers()
+        assert not leftovers, f"the real node left behind: {leftovers}"
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
