@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from cluster import Kube, wait_for
-from cluster.node import NODE_NAME
+from cluster.node import NODE_NAME, RealNode
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -197,3 +197,214 @@ def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
         assert {p["spec"]["nodeName"] for p in pods} == {NODE_NAME}
         # The final checkpoint is on the claim, written by the pod's user.
         assert any(checkpoints.rglob("*")), "no checkpoint on the claim"
+
+
+# ---- faults on the real node --------------------------------------------------------------------
+
+FAULT_JOB = "faulty"
+CHECKPOINT_SECONDS = 5
+
+
+def progress_steps(kube: Kube, namespace: str, name: str) -> int:
+    return int((job_status(kube, namespace, name).get("progress") or {}).get("timesteps") or 0)
+
+
+def running_pods(kube: Kube, namespace: str, component: str) -> list[dict[str, Any]]:
+    """Pods of one component that are Running and not being deleted."""
+    return [
+        p
+        for p in kube.pods(namespace, f"app.kubernetes.io/component={component}")
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def newest_checkpoint(path: Path) -> tuple[int, float]:
+    """(env steps sampled, mtime) of the newest complete checkpoint on the claim."""
+    states = sorted(path.glob("ckpt-*/state.json"), key=lambda p: p.stat().st_mtime)
+    if not states:
+        return 0, 0.0
+    state = json.loads(states[-1].read_text())
+    return int(state["counters"]["env_steps_sampled"]), states[-1].stat().st_mtime
+
+
+@pytest.fixture(scope="module")
+def faulty_job(real_kube: Kube, operator: None) -> Iterator[tuple[str, Path]]:
+    """A CartPole job that trains for a fixed 200 s of training time (faults do not shorten it),
+    checkpointing every 5 s to a claim, with exactly two rollout pods."""
+    kube = real_kube
+    with kube.namespace("faults") as ns:
+        checkpoints = checkpoint_claim(kube, ns, "faulty-checkpoints")
+        manifest = example(
+            "cartpole",
+            ns,
+            rollouts={"minReplicas": 2, "maxReplicas": 2, "autoscaling": {"enabled": False}},
+            checkpoint={"volumeClaim": "faulty-checkpoints", "intervalSeconds": CHECKPOINT_SECONDS},
+            stop={"timeLimitSeconds": 200},
+        )
+        manifest["metadata"]["name"] = FAULT_JOB
+        del manifest["spec"]["stop"]["episodeReturnMean"]
+        kube.apply(manifest)
+        try:
+            wait_for(
+                lambda: (
+                    progress_steps(kube, ns, FAULT_JOB) > 0
+                    and len(running_pods(kube, ns, "rollout")) == 2
+                ),
+                timeout=300,
+                interval=2,
+                what="the faulty job training with two rollout pods",
+            )
+        except BaseException:
+            print(diagnose(kube, ns))
+            raise
+        yield ns, checkpoints
+
+
+def members(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The driver's actor membership, live from the sidecar (through the API server)."""
+    return list(impalajob_status(kube, namespace, name)["membership"]["members"])
+
+
+def test_deleted_rollout_pod_is_replaced(real_kube: Kube, faulty_job: tuple[str, Path]) -> None:
+    kube, (ns, _) = real_kube, faulty_job
+    pod = running_pods(kube, ns, "rollout")[0]
+    victim, victim_ip = pod["metadata"]["name"], pod["status"]["podIP"]
+    before = progress_steps(kube, ns, FAULT_JOB)
+    kube.kubectl("delete", "pod", "-n", ns, victim, "--wait=false")
+    log(f"deleted rollout pod {victim} ({victim_ip}) at {before} steps")
+    t0 = time.monotonic()
+    seen = [before]
+
+    def replaced() -> str | None:
+        seen.append(progress_steps(kube, ns, FAULT_JOB))
+        pods = [p for p in running_pods(kube, ns, "rollout") if p["metadata"]["name"] != victim]
+        return pods[-1]["status"]["podIP"] if len(pods) == 2 else None
+
+    new_ip = wait_for(replaced, timeout=180, interval=2, what="a new rollout pod")
+
+    def joined() -> list[dict[str, Any]]:
+        seen.append(progress_steps(kube, ns, FAULT_JOB))
+        return [
+            m
+            for m in members(kube, ns, FAULT_JOB)
+            if m["node_ip"] == new_ip and m["state"] == "healthy" and m["env_steps"] > 0
+        ]
+
+    wait_for(joined, timeout=180, interval=3, what=f"an actor on the new pod ({new_ip}) to sample")
+    log(f"the new rollout pod's actor sampled {time.monotonic() - t0:.0f} s after the delete")
+    gone = [m for m in members(kube, ns, FAULT_JOB) if m["node_ip"] == victim_ip]
+    # The deleted pod drained: its actor was released, and every env step it sampled reached
+    # the driver (its own count equals the driver's), so the job's counters stay exact.
+    assert gone and all(m["state"] == "dead" for m in gone), gone
+    assert all(m["env_steps_produced"] == m["env_steps"] > 0 for m in gone), gone
+    assert seen == sorted(seen), seen
+    assert job_status(kube, ns, FAULT_JOB)["phase"] == "Running"
+
+
+def test_deleted_operator_pod_converges(real_kube: Kube, faulty_job: tuple[str, Path]) -> None:
+    kube, (ns, _) = real_kube, faulty_job
+    old = kube.pods(OPERATOR_NS)[0]["metadata"]["name"]
+    kube.kubectl("delete", "pod", "-n", OPERATOR_NS, old, "--wait=false")
+    log(f"deleted operator pod {old} at {progress_steps(kube, ns, FAULT_JOB)} steps")
+    # Until the old pod is gone it may still write status; only the new one's writes count.
+    wait_for(
+        lambda: [p["metadata"]["name"] for p in kube.pods(OPERATOR_NS)] not in ([old], []),
+        timeout=180,
+        interval=2,
+        what="a new operator pod",
+    )
+    wait_for(
+        lambda: old not in [p["metadata"]["name"] for p in kube.pods(OPERATOR_NS)],
+        timeout=180,
+        interval=2,
+        what=f"the old operator pod {old} to be gone",
+    )
+    before = progress_steps(kube, ns, FAULT_JOB)
+    # The new operator picks the job up where it was: status moves again ...
+    wait_for(
+        lambda: progress_steps(kube, ns, FAULT_JOB) > before,
+        timeout=120,
+        interval=2,
+        what="the new operator to report progress",
+    )
+    # ... and creates nothing twice.
+    learners = [p for p in kube.pods(ns, "app.kubernetes.io/component=learner")]
+    assert [p["metadata"]["name"] for p in learners] == [f"{FAULT_JOB}-learner-0"]
+    deployments = kube.get("deployments", "-n", ns)["items"]
+    assert sorted(d["metadata"]["name"] for d in deployments) == [
+        f"{FAULT_JOB}-aggregator",
+        f"{FAULT_JOB}-rollout",
+    ]
+    assert len(running_pods(kube, ns, "rollout")) == 2
+    assert job_status(kube, ns, FAULT_JOB)["phase"] == "Running"
+
+
+def test_killed_learner_resumes_from_checkpoint(
+    real_kube: Kube, faulty_job: tuple[str, Path]
+) -> None:
+    kube, (ns, checkpoints) = real_kube, faulty_job
+    wait_for(lambda: newest_checkpoint(checkpoints)[0] > 0, timeout=60, what="a first checkpoint")
+    pod = kube.get("pod", f"{FAULT_JOB}-learner-0", "-n", ns)
+    (learner,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "learner"]
+    container = learner["containerID"].removeprefix("containerd://")
+    at_kill = progress_steps(kube, ns, FAULT_JOB)
+    # SIGKILL through containerd, as the kernel's OOM killer or a crash would end it: no final
+    # checkpoint, the pod fails, and the operator starts attempt 1.
+    socket = RealNode(Path("."), kube.workdir).containerd_socket
+    subprocess.run(
+        ["ctr", "--address", str(socket), "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL",
+         container],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+    killed_at = time.time()
+    ckpt_steps, ckpt_mtime = newest_checkpoint(checkpoints)
+    log(f"killed learner container at {at_kill} steps; newest checkpoint {ckpt_steps} steps, "
+        f"{killed_at - ckpt_mtime:.1f} s old")  # fmt: skip
+    # Nothing older than one checkpoint interval (plus one driver iteration) is lost.
+    assert killed_at - ckpt_mtime <= CHECKPOINT_SECONDS + 5
+
+    def resumed() -> int:
+        st = job_status(kube, ns, FAULT_JOB)
+        if (st.get("learner") or {}).get("restarts") != 1:
+            return 0
+        live = [
+            p for p in running_pods(kube, ns, "learner") if p["metadata"]["name"].endswith("-1")
+        ]
+        return impalajob_status(kube, ns, FAULT_JOB)["counters"]["env_steps_sampled"] if live else 0
+
+    first = wait_for(resumed, timeout=300, interval=3, what="the learner's attempt 1 to train")
+    log(f"attempt 1 reports {first} steps")
+    # The new attempt continued from the checkpoint on the claim, not from zero.
+    assert first >= ckpt_steps > 0
+    st = wait_for(
+        lambda: (s := job_status(kube, ns, FAULT_JOB))["phase"] in ("Succeeded", "Failed") and s,
+        timeout=400,
+        interval=3,
+        what="the faulty job to finish",
+    )
+    assert st["phase"] == "Succeeded", diagnose(kube, ns)
+    assert st["learner"]["restarts"] == 1
+
+
+def test_aggregator_variant_trains(real_kube: Kube, operator: None) -> None:
+    kube = real_kube
+    with kube.namespace("aggregated") as ns:
+        kube.apply(example("cartpole", ns, aggregators={"minReplicas": 1, "maxReplicas": 1}))
+        try:
+            st = wait_for(
+                lambda: (
+                    (s := job_status(kube, ns, "cartpole"))["phase"] in ("Succeeded", "Failed")
+                    and s
+                ),
+                timeout=900,
+                interval=3,
+                what="the aggregated cartpole job to finish",
+            )
+        except BaseException:
+            print(diagnose(kube, ns))
+            raise
+        progress = st.get("progress") or {}
+        log(f"aggregated: {st['phase']}, return {progress.get('episodeReturnMean')} at "
+            f"{progress.get('timesteps')} steps")  # fmt: skip
+        assert st["phase"] == "Succeeded", diagnose(kube, ns)
+        assert float(progress["episodeReturnMean"]) >= 450
