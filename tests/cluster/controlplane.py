@@ -85,6 +85,10 @@ def _sweep_stale_workdirs() -> None:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
+            if (d / "node").is_dir() and os.geteuid() == 0:
+                # A real node outlives its session in shims, containers, mounts and the
+                # network namespace: remove them before the files.
+                RealNode(Path(), d, owner_pid=pid).reap()
             shutil.rmtree(d, ignore_errors=True)
         except PermissionError:
             pass  # another user's live process

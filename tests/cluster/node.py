@@ -242,13 +242,15 @@ class RealNode:
     taint: bool = False
     """Taint the node so only pods that tolerate `REAL_NODE_LABEL` land on it (kwok tests' pods
     never do); off for a cluster where the examples should run unchanged."""
-    netns: str = field(default_factory=lambda: f"impala-node-{os.getpid()}")
-    host_veth: str = field(default_factory=lambda: f"ijh{os.getpid() % 100000}")
-    node_veth: str = field(default_factory=lambda: f"ijn{os.getpid() % 100000}")
-    _cgroups_before: set[Path] = field(default_factory=set)
-    _netns_before: set[str] = field(default_factory=set)
-    _netns_dir_mounted: bool = False
-    _shim_dir_existed: bool = False
+    owner_pid: int = field(default_factory=os.getpid)
+    """The session's process: every host-wide name (netns, veth, cgroup root) carries it, so a
+    dead session's leftovers can be found (`reap`) and two sessions' never collide."""
+    _cgroups_before: set[Path] | None = None
+    # What the host had before `setup_network`; None (unknown, in `reap`) means: touch nothing of
+    # that kind that is not named after this node.
+    _netns_before: set[str] | None = None
+    _netns_dir_mounted: bool | None = None
+    _shim_dir_existed: bool | None = None
     _shim_sockets_before: set[str] = field(default_factory=set)
     _network_up: bool = False
     _started: bool = False
@@ -265,7 +267,19 @@ class RealNode:
 
     @property
     def cgroup_root(self) -> str:
-        return f"/impala-e2e-{os.getpid()}"
+        return f"/impala-e2e-{self.owner_pid}"
+
+    @property
+    def netns(self) -> str:
+        return f"impala-node-{self.owner_pid}"
+
+    @property
+    def host_veth(self) -> str:
+        return f"ijh{self.owner_pid % 100000}"
+
+    @property
+    def node_veth(self) -> str:
+        return f"ijn{self.owner_pid % 100000}"
 
     def in_netns(self, *argv: str) -> list[str]:
         """argv run inside the node's network namespace (and only that namespace: `ip netns exec`
@@ -593,12 +607,28 @@ disabled_plugins = [
         self._kill_shims()
 
     def _new_cgroups(self) -> list[Path]:
-        return sorted(_cgroup_children() - self._cgroups_before)
+        # By name (the kubelet's cgroupRoot), plus whatever else appeared since setup (e.g. a
+        # runtime's own); without a snapshot (`reap`), by name only: never anyone else's.
+        named = {m / self.cgroup_root.lstrip("/") for m in cgroup_mounts()}
+        new = set() if self._cgroups_before is None else _cgroup_children() - self._cgroups_before
+        return sorted(p for p in named | new if p.is_dir())
+
+    def reap(self) -> None:
+        """Remove what the node of a dead session left (its pytest was SIGKILLed, so no
+        teardown ran): by the work dir and the owner's names alone."""
+        self._network_up = True
+        self._started = True
+        self._kill_by_cmdline(str(self.workdir).encode())
+        self._torn_down = False
+        self.teardown()
 
     def _kill_shims(self) -> None:
         # Shims double-fork away from containerd (they outlive it by design); they are found by
         # the containerd address on their command line.
-        marker = str(self.containerd_socket).encode()
+        self._kill_by_cmdline(str(self.containerd_socket).encode())
+
+    @staticmethod
+    def _kill_by_cmdline(marker: bytes) -> None:
         for p in Path("/proc").iterdir():
             if not p.name.isdigit():
                 continue
@@ -616,8 +646,11 @@ disabled_plugins = [
         # Mounts: deepest first, detached (a mount still busy goes as soon as it is free).
         prefix = str(self.workdir)
         for point in sorted(_mount_points(), key=len, reverse=True):
-            new_netns = point.startswith("/run/netns/") and (
-                Path(point).name not in self._netns_before and Path(point).name != self.netns
+            new_netns = (
+                self._netns_before is not None
+                and point.startswith("/run/netns/")
+                and Path(point).name not in self._netns_before
+                and Path(point).name != self.netns
             )
             if point.startswith(prefix) or new_netns:
                 _run("umount", "-l", point, check=False)
@@ -635,13 +668,17 @@ disabled_plugins = [
             _run("ip", "link", "del", self.host_veth, check=False)
             _run("ip", "netns", "del", self.netns, check=False)
             netns_dir = Path("/run/netns")
-            if not self._netns_dir_mounted and netns_dir.is_dir() and not any(netns_dir.iterdir()):
+            if (
+                self._netns_dir_mounted is False
+                and netns_dir.is_dir()
+                and not any(netns_dir.iterdir())
+            ):
                 _run("umount", str(netns_dir), check=False)
                 with contextlib.suppress(OSError):
                     netns_dir.rmdir()
-        if not self._shim_dir_existed:
+        if self._shim_dir_existed is False:
             shutil.rmtree(SHIM_SOCKETS.parent, ignore_errors=True)
-        elif SHIM_SOCKETS.exists():
+        elif self._shim_dir_existed and SHIM_SOCKETS.exists():
             for name in set(os.listdir(SHIM_SOCKETS)) - self._shim_sockets_before:
                 with contextlib.suppress(OSError):
                     (SHIM_SOCKETS / name).unlink()

@@ -136,3 +136,15 @@ def real_kube() -> Iterator[Kube]:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+REAL_NODE_REPORT: list[str] = []
+"""What the real-node tests saw (pod names, nodes, returns, fault timings): printed at the end of
+the session, so CI's log shows it whether or not output is captured."""
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if REAL_NODE_REPORT:
+        terminalreporter.section("the real node")
+        for line in REAL_NODE_REPORT:
+            terminalreporter.write_line(line)
