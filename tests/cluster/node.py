@@ -244,7 +244,8 @@ class RealNode:
     never do); off for a cluster where the examples should run unchanged."""
     owner_pid: int = field(default_factory=os.getpid)
     """The session's process: every host-wide name (netns, veth, cgroup root) carries it, so a
-    dead session's leftovers can be found (`reap`) and two sessions' never collide."""
+    dead session's leftovers can be found (`reap`). The addresses are fixed: one real node per
+    machine at a time."""
     _cgroups_before: set[Path] | None = None
     # What the host had before `setup_network`; None (unknown, in `reap`) means: touch nothing of
     # that kind that is not named after this node.
@@ -301,19 +302,8 @@ class RealNode:
         self._cgroups_before = _cgroup_children()
         self._network_up = True
         _run("ip", "netns", "add", self.netns)
-        _run(
-            "ip",
-            "link",
-            "add",
-            self.host_veth,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            self.node_veth,
-            "netns",
-            self.netns,
-        )
+        _run("ip", "link", "add", self.host_veth, "type", "veth",
+             "peer", "name", self.node_veth, "netns", self.netns)  # fmt: skip
         _run("ip", "addr", "add", f"{HOST_IP}/{VETH_CIDR_BITS}", "dev", self.host_veth)
         _run("ip", "link", "set", self.host_veth, "up")
         ns = ("ip", "-n", self.netns)

@@ -9,6 +9,7 @@ and CoreDNS (tests/cluster/node.py), from the image `hack/build-image.sh` builds
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -67,6 +68,26 @@ def diagnose(kube: Kube, namespace: str) -> str:
             )
             parts.append(f"--- {pod['metadata']['name']}/{c['name']}\n{proc.stdout}{proc.stderr}")
     return "\n".join(parts)
+
+
+@contextlib.contextmanager
+def diagnosed(kube: Kube, namespace: str) -> Iterator[None]:
+    """Print `diagnose` when the block fails (the failure report shows captured output)."""
+    try:
+        yield
+    except BaseException:
+        print(diagnose(kube, namespace))
+        raise
+
+
+def wait_finished(kube: Kube, namespace: str, name: str, timeout: float = 900) -> dict[str, Any]:
+    """The job's status once its phase is Succeeded or Failed."""
+
+    def done() -> dict[str, Any] | None:
+        st = job_status(kube, namespace, name)
+        return st if st.get("phase") in ("Succeeded", "Failed") else None
+
+    return wait_for(done, timeout=timeout, interval=3, what=f"ImpalaJob {name} to finish")
 
 
 @pytest.fixture(scope="module")
@@ -163,12 +184,12 @@ def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
         t0 = time.monotonic()
         kube.apply(example("cartpole", ns, checkpoint={"volumeClaim": "cartpole-checkpoints"}))
         log(f"applied manifests/examples/cartpole.yaml in {ns}")
-        try:
-            seen: list[int] = []
-            live: dict[str, Any] = {}
-            running: set[str] = set()
+        seen: list[int] = []
+        live: dict[str, Any] = {}
+        running: set[str] = set()
+        with diagnosed(kube, ns):
 
-            def finished() -> dict[str, Any] | None:
+            def watch() -> dict[str, Any] | None:
                 st = job_status(kube, ns, "cartpole")
                 steps = int((st.get("progress") or {}).get("timesteps") or 0)
                 if steps and (not seen or steps != seen[-1]):
@@ -182,14 +203,9 @@ def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
                         log(f"pod {p['metadata']['name']} ({p['status'].get('podIP')}) on node "
                             f"{p['spec'].get('nodeName')}: {p['status']['phase']}")  # fmt: skip
                         running.add(p["metadata"]["name"])
-                if st.get("phase") in ("Succeeded", "Failed"):
-                    return st
-                return None
+                return st if st.get("phase") in ("Succeeded", "Failed") else None
 
-            st = wait_for(finished, timeout=900, interval=3, what="cartpole to finish")
-        except BaseException:
-            print(diagnose(kube, ns))
-            raise
+            st = wait_for(watch, timeout=900, interval=3, what="cartpole to finish")
         elapsed = time.monotonic() - t0
         pods = kube.pods(ns)
         progress = st.get("progress") or {}
@@ -253,7 +269,7 @@ def faulty_job(real_kube: Kube, operator: None) -> Iterator[tuple[str, Path]]:
         manifest["metadata"]["name"] = FAULT_JOB
         del manifest["spec"]["stop"]["episodeReturnMean"]
         kube.apply(manifest)
-        try:
+        with diagnosed(kube, ns):
             wait_for(
                 lambda: (
                     progress_steps(kube, ns, FAULT_JOB) > 0
@@ -263,9 +279,6 @@ def faulty_job(real_kube: Kube, operator: None) -> Iterator[tuple[str, Path]]:
                 interval=2,
                 what="the faulty job training with two rollout pods",
             )
-        except BaseException:
-            print(diagnose(kube, ns))
-            raise
         yield ns, checkpoints
 
 
@@ -385,12 +398,7 @@ def test_killed_learner_resumes_from_checkpoint(
     log(f"attempt 1 reports {first} steps")
     # The new attempt continued from the checkpoint on the claim, not from zero.
     assert first >= ckpt_steps > 0
-    st = wait_for(
-        lambda: (s := job_status(kube, ns, FAULT_JOB))["phase"] in ("Succeeded", "Failed") and s,
-        timeout=400,
-        interval=3,
-        what="the faulty job to finish",
-    )
+    st = wait_finished(kube, ns, FAULT_JOB, timeout=400)
     assert st["phase"] == "Succeeded", diagnose(kube, ns)
     assert st["learner"]["restarts"] == 1
 
@@ -399,19 +407,8 @@ def test_aggregator_variant_trains(real_kube: Kube, operator: None) -> None:
     kube = real_kube
     with kube.namespace("aggregated") as ns:
         kube.apply(example("cartpole", ns, aggregators={"minReplicas": 1, "maxReplicas": 1}))
-        try:
-            st = wait_for(
-                lambda: (
-                    (s := job_status(kube, ns, "cartpole"))["phase"] in ("Succeeded", "Failed")
-                    and s
-                ),
-                timeout=900,
-                interval=3,
-                what="the aggregated cartpole job to finish",
-            )
-        except BaseException:
-            print(diagnose(kube, ns))
-            raise
+        with diagnosed(kube, ns):
+            st = wait_finished(kube, ns, "cartpole")
         progress = st.get("progress") or {}
         log(f"aggregated: {st['phase']}, return {progress.get('episodeReturnMean')} at "
             f"{progress.get('timesteps')} steps")  # fmt: skip
