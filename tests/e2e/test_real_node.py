@@ -407,8 +407,21 @@ def test_aggregator_variant_trains(real_kube: Kube, operator: None) -> None:
     kube = real_kube
     with kube.namespace("aggregated") as ns:
         kube.apply(example("cartpole", ns, aggregators={"minReplicas": 1, "maxReplicas": 1}))
+        membership: dict[str, Any] = {}
+
+        def watch() -> dict[str, Any] | None:
+            st = job_status(kube, ns, "cartpole")
+            steps = (st.get("progress") or {}).get("timesteps")
+            if steps and st.get("phase") == "Running" and not membership.get("aggregator_workers"):
+                membership.update(impalajob_status(kube, ns, "cartpole")["membership"])
+            return st if st.get("phase") in ("Succeeded", "Failed") else None
+
         with diagnosed(kube, ns):
-            st = wait_finished(kube, ns, "cartpole")
+            st = wait_for(watch, timeout=900, interval=3, what="the aggregated job to finish")
+        log(f"aggregated: {membership.get('aggregator_workers')} aggregator and "
+            f"{membership.get('rollout_workers')} rollout actors mid-run")  # fmt: skip
+        # The aggregator pod's actor was in the data path, not just scheduled.
+        assert membership.get("aggregator_workers", 0) >= 1, membership
         progress = st.get("progress") or {}
         log(f"aggregated: {st['phase']}, return {progress.get('episodeReturnMean')} at "
             f"{progress.get('timesteps')} steps")  # fmt: skip
