@@ -185,7 +185,6 @@ def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
         kube.apply(example("cartpole", ns, checkpoint={"volumeClaim": "cartpole-checkpoints"}))
         log(f"applied manifests/examples/cartpole.yaml in {ns}")
         seen: list[int] = []
-        live: dict[str, Any] = {}
         running: set[str] = set()
         with diagnosed(kube, ns):
 
@@ -196,13 +195,11 @@ def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
                     seen.append(steps)
                     table = kube.kubectl("get", "ij", "-n", ns).stdout.strip().splitlines()[-1]
                     log(f"kubectl get ij: {table}")
-                if steps and not live and st.get("phase") == "Running":
-                    live.update(impalajob_status(kube, ns, "cartpole"))
-                    log(f"impalajob status cartpole (mid-run): {live['counters']}")
-                    for p in kube.pods(ns):
-                        log(f"pod {p['metadata']['name']} ({p['status'].get('podIP')}) on node "
-                            f"{p['spec'].get('nodeName')}: {p['status']['phase']}")  # fmt: skip
+                for p in kube.pods(ns):
+                    if p["status"]["phase"] == "Running" and p["metadata"]["name"] not in running:
                         running.add(p["metadata"]["name"])
+                        log(f"pod {p['metadata']['name']} ({p['status'].get('podIP')}) on node "
+                            f"{p['spec'].get('nodeName')}: Running")  # fmt: skip
                 return st if st.get("phase") in ("Succeeded", "Failed") else None
 
             st = wait_for(watch, timeout=900, interval=3, what="cartpole to finish")
@@ -213,9 +210,9 @@ def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
         log(f"phase {st['phase']} after {elapsed:.0f} s; final return {ret} at {steps} steps")
         assert st["phase"] == "Succeeded", diagnose(kube, ns)
         assert float(progress["episodeReturnMean"]) >= 450
-        # Progress was watched rising through the API server, and read live mid-run.
-        assert len(seen) >= 2 and seen == sorted(seen), seen
-        assert live, "impalajob status never answered mid-run"
+        # CartPole may finish between two looks (it trains in ~10 s): progress rising and the
+        # live status are asserted on the longer job below.
+        assert seen == sorted(seen), seen
         assert {p["spec"]["nodeName"] for p in pods} <= {NODE_NAME}
         # The learner and both rollout pods ran (the learner pod is gone after success:
         # cleanPodPolicy All).
@@ -280,6 +277,28 @@ def faulty_job(real_kube: Kube, operator: None) -> Iterator[tuple[str, Path]]:
                 what="the faulty job training with two rollout pods",
             )
         yield ns, checkpoints
+
+
+def test_progress_rises_and_reads_live(real_kube: Kube, faulty_job: tuple[str, Path]) -> None:
+    """`kubectl get ij` shows steps rising; `impalajob status` reads the sidecar mid-run through
+    the API server, ahead of or equal to what the operator last published."""
+    kube, (ns, _) = real_kube, faulty_job
+    seen: list[int] = []
+
+    def rising() -> bool:
+        row = kube.kubectl("get", "ij", FAULT_JOB, "-n", ns).stdout.strip().splitlines()[-1]
+        steps = progress_steps(kube, ns, FAULT_JOB)
+        if not seen or steps != seen[-1]:
+            seen.append(steps)
+            log(f"kubectl get ij: {row}")
+        return len(seen) >= 3
+
+    wait_for(rising, timeout=120, interval=2, what="three distinct progress values")
+    assert seen == sorted(seen), seen
+    live = impalajob_status(kube, ns, FAULT_JOB)
+    log(f"impalajob status {FAULT_JOB} (mid-run): {live['counters']}")
+    assert live["phase"] == "Running"
+    assert live["counters"]["env_steps_sampled"] >= seen[-1]
 
 
 def members(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
