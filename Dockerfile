@@ -9,7 +9,7 @@
 # script passes a bookworm base it makes with mmdebstrap, since no registry may be reachable.
 #
 # Two layers that matter: the dependencies (torch, Ray, ...: gigabytes, keyed by pyproject.toml
-# alone) and the project itself (kilobytes). A code change rebuilds only the second.
+# alone) and the project itself (a few megabytes). A code change rebuilds only the second.
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
 
