@@ -286,8 +286,8 @@ def test_service_proxy_failure_names_the_service(cli: Cli, kubeconfig: tuple) ->
     assert "answered 404" in proc.stderr
 
 
-def test_unreachable_status_url_suggests_port_forward(cli: Cli, kubeconfig: tuple) -> None:
-    # A URL that is not a Service address is fetched directly; failing, the CLI says what to do.
+def test_unreachable_status_url_is_named(cli: Cli, kubeconfig: tuple) -> None:
+    # A URL that is not a Service address is fetched directly; failing, the CLI names it.
     path, handler = kubeconfig
     handler.objects.update([_job("team-a", "far", "http://127.0.0.1:9/far")])
     proc = cli("far", "--timeout", "2", env={"KUBECONFIG": str(path)})

@@ -49,11 +49,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         token = args.token if args.token is not None else os.environ.get("IMPALA_STATUS_TOKEN")
         if is_url(args.target):
-            data = fetch_status(base_url(args.target), token, args.timeout, via_cluster=False)
+            data = fetch_status(base_url(args.target), token, args.timeout)
         else:
             url, in_cluster = status_url_from_cluster(args.target, args.namespace)
             if in_cluster or not is_service_url(url):
-                data = fetch_status(url, token, args.timeout, via_cluster=True)
+                data = fetch_status(url, token, args.timeout)
             else:
                 data = fetch_status_via_api_server(url, token, args.timeout)
     except StatusCommandError as err:
@@ -74,13 +74,6 @@ def base_url(url: str) -> str:
     """The sidecar's base URL, whether given as the base or as its /status endpoint."""
     url = url.rstrip("/")
     return url.removesuffix("/status")
-
-
-def resolve_url(target: str, namespace: str | None) -> str:
-    """The sidecar base URL for a URL or a job name."""
-    if is_url(target):
-        return base_url(target)
-    return status_url_from_cluster(target, namespace)[0]
 
 
 def status_url_from_cluster(name: str, namespace: str | None) -> tuple[str, bool]:
@@ -141,7 +134,7 @@ def service_of(url: str) -> tuple[str, str, int]:
     """(namespace, service, port) of a cluster-internal `http://svc.ns.svc[...]:port` URL."""
     parts = urlsplit(url)
     labels = (parts.hostname or "").split(".")
-    if len(labels) < 3 or labels[2] != "svc":
+    if not is_service_url(url):
         raise StatusCommandError(
             f"{url} is not a Service address (svc.namespace.svc...): pass the sidecar's URL"
         )
@@ -171,13 +164,8 @@ def fetch_status_via_api_server(url: str, token: str | None, timeout: float) -> 
         body = json.loads(resp.data)
     except ApiException as err:
         try:
-            detail = json.loads(err.body)
-            # The sidecar's errors are {error, detail}; the API server's own, a Status.
-            if "error" in detail:
-                why = f"{detail.get('error')}: {detail.get('detail')}"
-            else:
-                why = str(detail.get("message", detail))
-        except (TypeError, ValueError, AttributeError):
+            why = _why(json.loads(err.body), "")
+        except (TypeError, ValueError):
             why = f"{err.reason} {str(err.body or '')[:200]}".strip()
         hint = ""
         if err.status == 401 or token:
@@ -199,29 +187,30 @@ def fetch_status_via_api_server(url: str, token: str | None, timeout: float) -> 
     return body
 
 
-def fetch_status(url: str, token: str | None, timeout: float, via_cluster: bool) -> dict[str, Any]:
+def _why(body: object, text: str) -> str:
+    """An error body in one line: the sidecar's `{error, detail}`, the API server's Status
+    `message`, else `text`."""
+    if isinstance(body, dict):
+        if "error" in body:
+            return f"{body.get('error')}: {body.get('detail')}"
+        if "message" in body:
+            return str(body["message"])
+    return text or str(body)
+
+
+def fetch_status(url: str, token: str | None, timeout: float) -> dict[str, Any]:
     """GET {url}/status; errors become one readable message."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         r = httpx.get(f"{url}/status", headers=headers, timeout=timeout)
     except httpx.HTTPError as err:
-        hint = ""
-        if via_cluster:
-            # statusURL is a cluster-internal Service address; from a laptop, port-forward it.
-            host = urlsplit(url).hostname or ""
-            svc, port = host.split(".")[0], urlsplit(url).port or 8080
-            hint = (
-                f"\n  outside the cluster, run `kubectl port-forward svc/{svc} {port}` and "
-                f"`impalajob status http://localhost:{port}`"
-            )
-        raise StatusCommandError(f"cannot reach {url}: {err}{hint}") from err
+        raise StatusCommandError(f"cannot reach {url}: {err}") from err
     try:
         body = r.json()
     except ValueError:
         body = None
     if r.status_code != 200 or not isinstance(body, dict):
-        why = f"{body.get('error')}: {body.get('detail')}" if isinstance(body, dict) else r.text
-        raise StatusCommandError(f"{url}/status answered {r.status_code}: {why}")
+        raise StatusCommandError(f"{url}/status answered {r.status_code}: {_why(body, r.text)}")
     return body
 
 
