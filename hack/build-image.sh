@@ -53,8 +53,7 @@ sources() {
     | LC_ALL=C sort
 }
 base_key="$(printf '%s %s %s' "$SUITE" "$BASE_PACKAGES" "$BASE_RECIPE_VERSION" | sha256sum | cut -c1-12)"
-tree_key="$( { echo "$IMAGE $base_key"; sources | while read -r f; do
-  printf '%s  %s\n' "$(sha256sum < "$f" | cut -c1-64)" "$f"; done; } | sha256sum | cut -c1-16)"
+tree_key="$( { echo "$IMAGE $base_key"; sources | xargs -d '\n' sha256sum; } | sha256sum | cut -c1-16)"
 archive="$CACHE/${IMAGE//[:\/]/_}-$tree_key.oci.tar"
 if [[ -f "$archive" ]]; then
   log "cached: $archive"

@@ -9,7 +9,7 @@ interfaces, routes (but the one route to the pods, which goes with the veth) or 
 teardown of the network is deleting one namespace.
 
 What cannot be namespaced is removed by `teardown`, in order: the kubelet first (nothing restarts
-containers), every process in the node's cgroups (kubepods), containerd's shims, containerd, then
+containers), every process in the node's cgroups (kubepods), containerd, its shims, then
 every mount under the work dir (the kubelet's root dir, emptyDirs, overlay snapshots) and the pod
 network namespaces' bind mounts, the node's namespace, and the cgroup directories it created in
 each hierarchy. Existing cgroups and mounts are never touched: only what appeared after `start`.
@@ -197,11 +197,33 @@ def _cgroup_children() -> set[Path]:
 
 
 def _mount_points() -> list[str]:
-    points = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        point = line.split()[4].replace("\\040", " ")
-        points.append(point)
-    return points
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    return [line.split()[4].replace("\\040", " ") for line in lines]
+
+
+def _pids_with(marker: bytes) -> list[int]:
+    """Other processes whose command line contains `marker`."""
+    pids = []
+    for p in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if (
+                p.name.isdigit()
+                and int(p.name) != os.getpid()
+                and marker in (p / "cmdline").read_bytes()
+            ):
+                pids.append(int(p.name))
+    return pids
+
+
+def _log_links(prefix: str) -> list[Path]:
+    """The kubelet's links in its fixed `/var/log/containers` that point under `prefix`."""
+    logs = Path("/var/log/containers")
+    links = []
+    for p in logs.iterdir() if logs.is_dir() else ():
+        with contextlib.suppress(OSError):  # removed meanwhile
+            if p.is_symlink() and os.readlink(p).startswith(prefix):
+                links.append(p)
+    return links
 
 
 def _kill_cgroup_tree(root: Path) -> None:
@@ -282,6 +304,10 @@ class RealNode:
     def node_veth(self) -> str:
         return f"ijn{self.owner_pid % 100000}"
 
+    def cgroup_dirs(self) -> list[Path]:
+        """`cgroup_root` in every cgroup hierarchy (existing or not)."""
+        return [m / self.cgroup_root.lstrip("/") for m in cgroup_mounts()]
+
     def in_netns(self, *argv: str) -> list[str]:
         """argv run inside the node's network namespace (and only that namespace: `ip netns exec`
         would also give it a mount namespace of its own, hiding the kubelet's mounts)."""
@@ -314,7 +340,7 @@ class RealNode:
         # Made here rather than by the CNI plugin on the first pod: CoreDNS binds its address
         # before any pod exists. The plugin adopts an existing bridge of its name.
         _run(*ns, "link", "add", BRIDGE, "type", "bridge")
-        _run(*ns, "addr", "add", f"{POD_GATEWAY}/16", "dev", BRIDGE)
+        _run(*ns, "addr", "add", f"{POD_GATEWAY}/{POD_CIDR.split('/')[1]}", "dev", BRIDGE)
         _run(*ns, "link", "set", BRIDGE, "up")
         # The node routes between its pods, Services and the host; per namespace, so the host's
         # own forwarding setting is untouched.
@@ -451,12 +477,11 @@ disabled_plugins = [
     def _make_cgroup_root(self) -> None:
         # The kubelet refuses a cgroupRoot that does not exist in every hierarchy. A new cpuset
         # cgroup has no CPUs or memory nodes until given its parent's.
-        for mount in cgroup_mounts():
-            root = mount / self.cgroup_root.lstrip("/")
+        for root in self.cgroup_dirs():
             root.mkdir(exist_ok=True)
             for name in ("cpuset.cpus", "cpuset.mems"):
-                if (mount / name).exists():
-                    (root / name).write_text((mount / name).read_text())
+                if (root.parent / name).exists():
+                    (root / name).write_text((root.parent / name).read_text())
 
     def _start_kubelet(self, spawn: Spawn, ca_cert: Path, kubeconfig: Path) -> None:
         d = self.dir / "kubelet"
@@ -581,7 +606,7 @@ disabled_plugins = [
     # ---- teardown ----------------------------------------------------------------------------
 
     def stop_processes(self, order: Sequence[str] = ("kubelet", "kube-proxy", "coredns")) -> None:
-        """The kubelet first (so nothing restarts), then every container and shim, containerd."""
+        """The kubelet first (so nothing restarts), then every container, containerd, its shims."""
         for name in order:
             proc = self.processes.get(name)
             if proc is not None:
@@ -589,17 +614,18 @@ disabled_plugins = [
                 proc.kill(time.monotonic() + 3.0)
         for cg in self._new_cgroups():
             _kill_cgroup_tree(cg)
-        self._kill_shims()
         proc = self.processes.get("containerd")
         if proc is not None:
             proc.terminate()
             proc.kill(time.monotonic() + 5.0)
-        self._kill_shims()
+        # Shims double-fork away from containerd (they outlive it by design); they are found by
+        # the containerd address on their command line.
+        self._kill_by_cmdline(str(self.containerd_socket).encode())
 
     def _new_cgroups(self) -> list[Path]:
         # By name (the kubelet's cgroupRoot), plus whatever else appeared since setup (e.g. a
         # runtime's own); without a snapshot (`reap`), by name only: never anyone else's.
-        named = {m / self.cgroup_root.lstrip("/") for m in cgroup_mounts()}
+        named = set(self.cgroup_dirs())
         new = set() if self._cgroups_before is None else _cgroup_children() - self._cgroups_before
         return sorted(p for p in named | new if p.is_dir())
 
@@ -609,22 +635,13 @@ disabled_plugins = [
         self._network_up = True
         self._started = True
         self._kill_by_cmdline(str(self.workdir).encode())
-        self._torn_down = False
         self.teardown()
-
-    def _kill_shims(self) -> None:
-        # Shims double-fork away from containerd (they outlive it by design); they are found by
-        # the containerd address on their command line.
-        self._kill_by_cmdline(str(self.containerd_socket).encode())
 
     @staticmethod
     def _kill_by_cmdline(marker: bytes) -> None:
-        for p in Path("/proc").iterdir():
-            if not p.name.isdigit():
-                continue
-            with contextlib.suppress(OSError):
-                if marker in (p / "cmdline").read_bytes():
-                    os.kill(int(p.name), signal.SIGKILL)
+        for pid in _pids_with(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def teardown(self) -> None:
         """Remove everything the node added to the host; safe after a partial start."""
@@ -647,13 +664,9 @@ disabled_plugins = [
                 if new_netns:
                     with contextlib.suppress(OSError):
                         Path(point).unlink()
-        # The kubelet links every container's log into this fixed directory.
-        logs = Path("/var/log/containers")
-        if logs.is_dir():
-            for link in logs.iterdir():
-                with contextlib.suppress(OSError):
-                    if link.is_symlink() and os.readlink(link).startswith(prefix):
-                        link.unlink()
+        for link in _log_links(prefix):
+            with contextlib.suppress(OSError):
+                link.unlink()
         if self._network_up:
             _run("ip", "link", "del", self.host_veth, check=False)
             _run("ip", "netns", "del", self.netns, check=False)
@@ -680,24 +693,11 @@ disabled_plugins = [
         work dir and this process's names alone, so a fresh `RealNode` can check an old one."""
         prefix = str(self.workdir)
         out = [f"mount {p}" for p in _mount_points() if p.startswith(prefix)]
-        out += [
-            f"cgroup {m / self.cgroup_root.lstrip('/')}"
-            for m in cgroup_mounts()
-            if (m / self.cgroup_root.lstrip("/")).exists()
-        ]
+        out += [f"cgroup {d}" for d in self.cgroup_dirs() if d.exists()]
         if Path("/run/netns", self.netns).exists():
             out.append(f"netns {self.netns}")
         if Path("/sys/class/net", self.host_veth).exists():
             out.append(f"veth {self.host_veth}")
-        logs = Path("/var/log/containers")
-        if logs.is_dir():
-            out += [
-                f"log link {p}"
-                for p in logs.iterdir()
-                if p.is_symlink() and os.readlink(p).startswith(prefix)
-            ]
-        for p in Path("/proc").iterdir():
-            with contextlib.suppress(OSError):
-                if p.name.isdigit() and prefix.encode() in (p / "cmdline").read_bytes():
-                    out.append(f"process {p.name}")
+        out += [f"log link {p}" for p in _log_links(prefix)]
+        out += [f"process {pid}" for pid in _pids_with(prefix.encode())]
         return out

@@ -131,7 +131,7 @@ def real_kube() -> Iterator[Kube]:
             workdir = k.workdir
             yield k
         # The teardown is part of the contract: nothing of the node stays on the host.
-        leftovers = RealNode(build_binaries(quiet=True), workdir).leftovers()
+        leftovers = RealNode(Path(), workdir).leftovers()
         assert not leftovers, f"the real node left behind: {leftovers}"
     finally:
         if previous is not None:
