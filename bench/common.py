@@ -354,7 +354,7 @@ SYNTHETIC_ENV = "bench_synthetic"
 
 
 def rllib_model_config(spec: Any, obs_shape: tuple[int, ...], stack: str) -> Any:
-    """RLlib's model config with the same layers as ours (impala_trainer.models).
+    """RLlib's model config with the same layers as ours (impala_trainer.learning.models).
 
     MLP: separate policy and value towers of `model.hidden` (our MLPActorCritic is exactly RLlib's
     fcnet with vf_share_layers=False). CNN: conv 16x8x8/4 and 32x4x4/2 (valid padding), then a
@@ -567,7 +567,7 @@ def manifest_path(name: str, scratch: Path) -> Path:
 
 def load_spec(name: str, overrides: Sequence[str] = ()) -> Any:
     """The ImpalaJob of manifests/examples/NAME.yaml with `--set` overrides applied."""
-    from impala_trainer.manifest import apply_overrides, load_manifest, parse_manifest
+    from impala_trainer.job.manifest import apply_overrides, load_manifest, parse_manifest
 
     path = MANIFESTS / f"{name}.yaml"
     if path.exists():

@@ -189,9 +189,9 @@ def api_floor(kube: Kube, names: list[str], ns: str, threads: int) -> list[float
     """The same children written straight through `apply.Api` with no operator, as fast as
     `threads` concurrent calls go: what this control plane allows at best. Per-job seconds
     from the start until that job's last child was written."""
-    from impala_operator.apply import Api, load_api_client
-    from impala_operator.reconcile import learner_pod, plan_children
-    from impala_trainer.manifest import parse_manifest
+    from impala_operator.kube import Api, load_api_client
+    from impala_operator.plan import learner_pod, plan_children
+    from impala_trainer.job.manifest import parse_manifest
 
     items = [job_manifest(n) for n in names]
     kube.kubectl(

@@ -1,7 +1,7 @@
 """Our side of each scenario, driven through the project's public pieces.
 
-- training runs go through the driver (`impala_trainer.driver`, what `impalajob train` runs) and
-  read the run directory's history.jsonl, so the curve is exactly what a user sees;
+- training runs go through the driver (`impala_trainer.driver.impala`, what `impalajob train`
+  runs) and read the run directory's history.jsonl, so the curve is exactly what a user sees;
 - the rollout ceiling runs the same RolloutActors with fixed weights and no learner;
 - learner-only pushes synthetic TrainBatches straight into `make_learner_thread`'s inqueue.
 """
@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from common import SecondPoints
-from impala_trainer.sample_batch import TrainBatch
-from impala_trainer.spec import ImpalaJobSpec
+from impala_trainer.job.spec import ImpalaJobSpec
+from impala_trainer.rollouts.batches import TrainBatch
 
 
 def synthetic_batch(
@@ -60,8 +60,8 @@ def learner_only(
     samples/s = optimiser updates/s x batch env steps / numSgdIter, i.e. env steps of *new* train
     batches consumed per second (each is trained on numSgdIter times).
     """
-    from impala_trainer.allocator import keep_freed_memory
-    from impala_trainer.learner_thread import make_learner_thread
+    from impala_trainer.learning.threads import make_learner_thread
+    from impala_trainer.node.allocator import keep_freed_memory
 
     keep_freed_memory()  # as the learner's process does (commands/train.py, commands/learner.py)
 
@@ -131,7 +131,7 @@ def train(
     for s in sets:
         argv += ["--set", s]
     rc = cli_main(argv)
-    from impala_trainer.manifest import load_manifest
+    from impala_trainer.job.manifest import load_manifest
 
     t = load_manifest(manifest, sets).spec.training
     # Trained env steps = learner updates x train batch / numSgdIter (every update trains on one
@@ -183,7 +183,7 @@ def sample_only(
     """
     import ray
 
-    from impala_trainer.actors import ROLLOUT_RESOURCE, RolloutActor
+    from impala_trainer.rollouts.actors import ROLLOUT_RESOURCE, RolloutActor
 
     workers = spec.rollouts.initial_replicas * spec.rollouts.workers_per_pod
     ray.init(

@@ -33,13 +33,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from impala_trainer.snapshot import (
+from tests.support.sample_run import sample_history, sample_snapshot
+
+from impala_trainer.rundir.snapshot import (
     HISTORY_FILE,
     STATUS_FILE,
     append_history,
     write_json_atomic,
 )
-from impala_trainer.status.sample_run import sample_history, sample_snapshot
 
 BENCH = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH / "results"
@@ -99,8 +100,8 @@ def naive_app(run_dir: Path) -> Any:
     from fastapi import FastAPI, Response
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-    from impala_trainer.snapshot import StatusSnapshot
-    from impala_trainer.status.collector import snapshot_metrics
+    from impala_trainer.rundir.snapshot import StatusSnapshot
+    from impala_trainer.sidecar.collector import snapshot_metrics
 
     app = FastAPI()
 
@@ -268,8 +269,8 @@ def asgi_service_times(side: str, run_dir: Path, endpoint: str, n: int) -> dict[
     import asyncio
 
     if side == "ours":
-        from impala_trainer.status.main import create_app
-        from impala_trainer.status.settings import Settings
+        from impala_trainer.sidecar.app import create_app
+        from impala_trainer.sidecar.settings import Settings
 
         app = create_app(Settings(run_dir=run_dir))
     else:

@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from impala_trainer.spec import AggregatorsSpec, AutoscalingSpec
+from impala_trainer.job.spec import AggregatorsSpec, AutoscalingSpec
 
 # Decision reasons (also the Event reasons the handlers post for changes).
 LEARNER_STARVED = "LearnerStarved"

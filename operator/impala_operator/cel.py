@@ -1,9 +1,9 @@
 """CEL rules (`x-kubernetes-validations`) of the ImpalaJob CRD.
 
-Each rule restates a pydantic validator of `impala_trainer.spec` (or an invariant pydantic cannot
-see, such as immutability), so the API server rejects what `impalajob validate` rejects. Every
-message names the field, because `kubectl apply` shows the message and nothing else of the rule.
-Paths are relative to `.spec`; `[]` means "each item".
+Each rule restates a pydantic validator of `impala_trainer.job.spec` (or an invariant pydantic
+cannot see, such as immutability), so the API server rejects what `impalajob validate` rejects.
+Every message names the field, because `kubectl apply` shows the message and nothing else of
+the rule. Paths are relative to `.spec`; `[]` means "each item".
 """
 
 from __future__ import annotations

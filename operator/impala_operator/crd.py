@@ -11,17 +11,14 @@ reject the same manifests. The status schema is written here: the operator is it
 
 from __future__ import annotations
 
-import argparse
 import copy
-import sys
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from impala_operator import cel
-from impala_operator import labels as L
-from impala_trainer.spec import (
+from impala_operator import names as L
+from impala_trainer.job.spec import (
     API_GROUP,
     API_VERSION,
     KIND,
@@ -332,18 +329,3 @@ def render() -> str:
     """The CRD as YAML text with the generated-file header (what the drift tests compare)."""
     body = yaml.safe_dump(build_crd(), sort_keys=False, width=100, allow_unicode=True)
     return HEADER + body
-
-
-def register(parser: argparse.ArgumentParser) -> None:
-    """`impalajob crd [-o FILE]`."""
-    parser.add_argument("-o", "--output", help="write to FILE instead of stdout")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Print (or write) the CRD YAML."""
-    text = render()
-    if args.output:
-        Path(args.output).write_text(text)
-    else:
-        sys.stdout.write(text)
-    return 0

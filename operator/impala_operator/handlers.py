@@ -19,16 +19,17 @@ from typing import Any
 
 import kopf
 
-from impala_operator import labels as L
-from impala_operator import metrics, reconcile
-from impala_operator import status as st
-from impala_operator.apply import Api, ApiError
+from impala_operator import job_status as st
+from impala_operator import metrics
+from impala_operator import names as L
+from impala_operator import plan as reconcile
 from impala_operator.autoscaler import MetricSample
-from impala_operator.lifecycle import Event
+from impala_operator.kube import Api, ApiError
+from impala_operator.run_policy import Event
 from impala_operator.settings import Settings
 from impala_operator.sidecar_client import SidecarClient
-from impala_trainer.manifest import ManifestError, parse_manifest
-from impala_trainer.spec import API_GROUP, API_VERSION, PLURAL, ImpalaJob
+from impala_trainer.job.manifest import ManifestError, parse_manifest
+from impala_trainer.job.spec import API_GROUP, API_VERSION, PLURAL, ImpalaJob
 
 RESOURCE = (API_GROUP, API_VERSION, PLURAL)
 OURS = {L.MANAGED_BY_KEY: L.MANAGED_BY}

@@ -19,7 +19,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from impala_operator.lifecycle import Phase
+from impala_operator.run_policy import Phase
 
 PHASES: tuple[Phase, ...] = ("Pending", "Starting", "Running", "Suspended", "Succeeded", "Failed")
 

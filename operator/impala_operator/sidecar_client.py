@@ -12,7 +12,7 @@ import logging
 import httpx
 from pydantic import ValidationError
 
-from impala_trainer.snapshot import StatusSnapshot
+from impala_trainer.rundir.snapshot import StatusSnapshot
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from cluster import Kube, wait_for
-from impala_operator.builders import build_children
-from impala_trainer.manifest import parse_manifest
+from impala_operator.children import build_children
+from impala_trainer.job.manifest import parse_manifest
 from tests.e2e.test_crd_validation import install_crd
 from tests.unit.operator.crd_cases import VALID
 

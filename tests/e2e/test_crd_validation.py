@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from cluster import CommandError, Kube
-from impala_trainer.manifest import parse_manifest
-from impala_trainer.spec import ImpalaJobSpec
+from impala_trainer.job.manifest import parse_manifest
+from impala_trainer.job.spec import ImpalaJobSpec
 from tests.unit.operator.crd_cases import INVALID, VALID, Invalid, base_job, job_with
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

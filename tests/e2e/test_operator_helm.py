@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from cluster import Kube, wait_for
-from impala_trainer.snapshot import (
+from impala_trainer.rundir.snapshot import (
     STATUS_FILE,
     Counters,
     LearnerQueue,

@@ -30,9 +30,9 @@ from typing import Any
 import psutil
 import yaml
 
-from impala_trainer.roles import RayPorts, Role, role_command
-from impala_trainer.snapshot import STATUS_FILE, SUMMARY_FILE
-from impala_trainer.spec import ImpalaJob
+from impala_trainer.job.roles import RayPorts, Role, role_command
+from impala_trainer.job.spec import ImpalaJob
+from impala_trainer.rundir.snapshot import STATUS_FILE, SUMMARY_FILE
 
 NODE_SPACING = 150  # > the 110 ports of one node's block
 # Every block sits below Linux's ephemeral range (32768 up): a port there can be taken, between

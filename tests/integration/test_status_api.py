@@ -11,7 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from impala_trainer.snapshot import (
+from impala_trainer.rundir.snapshot import (
     HISTORY_FILE,
     STATUS_FILE,
     SUMMARY_FILE,
@@ -20,9 +20,9 @@ from impala_trainer.snapshot import (
     append_history,
     write_json_atomic,
 )
-from impala_trainer.status.sample_run import sample_history, sample_snapshot, write_sample_run
-from impala_trainer.status.server import serve_in_thread
-from impala_trainer.status.settings import Settings
+from impala_trainer.sidecar.settings import Settings
+from tests.support.sample_run import sample_history, sample_snapshot, write_sample_run
+from tests.support.sidecar import serve_in_thread
 
 Serve = Callable[..., httpx.Client]
 

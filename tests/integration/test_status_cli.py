@@ -22,10 +22,10 @@ import httpx
 import pytest
 
 from impala_trainer.cli import main
-from impala_trainer.snapshot import SUMMARY_FILE, Summary, write_json_atomic
-from impala_trainer.status.sample_run import write_sample_run
-from impala_trainer.status.server import serve_in_thread
-from impala_trainer.status.settings import Settings
+from impala_trainer.rundir.snapshot import SUMMARY_FILE, Summary, write_json_atomic
+from impala_trainer.sidecar.settings import Settings
+from tests.support.sample_run import write_sample_run
+from tests.support.sidecar import serve_in_thread
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 

@@ -9,15 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from impala_trainer.snapshot import (
-    HISTORY_FILE,
-    STATUS_FILE,
-    HistoryPoint,
-    StatusSnapshot,
-    append_history,
-    write_json_atomic,
-)
-from impala_trainer.status.reader import (
+from impala_trainer.rundir.reader import (
     HistoryBuffer,
     HistoryFollower,
     RunDirReader,
@@ -26,7 +18,15 @@ from impala_trainer.status.reader import (
     downsample,
     parse_snapshot,
 )
-from impala_trainer.status.sample_run import sample_history, sample_snapshot
+from impala_trainer.rundir.snapshot import (
+    HISTORY_FILE,
+    STATUS_FILE,
+    HistoryPoint,
+    StatusSnapshot,
+    append_history,
+    write_json_atomic,
+)
+from tests.support.sample_run import sample_history, sample_snapshot
 
 
 def _point(step: int) -> HistoryPoint:
@@ -156,7 +156,7 @@ def test_history_follower_starts_over_on_a_new_file(tmp_path: Path) -> None:
 
 
 def test_history_follower_skips_an_endless_line(tmp_path: Path, monkeypatch) -> None:
-    import impala_trainer.status.reader as reader_mod
+    import impala_trainer.rundir.reader as reader_mod
 
     monkeypatch.setattr(reader_mod, "_CHUNK", 512)  # small chunks so the test file stays small
     path = tmp_path / HISTORY_FILE

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from impala_trainer.snapshot import STATUS_FILE
-from impala_trainer.status.sample_run import write_sample_run
-from impala_trainer.status.server import serve_in_thread
-from impala_trainer.status.settings import Settings
+from impala_trainer.rundir.snapshot import STATUS_FILE
+from impala_trainer.sidecar.settings import Settings
+from tests.support.sample_run import write_sample_run
+from tests.support.sidecar import serve_in_thread
 
 pytestmark = pytest.mark.slow
 

@@ -176,7 +176,6 @@ def test_aggregator_actor_with_mixin_replay_learns(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.train
 def test_dashboard_serves_the_run_while_it_trains(tmp_path: Path) -> None:
-    pytest.importorskip("impala_trainer.status.server")
     import httpx
 
     with socket.socket() as sock:
@@ -224,10 +223,10 @@ def local_ray() -> Any:
 def test_killed_rollout_actor_is_replaced_and_training_continues(
     tmp_path: Path, local_ray: Any
 ) -> None:
-    from impala_trainer.driver import ImpalaDriver
-    from impala_trainer.manifest import load_manifest
-    from impala_trainer.run_dir import RunDir
-    from impala_trainer.snapshot import StatusSnapshot
+    from impala_trainer.driver.impala import ImpalaDriver
+    from impala_trainer.job.manifest import load_manifest
+    from impala_trainer.rundir.snapshot import StatusSnapshot
+    from impala_trainer.rundir.writer import RunDir
 
     job = load_manifest(EXAMPLE, ["stop.episodeReturnMean=null", "stop.timesteps=100000000"])
     run_dir = RunDir(tmp_path / "run")

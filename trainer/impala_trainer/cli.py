@@ -1,7 +1,8 @@
 """`impalajob`: one entry point for every role and tool.
 
-Each subcommand lives in its own module exposing `register(parser)` and `run(args) -> int`; only
-the chosen one is imported, so `impalajob crd` or `impalajob status` start without torch or Ray.
+Each subcommand lives in its own module under `commands/` exposing `register(parser)` and
+`run(args) -> int`; only the chosen one is imported, so `impalajob crd` or `impalajob status`
+start without torch or Ray.
 """
 
 from __future__ import annotations
@@ -11,20 +12,24 @@ import importlib
 import sys
 
 # name -> (module, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("impala_trainer.commands.train", "train locally from an ImpalaJob manifest"),
-    "learner": ("impala_trainer.commands.learner", "learner pod: Ray head + driver + learner"),
-    "rollout-node": ("impala_trainer.commands.nodes", "rollout pod: join the learner Ray cluster"),
-    "aggregator-node": (
-        "impala_trainer.commands.nodes",
-        "aggregator pod: join the learner Ray cluster",
-    ),
-    "status-server": ("impala_trainer.status.server", "serve a run directory over REST"),
-    "status": ("impala_trainer.commands.status", "print a job's training status"),
-    "validate": ("impala_trainer.commands.validate", "validate an ImpalaJob manifest"),
-    "crd": ("impala_operator.crd", "print the ImpalaJob CustomResourceDefinition"),
-    "operator": ("impala_operator.main", "run the ImpalaJob operator"),
+COMMANDS: dict[str, str] = {
+    "train": "train locally from an ImpalaJob manifest",
+    "validate": "validate an ImpalaJob manifest",
+    "status": "print a job's training status",
+    "learner": "learner pod: Ray head + driver + learner",
+    "rollout-node": "rollout pod: join the learner's Ray cluster",
+    "aggregator-node": "aggregator pod: join the learner's Ray cluster",
+    "status-server": "serve a run directory over REST (the status sidecar)",
+    "operator": "run the ImpalaJob operator",
+    "crd": "print the ImpalaJob CustomResourceDefinition",
 }
+# rollout-node and aggregator-node share one module.
+_MODULES = {"rollout-node": "nodes", "aggregator-node": "nodes"}
+
+
+def command_module(name: str) -> str:
+    """The module under impala_trainer.commands that implements subcommand `name`."""
+    return "impala_trainer.commands." + _MODULES.get(name, name.replace("-", "_"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,12 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="impalajob", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    for name, (module, help_text) in COMMANDS.items():
+    for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
-            importlib.import_module(module).register(p)
+            importlib.import_module(command_module(name)).register(p)
     args = parser.parse_args(argv)
-    mod = importlib.import_module(COMMANDS[args.command][0])
+    mod = importlib.import_module(command_module(args.command))
     return int(mod.run(args) or 0)
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from impala_operator import autoscaler as a
 from impala_operator.autoscaler import MetricSample, ScaleDecision, decide_rollouts
-from impala_trainer.spec import AggregatorsSpec, AutoscalingSpec
+from impala_trainer.job.spec import AggregatorsSpec, AutoscalingSpec
 
 POLICY = AutoscalingSpec(
     cooldown_seconds=30,

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 import yaml
 
-from impala_operator import builders as b
-from impala_operator import labels as L
-from impala_trainer.manifest import parse_manifest
-from impala_trainer.roles import DEFAULT_PORTS, POD_IP, SUBCOMMAND, RayPorts, role_command
-from impala_trainer.spec import ImpalaJob
+from impala_operator import children as b
+from impala_operator import names as L
+from impala_trainer.job.manifest import parse_manifest
+from impala_trainer.job.roles import DEFAULT_PORTS, POD_IP, SUBCOMMAND, RayPorts, role_command
+from impala_trainer.job.spec import ImpalaJob
 
 UID = "0c1d2e3f-0000-4000-8000-000000000001"
 
@@ -311,7 +311,7 @@ def test_rendered_commands_parse_with_the_role_entrypoints(role: str) -> None:
     import argparse
     import importlib
 
-    from impala_trainer.cli import COMMANDS
+    from impala_trainer.cli import command_module
 
     job = _job(aggregators={"minReplicas": 1, "maxReplicas": 2})
     pod_specs = _pod_specs(b.build_children(job, UID))
@@ -319,7 +319,7 @@ def test_rendered_commands_parse_with_the_role_entrypoints(role: str) -> None:
     (argv,) = [c for c in commands if c[1] == SUBCOMMAND[role]]  # type: ignore[index]
     parser = argparse.ArgumentParser(prog="impalajob")
     sub = parser.add_subparsers(dest="command")
-    importlib.import_module(COMMANDS[argv[1]][0]).register(sub.add_parser(argv[1]))
+    importlib.import_module(command_module(argv[1])).register(sub.add_parser(argv[1]))
     args = parser.parse_args(argv[1:])
     if role in ("rollout", "aggregator"):
         assert args.address == "cartpole-learner.team-a.svc:6379"

@@ -16,8 +16,8 @@ from pydantic import BaseModel
 
 from impala_operator import cel, crd
 from impala_trainer.cli import main as cli_main
-from impala_trainer.manifest import ManifestError, parse_manifest
-from impala_trainer.spec import ImpalaJobSpec
+from impala_trainer.job.manifest import ManifestError, parse_manifest
+from impala_trainer.job.spec import ImpalaJobSpec
 from tests.unit.operator.crd_cases import INVALID, VALID, job_with
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from impala_operator.lifecycle import (
+from impala_operator.run_policy import (
     JobState,
     LearnerPod,
     Outcome,
@@ -14,7 +14,7 @@ from impala_operator.lifecycle import (
     set_condition,
     step,
 )
-from impala_trainer.spec import RunPolicy
+from impala_trainer.job.spec import RunPolicy
 
 T0 = 1_700_000_000.0
 

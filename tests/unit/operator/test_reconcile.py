@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 
-from impala_operator import status as st
+from impala_operator import job_status as st
 from impala_operator.autoscaler import MetricSample
 from impala_operator.handlers import parse_job
-from impala_operator.lifecycle import LearnerPod
-from impala_operator.reconcile import TickPlan, plan_children, plan_tick
+from impala_operator.plan import TickPlan, plan_children, plan_tick
+from impala_operator.run_policy import LearnerPod
 from impala_operator.settings import Settings
-from impala_trainer.manifest import ManifestError
-from impala_trainer.spec import ImpalaJob
+from impala_trainer.job.manifest import ManifestError
+from impala_trainer.job.spec import ImpalaJob
 
 T0 = 1_700_000_000.0
 UID = "0f9a5a3c-1111-2222-3333-444455556666"

@@ -9,10 +9,7 @@ from typing import Any
 import httpx
 
 from impala_operator.crd import status_schema
-from impala_operator.lifecycle import JobState, rfc3339, set_condition
-from impala_operator.settings import Settings
-from impala_operator.sidecar_client import SidecarClient
-from impala_operator.status import (
+from impala_operator.job_status import (
     REQUESTED_ANNOTATION,
     compute_status,
     deployment_view,
@@ -23,7 +20,10 @@ from impala_operator.status import (
     sidecar_url,
     status_patch,
 )
-from impala_trainer.snapshot import (
+from impala_operator.run_policy import JobState, rfc3339, set_condition
+from impala_operator.settings import Settings
+from impala_operator.sidecar_client import SidecarClient
+from impala_trainer.rundir.snapshot import (
     STATUS_FILE,
     Counters,
     LearnerQueue,
@@ -31,8 +31,8 @@ from impala_trainer.snapshot import (
     Throughput,
     write_json_atomic,
 )
-from impala_trainer.status.main import create_app
-from impala_trainer.status.settings import Settings as SidecarSettings
+from impala_trainer.sidecar.app import create_app
+from impala_trainer.sidecar.settings import Settings as SidecarSettings
 
 T0 = 1_700_000_000.0
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from impala_trainer.aggregation import Aggregator
-from impala_trainer.replay import MixInReplayBuffer
-from impala_trainer.sample_batch import Fragment, TrainBatch, concat_fragments
+from impala_trainer.rollouts.aggregation import Aggregator
+from impala_trainer.rollouts.batches import Fragment, TrainBatch, concat_fragments
+from impala_trainer.rollouts.replay import MixInReplayBuffer
 
 
 def _fragment(t: int, b: int, version: int = 0, worker: str = "w", fill: float = 0.0) -> Fragment:

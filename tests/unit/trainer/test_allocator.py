@@ -13,7 +13,7 @@ _PROBE = textwrap.dedent(
     """
     import resource, sys
     import numpy as np
-    from impala_trainer.allocator import keep_freed_memory
+    from impala_trainer.node.allocator import keep_freed_memory
     if sys.argv[1] == "keep":
         assert keep_freed_memory() and keep_freed_memory()  # idempotent
     np.ones(2**24, np.float32)  # first use: faults either way

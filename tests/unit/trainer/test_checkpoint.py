@@ -8,19 +8,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from impala_trainer.checkpoint import (
+from impala_trainer.job.spec import ImpalaJob, ImpalaJobSpec
+from impala_trainer.learning.learner import Learner
+from impala_trainer.rollouts.batches import concat_fragments
+from impala_trainer.rollouts.worker import RolloutWorker
+from impala_trainer.rundir.checkpoint import (
     DriverState,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
 )
-from impala_trainer.learner import Learner
-from impala_trainer.rollout_worker import RolloutWorker
-from impala_trainer.run_dir import RunDir
-from impala_trainer.sample_batch import concat_fragments
-from impala_trainer.snapshot import HistoryPoint, StatusSnapshot, Summary
-from impala_trainer.spec import ImpalaJob, ImpalaJobSpec
+from impala_trainer.rundir.snapshot import HistoryPoint, StatusSnapshot, Summary
+from impala_trainer.rundir.writer import RunDir
 
 SPEC = ImpalaJobSpec.model_validate(
     {

@@ -1,6 +1,6 @@
 """The driver's sampling half (ImpalaDriver._step) against actors that answer at once.
 
-`ray` inside impala_trainer.driver is replaced by a small fake whose actor calls run a real
+`ray` inside impala_trainer.driver.impala is replaced by a small fake whose actor calls run a real
 RolloutWorker eagerly, so what is checked is the driver's bookkeeping: which actor is asked for
 what, and when. The bug these guard against cost 4x of the CartPole throughput: an actor whose
 batch had room in the learner queue was parked anyway and only asked again after the loop had
@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-import impala_trainer.driver as driver_mod
-from impala_trainer.actor_manager import ManagedActor
-from impala_trainer.driver import ImpalaDriver
-from impala_trainer.rollout_worker import RolloutWorker
-from impala_trainer.run_dir import RunDir
-from impala_trainer.spec import ImpalaJob
+import impala_trainer.driver.impala as driver_mod
+from impala_trainer.driver.actor_manager import ManagedActor
+from impala_trainer.driver.impala import ImpalaDriver
+from impala_trainer.job.spec import ImpalaJob
+from impala_trainer.rollouts.worker import RolloutWorker
+from impala_trainer.rundir.writer import RunDir
 
 _ids = itertools.count()
 

@@ -6,8 +6,13 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 
-from impala_trainer.envs import env_id_problem, env_spaces, final_observations, make_vector_env
-from impala_trainer.spec import EnvSpec
+from impala_trainer.job.spec import EnvSpec
+from impala_trainer.rollouts.envs import (
+    env_id_problem,
+    env_spaces,
+    final_observations,
+    make_vector_env,
+)
 
 X_LIMIT = 2.4
 THETA_LIMIT = 12 * 2 * np.pi / 360

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from impala_trainer.learner import Learner
-from impala_trainer.sample_batch import TrainBatch
-from impala_trainer.spec import ImpalaJobSpec
+from impala_trainer.job.spec import ImpalaJobSpec
+from impala_trainer.learning.learner import Learner
+from impala_trainer.rollouts.batches import TrainBatch
 
 STAT_KEYS = {
     "policy_loss",

@@ -8,11 +8,12 @@ import time
 
 import pytest
 
-from impala_trainer.learner import Learner, MultiDeviceLearner
-from impala_trainer.learner_thread import LearnerStarvedError, LearnerThread, make_learner_thread
-from impala_trainer.minibatch_buffer import MinibatchBuffer
-from impala_trainer.multi_gpu_learner_thread import MultiGPULearnerThread
-from impala_trainer.sample_batch import TrainBatch
+from impala_trainer.learning.learner import Learner, MultiDeviceLearner
+from impala_trainer.learning.learner_thread import LearnerStarvedError, LearnerThread
+from impala_trainer.learning.minibatch_buffer import MinibatchBuffer
+from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
+from impala_trainer.learning.threads import make_learner_thread
+from impala_trainer.rollouts.batches import TrainBatch
 from tests.unit.trainer.test_learner import make_batch, make_spec, single_torch_thread  # noqa: F401
 
 
@@ -169,8 +170,8 @@ def test_make_learner_thread_picks_by_devices() -> None:
 def test_the_learner_thread_computes_with_the_threads_the_main_thread_gives_up() -> None:
     import torch
 
-    from impala_trainer.learner_thread import make_learner_thread
-    from impala_trainer.spec import ImpalaJob
+    from impala_trainer.job.spec import ImpalaJob
+    from impala_trainer.learning.threads import make_learner_thread
 
     job = ImpalaJob.model_validate(
         {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from impala_trainer.membership import ActorView, NodeView, plan
+from impala_trainer.driver.membership import ActorView, NodeView, plan
 
 
 def node(

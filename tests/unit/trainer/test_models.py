@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from impala_trainer.models import (
+from impala_trainer.job.spec import ModelSpec
+from impala_trainer.learning.models import (
     ImpalaShallowCNN,
     MLPActorCritic,
     NumpyPolicy,
     acting_policy,
     build_model,
 )
-from impala_trainer.spec import ModelSpec
 
 
 @pytest.mark.parametrize("obs_shape", [(4,), (3, 2)])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from impala_trainer.learner import Learner, MultiDeviceLearner
-from impala_trainer.multi_gpu_learner_thread import MultiGPULearnerThread
+from impala_trainer.learning.learner import Learner, MultiDeviceLearner
+from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
 from tests.unit.trainer.test_learner import make_batch, make_spec, single_torch_thread  # noqa: F401
 
 

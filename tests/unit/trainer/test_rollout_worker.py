@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from impala_trainer.rollout_worker import RolloutWorker
-from impala_trainer.spec import ImpalaJobSpec
+from impala_trainer.job.spec import ImpalaJobSpec
+from impala_trainer.rollouts.worker import RolloutWorker
 
 
 def _spec(**env: Any) -> ImpalaJobSpec:
@@ -122,8 +122,8 @@ def test_atari_worker_fragment_is_uint8_frames() -> None:
 
 
 def test_a3c_gradients_are_the_learner_gradients_of_the_sampled_fragment() -> None:
-    from impala_trainer.learner import Learner
-    from impala_trainer.sample_batch import concat_fragments
+    from impala_trainer.learning.learner import Learner
+    from impala_trainer.rollouts.batches import concat_fragments
 
     spec = _spec().model_copy(deep=True)
     spec.training.mode = "async-gradients"

@@ -6,11 +6,11 @@ import io
 
 import pytest
 
-from impala_trainer.checkpoint import DriverState
-from impala_trainer.progress import ProgressReporter
-from impala_trainer.run_stats import EPISODE_WINDOW, RunStats
-from impala_trainer.snapshot import Membership
-from impala_trainer.spec import StopSpec
+from impala_trainer.commands.progress import ProgressReporter
+from impala_trainer.job.spec import StopSpec
+from impala_trainer.rundir.checkpoint import DriverState
+from impala_trainer.rundir.snapshot import Membership
+from impala_trainer.rundir.stats import EPISODE_WINDOW, RunStats
 
 
 def test_timesteps_criterion() -> None:

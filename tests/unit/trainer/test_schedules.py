@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from impala_trainer.schedules import PiecewiseSchedule, make_schedule
+from impala_trainer.learning.schedules import PiecewiseSchedule, make_schedule
 
 
 def test_interpolates_between_points() -> None:

@@ -6,8 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from impala_trainer.manifest import ManifestError, apply_overrides, load_manifest, parse_manifest
-from impala_trainer.spec import ImpalaJob, TrainingSpec
+from impala_trainer.job.manifest import (
+    ManifestError,
+    apply_overrides,
+    load_manifest,
+    parse_manifest,
+)
+from impala_trainer.job.spec import ImpalaJob, TrainingSpec
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "manifests" / "examples"
 

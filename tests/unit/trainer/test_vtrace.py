@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from impala_trainer import vtrace
+from impala_trainer.learning import vtrace
 
 
 def ground_truth(log_rhos, discounts, rewards, values, bootstrap, clip_rho, clip_pg_rho):

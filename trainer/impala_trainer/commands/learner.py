@@ -24,21 +24,21 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from impala_trainer.manifest import ManifestError, load_manifest
-from impala_trainer.ray_node import (
+from impala_trainer.job.manifest import ManifestError, load_manifest
+from impala_trainer.job.roles import DEFAULT_PORTS
+from impala_trainer.node.ray_node import (
     NodeConfig,
     RayNodeProcess,
     add_node_arguments,
     apply_ray_env,
     port_open,
 )
-from impala_trainer.roles import DEFAULT_PORTS
 
 HEAD_ATTEMPTS = 3
 
 if TYPE_CHECKING:
-    from impala_trainer.run_dir import RunDir
-    from impala_trainer.spec import ImpalaJob
+    from impala_trainer.job.spec import ImpalaJob
+    from impala_trainer.rundir.writer import RunDir
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -80,9 +80,9 @@ def run(args: argparse.Namespace) -> int:
         print("error: spec.stop sets no criterion", file=sys.stderr)
         return 2
 
-    from impala_trainer.allocator import keep_freed_memory
-    from impala_trainer.checkpoint import list_checkpoints
-    from impala_trainer.run_dir import RunDir
+    from impala_trainer.node.allocator import keep_freed_memory
+    from impala_trainer.rundir.checkpoint import list_checkpoints
+    from impala_trainer.rundir.writer import RunDir
 
     run_dir = RunDir(args.run_dir)
     resume = args.resume == "auto" and bool(list_checkpoints(run_dir.checkpoints))
@@ -150,9 +150,9 @@ def _connect(head: RayNodeProcess, host: str, port: int, timeout: float) -> bool
 def _train(job: ImpalaJob, run_dir: RunDir, address: str, resume: bool) -> int:
     import ray
 
-    from impala_trainer.driver import make_driver
-    from impala_trainer.membership import ElasticActorManager, ElasticMembership
-    from impala_trainer.progress import ProgressReporter
+    from impala_trainer.commands.progress import ProgressReporter
+    from impala_trainer.driver.impala import make_driver
+    from impala_trainer.driver.membership import ElasticActorManager, ElasticMembership
 
     # ray.init installs its own SIGTERM handler (exit at once); ours lets the driver checkpoint.
     signal.signal(signal.SIGTERM, _stop_on_sigterm)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from impala_trainer.ray_node import (
+from impala_trainer.node.ray_node import (
     NodeConfig,
     RayNodeProcess,
     add_node_arguments,

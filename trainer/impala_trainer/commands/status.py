@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from impala_trainer.spec import API_GROUP, API_VERSION, PLURAL
-from impala_trainer.status.models import StatusResponse
+from impala_trainer.job.spec import API_GROUP, API_VERSION, PLURAL
+from impala_trainer.sidecar.models import StatusResponse
 
 _SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 

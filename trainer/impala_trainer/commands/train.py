@@ -15,7 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
-from impala_trainer.manifest import ManifestError, load_manifest
+from impala_trainer.job.manifest import ManifestError, load_manifest
 
 
 def _positive(text: str) -> int:
@@ -55,9 +55,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 def _start_dashboard(run_dir: Path, port: int) -> subprocess.Popen[bytes] | None:
     # The status server is its own process: it must not share the driver's GIL, and it is
     # exactly what the status sidecar runs on a cluster.
-    if importlib.util.find_spec("impala_trainer.status.server") is None:
-        print("warning: the status server is not installed; --dashboard ignored", file=sys.stderr)
-        return None
     cmd = [sys.executable, "-m", "impala_trainer.cli", "status-server",
            "--run-dir", str(run_dir), "--host", "127.0.0.1", "--port", str(port)]
     print(f"dashboard: http://127.0.0.1:{port}/ (log: {run_dir / 'status-server.log'})", flush=True)
@@ -98,15 +95,15 @@ def run(args: argparse.Namespace) -> int:
               "timeLimitSeconds", file=sys.stderr)
         return 2
 
-    from impala_trainer.envs import env_id_problem
+    from impala_trainer.rollouts.envs import env_id_problem
 
     problem = env_id_problem(spec.env)
     if problem is not None:
         print(f"{args.file}: invalid ImpalaJob\n  spec.env.id: {problem}", file=sys.stderr)
         return 2
 
-    from impala_trainer.allocator import keep_freed_memory
-    from impala_trainer.run_dir import RunDir
+    from impala_trainer.node.allocator import keep_freed_memory
+    from impala_trainer.rundir.writer import RunDir
 
     run_dir = RunDir(Path(args.output or Path("runs") / job.name))
     if run_dir.has_previous_run() and not args.resume:
@@ -122,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Import torch and the trainer (seconds) while Ray starts its processes (more seconds).
     # Ray must start on the main thread: its processes die with the thread that spawned them.
-    warm = threading.Thread(target=importlib.import_module, args=("impala_trainer.driver",))
+    warm = threading.Thread(target=importlib.import_module, args=("impala_trainer.driver.impala",))
     warm.start()
     _init_ray(num_rollout, num_aggregator)
     warm.join()
@@ -132,8 +129,8 @@ def run(args: argparse.Namespace) -> int:
     # contend (a CartPole update is several times slower with 2 threads on a busy 2-core box).
     torch.set_num_threads(max(1, (os.cpu_count() or 1) - num_rollout - num_aggregator))
 
-    from impala_trainer.driver import make_driver
-    from impala_trainer.progress import ProgressReporter
+    from impala_trainer.commands.progress import ProgressReporter
+    from impala_trainer.driver.impala import make_driver
 
     dashboard = _start_dashboard(run_dir.path, args.port) if args.dashboard else None
     reporter = ProgressReporter(job.name)

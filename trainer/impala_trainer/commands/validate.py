@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from impala_trainer.manifest import ManifestError, load_manifest
+from impala_trainer.job.manifest import ManifestError, load_manifest
 
 
 def register(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,228 @@
+"""Pure status computation: child objects + the sidecar's snapshot -> the ImpalaJob's `.status`.
+
+Children arrive as the API's JSON dicts (camelCase); they are reduced to small views here
+(`learner_pod_view`, `deployment_view`) so the lifecycle and autoscaler never see raw objects.
+The field names are the CRD's status schema (`crd.status_schema`): anything else is pruned by the
+API server, so `compute_status` writes only those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from impala_operator import names as L
+from impala_operator.autoscaler import MetricSample
+from impala_operator.run_policy import (
+    INVALID_SPEC,
+    JobState,
+    LearnerPod,
+    parse_time,
+    rfc3339,
+    set_condition,
+)
+from impala_operator.settings import STATUS_URL_ANNOTATION
+from impala_trainer.job.roles import STATUS_PORT
+from impala_trainer.rundir.snapshot import StatusSnapshot
+
+LEARNER_CONTAINER = "learner"
+SPEC_HASH_ANNOTATION = "impala.dev/pod-spec-hash"
+"""On the learner pod: hash of the pod spec it was created from. Pods are immutable, so when the
+job's learner settings (resources, image, placement) change, a differing hash means "recreate"."""
+REQUESTED_ANNOTATION = "impala.dev/requested-replicas"
+"""On a rollout/aggregator Deployment: the `spec.<group>.replicas` the operator last honoured, so
+a `kubectl scale ij/NAME` (a new request) is told apart from the autoscaler's own changes."""
+TERMINAL_SNAPSHOT_PHASES = frozenset({"Succeeded", "Failed", "Stopped"})
+
+
+@dataclass(frozen=True)
+class DeploymentView:
+    """A rollout/aggregator Deployment, as far as the operator cares."""
+
+    name: str
+    replicas: int
+    ready: int
+    requested: str | None
+    """REQUESTED_ANNOTATION's value ("" for no request), None if the annotation is absent."""
+
+
+def _learner_container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    for cs in pod.get("status", {}).get("containerStatuses") or []:
+        if cs.get("name") == LEARNER_CONTAINER:
+            return dict(cs)
+    return {}
+
+
+def learner_pod_view(pod: Mapping[str, Any]) -> LearnerPod:
+    """A learner pod's name, attempt, phase, readiness and learner-container outcome."""
+    meta = pod.get("metadata", {})
+    pod_status = pod.get("status", {})
+    attempt = meta.get("labels", {}).get(L.RESTART_KEY, "0")
+    terminated = (_learner_container(pod).get("state") or {}).get("terminated") or {}
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in pod_status.get("conditions") or []
+    )
+    return LearnerPod(
+        name=meta.get("name", ""),
+        attempt=int(attempt) if str(attempt).isdigit() else -1,
+        phase=pod_status.get("phase") or "Pending",
+        ready=ready,
+        exit_code=terminated.get("exitCode"),
+        reason=terminated.get("reason") or "",
+        message=terminated.get("message") or "",
+        deleting=bool(meta.get("deletionTimestamp")),
+        finished_at=parse_time(terminated.get("finishedAt")),
+        spec_hash=(meta.get("annotations") or {}).get(SPEC_HASH_ANNOTATION),
+    )
+
+
+def deployment_view(deployment: Mapping[str, Any]) -> DeploymentView:
+    """A Deployment's desired/ready replicas and the request annotation."""
+    meta = deployment.get("metadata", {})
+    return DeploymentView(
+        name=meta.get("name", ""),
+        replicas=int(deployment.get("spec", {}).get("replicas") or 0),
+        ready=int(deployment.get("status", {}).get("readyReplicas") or 0),
+        requested=(meta.get("annotations") or {}).get(REQUESTED_ANNOTATION),
+    )
+
+
+def sidecar_url(name: str, namespace: str, annotations: Mapping[str, str]) -> str:
+    """Where the operator reads the job's `/status`: the status-url annotation, else the
+    `<job>-status` Service."""
+    override = annotations.get(STATUS_URL_ANNOTATION, "").strip()
+    return override or status_url(name, namespace)
+
+
+def status_url(name: str, namespace: str) -> str:
+    """`status.statusURL`: the sidecar's /status through the job's Service."""
+    return f"{L.status_url(name, namespace, STATUS_PORT)}/status"
+
+
+def metric_sample(snapshot: StatusSnapshot | None, now: float, stale_after: float) -> MetricSample:
+    """The autoscaler's reading of one snapshot: unavailable if missing, stale or not running."""
+    if snapshot is None or snapshot.phase != "Running" or now - snapshot.updated_at > stale_after:
+        return MetricSample(time=now, available=False)
+    return MetricSample(
+        time=now,
+        available=True,
+        queue_fill=snapshot.learner_queue.fill,
+        idle_fraction=snapshot.learner_queue.learner_idle_fraction,
+        env_steps_per_s=snapshot.throughput.env_steps_per_s,
+    )
+
+
+def progress(snapshot: StatusSnapshot) -> dict[str, Any]:
+    """`status.progress` from a sidecar snapshot."""
+    return {
+        "timesteps": snapshot.counters.env_steps_sampled,
+        "episodes": snapshot.counters.episodes,
+        "episodeReturnMean": snapshot.episode_return_mean,
+        "envStepsPerSecond": round(snapshot.throughput.env_steps_per_s, 3),
+        "learnerQueueFill": round(snapshot.learner_queue.fill, 4),
+        "policyVersion": snapshot.counters.policy_version,
+        "updatedAt": rfc3339(snapshot.updated_at),
+    }
+
+
+def job_state(status: Mapping[str, Any]) -> JobState:
+    """The lifecycle's state, read back from a status this module wrote."""
+    conditions = tuple(dict(c) for c in status.get("conditions") or [])
+    phase = status.get("phase")
+    reason = ""
+    if phase in ("Succeeded", "Failed"):
+        reason = next((c.get("reason", "") for c in conditions if c.get("type") == phase), "")
+    return JobState(
+        phase=phase,
+        reason=reason,
+        message=status.get("message") or "",
+        restarts=int((status.get("learner") or {}).get("restarts") or 0),
+        start_time=parse_time(status.get("startTime")),
+        completion_time=parse_time(status.get("completionTime")),
+        conditions=conditions,
+    )
+
+
+def invalid_spec_status(message: str, generation: int | None, now: float) -> dict[str, Any]:
+    """The status of a job whose spec the model rejects (the API server let it through)."""
+    conds = set_condition((), "Failed", True, INVALID_SPEC, message, now)
+    return {
+        "phase": "Failed",
+        "message": message,
+        "observedGeneration": generation,
+        "conditions": list(conds),
+    }
+
+
+def _group(view: DeploymentView | None, desired: int, selector: str) -> dict[str, Any]:
+    ready = view.ready if view is not None else 0
+    return {
+        "desired": desired,
+        "ready": ready,
+        "selector": selector,
+        "summary": f"{ready}/{desired}",
+    }
+
+
+def compute_status(
+    *,
+    name: str,
+    namespace: str,
+    generation: int | None,
+    state: JobState,
+    learner_pods: Sequence[LearnerPod],
+    rollouts: DeploymentView | None,
+    aggregators: DeploymentView | None,
+    desired_rollouts: int,
+    desired_aggregators: int,
+    snapshot: StatusSnapshot | None,
+    previous: Mapping[str, Any],
+    last_scale_time: float | None,
+) -> dict[str, Any]:
+    """The whole `.status` (progress kept from `previous` while the sidecar is unreachable)."""
+    current = next((p for p in learner_pods if p.attempt == state.restarts), None)
+    last_exit = next(
+        (
+            p.exit_code
+            for p in sorted(learner_pods, key=lambda p: -p.attempt)
+            if p.exit_code is not None
+        ),
+        (previous.get("learner") or {}).get("lastExitCode"),
+    )
+    learner: dict[str, Any] = {
+        "ready": bool(current and current.ready and not current.deleting),
+        "restarts": state.restarts,
+        "podName": current.name if current else L.learner_pod_name(name, state.restarts),
+    }
+    if last_exit is not None:
+        learner["lastExitCode"] = last_exit
+    status: dict[str, Any] = {
+        "phase": state.phase,
+        "message": state.message,
+        "observedGeneration": generation,
+        "conditions": list(state.conditions),
+        "learner": learner,
+        "rollouts": _group(rollouts, desired_rollouts, L.selector_string(name, "rollout")),
+        "aggregators": _group(
+            aggregators, desired_aggregators, L.selector_string(name, "aggregator")
+        ),
+        "statusURL": status_url(name, namespace),
+    }
+    if snapshot is not None:
+        status["progress"] = progress(snapshot)
+    elif previous.get("progress"):
+        status["progress"] = dict(previous["progress"])
+    for key, value in (
+        ("startTime", state.start_time),
+        ("completionTime", state.completion_time),
+        ("lastScaleTime", last_scale_time),
+    ):
+        status[key] = rfc3339(value) if value is not None else None
+    return status
+
+
+def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The top-level status keys that changed (a merge patch; None deletes a key)."""
+    return {k: v for k, v in new.items() if old.get(k) != v}

@@ -1,0 +1,84 @@
+"""Names and labels of an ImpalaJob's children: the one place that spells them.
+
+The builders, the runtime (status, autoscaling, lifecycle) and the tests all derive child names,
+label sets and selectors from here, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+from impala_trainer.job.spec import API_GROUP
+
+Component = Literal["config", "learner", "rollout", "aggregator", "status", "network"]
+
+APP_NAME = "impalajob"
+PART_OF = "impalajob"
+MANAGED_BY = "impala-operator"
+
+# Label keys the operator owns; a job's own labels never override them (they select children).
+NAME = "app.kubernetes.io/name"
+INSTANCE = "app.kubernetes.io/instance"
+COMPONENT = "app.kubernetes.io/component"
+PART_OF_KEY = "app.kubernetes.io/part-of"
+MANAGED_BY_KEY = "app.kubernetes.io/managed-by"
+RESTART_KEY = f"{API_GROUP}/restart"
+"""On the learner pod: which learner attempt it is (0 = first run)."""
+CONFIG_HASH_KEY = f"{API_GROUP}/config-hash"
+"""Annotation on the learner pod: hash of the job.yaml it was started with."""
+
+MAX_NAME = 63
+"""DNS-1123/1035 label limit: Service names and label values must fit in it."""
+
+
+def child_name(job_name: str, component: Component) -> str:
+    """`<job>-<component>`; with job names of at most 40 characters this is at most 51."""
+    name = f"{job_name}-{component}"
+    if len(name) > MAX_NAME:  # the spec caps job names at 40, so only a hand-built job gets here
+        raise ValueError(f"child name {name!r} is longer than {MAX_NAME} characters")
+    return name
+
+
+def learner_pod_name(job_name: str, restart_count: int) -> str:
+    """`<job>-learner-<attempt>`: a restarted learner gets a new name, so the operator can create
+    it while the failed pod (kept for its logs) is still being deleted."""
+    name = f"{child_name(job_name, 'learner')}-{restart_count}"
+    if len(name) > MAX_NAME:
+        raise ValueError(f"learner pod name {name!r} is longer than {MAX_NAME} characters")
+    return name
+
+
+def learner_host(job_name: str, namespace: str) -> str:
+    """DNS name of the learner's headless Service (Ray GCS), resolvable from any pod."""
+    return f"{child_name(job_name, 'learner')}.{namespace}.svc"
+
+
+def status_url(job_name: str, namespace: str, port: int) -> str:
+    """Base URL of the status sidecar via its Service (`status.statusURL` adds /status)."""
+    return f"http://{child_name(job_name, 'status')}.{namespace}.svc:{port}"
+
+
+def selector_labels(job_name: str, component: Component | None = None) -> dict[str, str]:
+    """Labels that select a job's pods (all of them, or one component's). Immutable on a
+    Deployment, so nothing that can change over the job's life goes in here."""
+    labels = {NAME: APP_NAME, INSTANCE: job_name}
+    if component is not None:
+        labels[COMPONENT] = component
+    return labels
+
+
+def selector_string(job_name: str, component: Component) -> str:
+    """The same selector as `k=v,k=v` text: `status.rollouts.selector` for the scale subresource."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(job_name, component).items()))
+
+
+def child_labels(
+    job_name: str, component: Component, job_labels: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Every child's labels: the job's own labels, then the operator's (which win on conflict)."""
+    labels = dict(job_labels or {})
+    labels.update(selector_labels(job_name, component))
+    labels[PART_OF_KEY] = PART_OF
+    labels[MANAGED_BY_KEY] = MANAGED_BY
+    return labels

@@ -1,0 +1,306 @@
+"""runPolicy as a pure state machine: observed learner pods + previous state + now -> next state.
+
+Phases: Pending (no learner running yet) -> Starting (learner container up, sidecar not ready) ->
+Running (learner ready); Suspended; Succeeded and Failed are terminal. The learner is a bare pod
+named by attempt (`<job>-learner-<n>`, n = `status.learner.restarts`), so "restart" means "create
+attempt n+1": the attempt number in status is the whole restart record, which makes a restart
+idempotent across operator crashes (a failure of attempt n always leads to attempt n+1, however
+often it is observed). Semantics follow the Kubernetes Job and Kubeflow's runPolicy: backoffLimit
+counts retries, activeDeadlineSeconds runs from startTime (reset by suspend/resume, as for Jobs),
+cleanPodPolicy applies on both success and failure, ttlSecondsAfterFinished deletes the job.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from impala_trainer.job.spec import RunPolicy
+
+Phase = Literal["Pending", "Starting", "Running", "Suspended", "Succeeded", "Failed"]
+INVALID_SPEC = "InvalidSpec"
+MAX_RESTART_DELAY = 360.0  # the Job controller's cap on its exponential pod-failure backoff
+
+
+def rfc3339(t: float) -> str:
+    """Unix seconds as the API's timestamp format (UTC, second precision)."""
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | None) -> float | None:
+    """An API timestamp (RFC 3339) as unix seconds; None stays None."""
+    if not value:
+        return None
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass(frozen=True)
+class LearnerPod:
+    """What the lifecycle needs to know about one learner pod."""
+
+    name: str
+    attempt: int
+    phase: str = "Pending"
+    """Pod phase: Pending, Running, Succeeded, Failed, Unknown."""
+    ready: bool = False
+    exit_code: int | None = None
+    """Exit code of the learner container once it terminated (the sidecar may still run)."""
+    reason: str = ""
+    """Termination reason of the learner container (Completed, Error, OOMKilled...)."""
+    message: str = ""
+    deleting: bool = False
+    """The pod has a deletionTimestamp: it is going away and says nothing about the run."""
+    finished_at: float | None = None
+    """When the learner container terminated (unix seconds)."""
+    spec_hash: str | None = None
+    """Hash of the pod spec the operator created it with (None: not recorded)."""
+
+    @property
+    def finished(self) -> bool:
+        return self.succeeded or self.failed
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code == 0 or (self.phase == "Succeeded" and self.exit_code is None)
+
+    @property
+    def failed(self) -> bool:
+        return (self.exit_code is not None and self.exit_code != 0) or (
+            self.phase == "Failed" and self.exit_code is None
+        )
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to post on the ImpalaJob."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class JobState:
+    """The lifecycle's part of `status`, as plain values."""
+
+    phase: Phase | None = None
+    reason: str = ""
+    message: str = ""
+    restarts: int = 0
+    """Learner attempt in force (= restarts so far)."""
+    start_time: float | None = None
+    completion_time: float | None = None
+    last_failure_time: float | None = None
+    """When the previous attempt failed, if known (else read from that pod's finishedAt)."""
+    conditions: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Succeeded", "Failed") and self.reason != INVALID_SPEC
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The next state and what to do to get there."""
+
+    state: JobState
+    run_learner: bool
+    """The learner pod of attempt `state.restarts` should exist."""
+    run_workers: bool
+    """Rollout/aggregator Deployments at their desired replicas (else scaled to 0)."""
+    delete_pods: tuple[str, ...] = ()
+    delete_job: bool = False
+    events: tuple[Event, ...] = ()
+    requeue_after: float | None = None
+    """Seconds until a time-based transition (backoff, deadline, TTL) is due."""
+
+
+def set_condition(
+    conditions: Sequence[dict[str, Any]],
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    now: float,
+) -> tuple[dict[str, Any], ...]:
+    """Conditions with `type_` set; lastTransitionTime moves only when the status flips."""
+    value = "True" if status else "False"
+    out: list[dict[str, Any]] = []
+    found = False
+    for cond in conditions:
+        if cond.get("type") != type_:
+            out.append(dict(cond))
+            continue
+        found = True
+        changed = cond.get("status") != value
+        stamp = rfc3339(now) if changed else cond.get("lastTransitionTime", rfc3339(now))
+        out.append(
+            {
+                "type": type_,
+                "status": value,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": stamp,
+            }
+        )
+    if not found:
+        out.append(
+            {
+                "type": type_,
+                "status": value,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": rfc3339(now),
+            }
+        )
+    return tuple(out)
+
+
+def restart_delay(restarts: int, base: float) -> float:
+    """Wait before attempt `restarts` (>= 1): base, 2 base, 4 base... capped like the Job's."""
+    return min(MAX_RESTART_DELAY, base * 2 ** max(0, restarts - 1))
+
+
+def _finish(
+    state: JobState, pods: Sequence[LearnerPod], policy: RunPolicy, now: float, events: list[Event]
+) -> Outcome:
+    """A terminal state: cleanPodPolicy, then the TTL."""
+    if policy.clean_pod_policy == "All":
+        doomed = [p.name for p in pods if not p.deleting]
+    elif policy.clean_pod_policy == "Running":
+        doomed = [p.name for p in pods if not p.deleting and p.phase in ("Pending", "Running")]
+    else:
+        doomed = []
+    ttl = policy.ttl_seconds_after_finished
+    delete_job, requeue = False, None
+    if ttl is not None and state.completion_time is not None:
+        left = state.completion_time + ttl - now
+        delete_job = left <= 0
+        if delete_job:
+            events.append(
+                Event("Normal", "TTLExpired", f"deleting the job {ttl}s after it finished")
+            )
+        else:
+            requeue = left
+    return Outcome(
+        state,
+        run_learner=False,
+        run_workers=policy.clean_pod_policy == "None",
+        delete_pods=tuple(doomed),
+        delete_job=delete_job,
+        events=tuple(events),
+        requeue_after=requeue,
+    )
+
+
+def _transition(
+    state: JobState, phase: Phase, reason: str, message: str, now: float, events: list[Event]
+) -> JobState:
+    """Move to `phase`, recording an Event and conditions, unless already there (phases, not
+    reasons, are compared: only the phase and conditions persist in status)."""
+    if state.phase == phase:
+        return replace(state, message=message)
+    warning = phase == "Failed" or reason == "LearnerFailed"
+    events.append(Event("Warning" if warning else "Normal", reason, message))
+    conds = state.conditions
+    if phase == "Running" and any(c.get("type") == "Restarting" for c in conds):
+        conds = set_condition(conds, "Restarting", False, "Running", "learner running", now)
+    if phase in ("Running", "Succeeded", "Failed", "Suspended") or state.phase == "Running":
+        conds = set_condition(conds, "Running", phase == "Running", reason, message, now)
+    if phase in ("Suspended",) or state.phase == "Suspended":
+        conds = set_condition(conds, "Suspended", phase == "Suspended", reason, message, now)
+    if phase in ("Succeeded", "Failed"):
+        conds = set_condition(conds, phase, True, reason, message, now)
+    return replace(state, phase=phase, reason=reason, message=message, conditions=conds)
+
+
+def step(
+    policy: RunPolicy,
+    pods: Sequence[LearnerPod],
+    state: JobState,
+    now: float,
+    *,
+    restart_backoff: float = 10.0,
+) -> Outcome:
+    """One reconcile of the run policy. Pure: the caller applies the Outcome and saves the state."""
+    events: list[Event] = []
+    if state.phase is None or (state.phase == "Failed" and state.reason == INVALID_SPEC):
+        conds = set_condition(state.conditions, "Created", True, "Created", "job accepted", now)
+        state = replace(state, phase="Pending", reason="Created", conditions=conds)
+        events.append(Event("Normal", "Created", "job accepted; creating its children"))
+    if state.terminal:
+        return _finish(state, pods, policy, now, events)
+
+    if policy.suspend:
+        msg = "suspended: all pods stopped, checkpoint kept"
+        state = _transition(state, "Suspended", "Suspended", msg, now, events)
+        state = replace(state, start_time=None)
+        doomed = tuple(p.name for p in pods if not p.deleting and p.phase in ("Pending", "Running"))
+        return Outcome(
+            state, run_learner=False, run_workers=False, delete_pods=doomed, events=tuple(events)
+        )
+    if state.phase == "Suspended":
+        state = _transition(state, "Pending", "Resumed", "resumed from the checkpoint", now, events)
+    if state.start_time is None:
+        state = replace(state, start_time=now)
+
+    current = next((p for p in pods if p.attempt == state.restarts and not p.deleting), None)
+    if current is not None and current.succeeded:
+        msg = current.message or "learner finished: a stop criterion was met"
+        state = _transition(state, "Succeeded", "Completed", msg, now, events)
+        return _finish(replace(state, completion_time=now), pods, policy, now, events)
+    if current is not None and current.failed:
+        why = f"learner attempt {current.attempt} exited with code {current.exit_code}"
+        why += f" ({current.reason})" if current.reason else ""
+        if state.restarts >= policy.backoff_limit:
+            msg = f"{why}; backoffLimit {policy.backoff_limit} reached"
+            state = _transition(state, "Failed", "BackoffLimitExceeded", msg, now, events)
+            return _finish(replace(state, completion_time=now), pods, policy, now, events)
+        restarts = state.restarts + 1
+        msg = f"{why}; restart {restarts} of {policy.backoff_limit} from the latest checkpoint"
+        events.append(Event("Warning", "LearnerFailed", msg))
+        conds = set_condition(state.conditions, "Restarting", True, "LearnerFailed", msg, now)
+        state = replace(
+            state,
+            phase="Pending",
+            reason="LearnerFailed",
+            message=msg,
+            restarts=restarts,
+            last_failure_time=now,
+            conditions=conds,
+        )
+        current = None
+
+    deadline = policy.active_deadline_seconds
+    if deadline is not None and now - state.start_time >= deadline:
+        msg = f"running longer than activeDeadlineSeconds ({deadline}s)"
+        state = _transition(state, "Failed", "DeadlineExceeded", msg, now, events)
+        return _finish(replace(state, completion_time=now), pods, policy, now, events)
+
+    waits = [] if deadline is None else [state.start_time + deadline - now]
+    run_learner = True
+    failed_at = state.last_failure_time or next(
+        (p.finished_at for p in pods if p.attempt == state.restarts - 1 and p.finished_at), None
+    )
+    if current is None and state.restarts > 0 and failed_at is not None:
+        due = failed_at + restart_delay(state.restarts, restart_backoff)
+        if now < due:
+            run_learner = False
+            waits.append(due - now)
+    if current is None or current.phase == "Pending":
+        if state.phase != "Pending":
+            msg = "waiting for the learner pod"
+            state = _transition(state, "Pending", "LearnerPending", msg, now, events)
+    elif current.ready:
+        state = _transition(state, "Running", "Running", "learner running", now, events)
+    else:
+        state = _transition(state, "Starting", "LearnerStarting", "learner starting", now, events)
+    return Outcome(
+        state,
+        run_learner=run_learner,
+        run_workers=True,
+        events=tuple(events),
+        requeue_after=min(waits) if waits else None,
+    )

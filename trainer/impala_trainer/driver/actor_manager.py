@@ -1,0 +1,196 @@
+"""Fault-tolerant bookkeeping of the driver's Ray actors (like RLlib's FaultTolerantActorManager).
+
+The manager creates rollout and aggregator actors up to a target count, records where they run,
+replaces an actor that died (or drops it when the cluster no longer offers its resource), and
+reports membership for status.json. It never waits on an actor: readiness is polled with
+`ray.wait(timeout=0)`, so the driver loop is never held up by a slow-starting process.
+Elastic membership (pods joining and leaving) extends this class: `set_target` and
+`ensure_targets` are the hooks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import ray
+
+from impala_trainer.job.spec import ImpalaJobSpec
+from impala_trainer.rollouts.actors import (
+    AGGREGATOR_RESOURCE,
+    ROLLOUT_RESOURCE,
+    AggregatorActor,
+    RolloutActor,
+)
+from impala_trainer.rundir.snapshot import Member, Membership
+
+Role = Literal["rollout", "aggregator"]
+_RESOURCE: dict[Role, str] = {"rollout": ROLLOUT_RESOURCE, "aggregator": AGGREGATOR_RESOURCE}
+# An actor that dies this many times in a row before ever answering is a broken configuration,
+# not bad luck: fail the run instead of replacing it forever.
+MAX_STARTUP_FAILURES = 3
+KEEP_DEAD = 10
+
+
+class ActorStartupError(RuntimeError):
+    """Actors of a role keep dying before they finish starting."""
+
+
+@dataclass
+class ManagedActor:
+    """One actor and what the driver knows about it."""
+
+    actor_id: str
+    role: Role
+    handle: Any
+    seed: int
+    state: Literal["starting", "healthy", "draining", "dead"] = "starting"
+    node_id: str = ""
+    node_ip: str = ""
+    env_steps: int = 0
+    created_at: float = field(default_factory=time.time)
+    info_ref: Any = None
+
+    def member(self) -> Member:
+        return Member(
+            actor_id=self.actor_id,
+            role=self.role,
+            node_id=self.node_id,
+            node_ip=self.node_ip,
+            state=self.state,
+            env_steps=self.env_steps,
+        )
+
+
+class ActorManager:
+    """Creates, tracks and replaces the rollout and aggregator actors of one job."""
+
+    def __init__(self, spec: ImpalaJobSpec, base_seed: int) -> None:
+        self.spec = spec
+        self.base_seed = base_seed
+        self.actors: dict[str, ManagedActor] = {}
+        self.dead: list[ManagedActor] = []
+        self.targets: dict[Role, int] = {"rollout": 0, "aggregator": 0}
+        self.restarts = 0
+        self._startup_failures: dict[Role, int] = {"rollout": 0, "aggregator": 0}
+        self._ids = {role: itertools.count() for role in _RESOURCE}
+        self._round_robin = itertools.count()
+        self._nodes: dict[Role, int] = {"rollout": 0, "aggregator": 0}
+
+    # -- creation -------------------------------------------------------------------------------
+
+    def set_target(self, role: Role, count: int) -> None:
+        """Desired number of actors of `role` (created by ensure_targets)."""
+        self.targets[role] = max(0, count)
+
+    def capacity(self, role: Role) -> int:
+        """Units of the role's resource the cluster offers (one actor each)."""
+        return int(ray.cluster_resources().get(_RESOURCE[role], 0))
+
+    def ensure_targets(self) -> list[ManagedActor]:
+        """Create actors until each role has min(target, capacity); return the new ones."""
+        created: list[ManagedActor] = []
+        for role in ("rollout", "aggregator"):
+            want = min(self.targets[role], self.capacity(role))  # type: ignore[arg-type]
+            while len(self.live(role)) < want:  # type: ignore[arg-type]
+                created.append(self._create(role))  # type: ignore[arg-type]
+        return created
+
+    def _create(self, role: Role) -> ManagedActor:
+        n = next(self._ids[role])
+        actor_id = f"{role}-{n}"
+        # Replacements get new seeds, so a restarted worker does not replay its predecessor.
+        # Spaced wider than any numEnvsPerWorker, since sub-env i of a worker uses seed + i.
+        seed = (self.base_seed + (0 if role == "rollout" else 5_000) + 10_007 * n) % (2**31)
+        cls = RolloutActor if role == "rollout" else AggregatorActor
+        handle = cls.options(  # type: ignore[attr-defined]
+            num_cpus=0, resources={_RESOURCE[role]: 1}, max_restarts=0
+        ).remote(self.spec, actor_id, seed)
+        actor = ManagedActor(actor_id=actor_id, role=role, handle=handle, seed=seed)
+        actor.info_ref = handle.node_info.remote()
+        self.actors[actor_id] = actor
+        return actor
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def live(self, role: Role) -> list[ManagedActor]:
+        """Starting or healthy actors of a role."""
+        return [a for a in self.actors.values() if a.role == role and a.state != "dead"]
+
+    def next_aggregator(self) -> ManagedActor | None:
+        """Round-robin over live aggregators (so each fills its batches at the same pace)."""
+        live = self.live("aggregator")
+        return live[next(self._round_robin) % len(live)] if live else None
+
+    def poll(self) -> None:
+        """Mark actors healthy once they answered node_info (never blocks)."""
+        pending = {a.info_ref: a for a in self.actors.values() if a.info_ref is not None}
+        if not pending:
+            return
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
+        for ref in ready:
+            actor = pending[ref]
+            actor.info_ref = None
+            try:
+                info = ray.get(ref)
+            except ray.exceptions.RayError as err:
+                self.on_failure(actor.actor_id, err)
+                continue
+            actor.node_id, actor.node_ip = info["node_id"], info["node_ip"]
+            actor.state = "healthy"
+            self._startup_failures[actor.role] = 0
+
+    # -- failures -------------------------------------------------------------------------------
+
+    def on_failure(self, actor_id: str, error: BaseException) -> ManagedActor | None:
+        """Retire a failed actor; return its replacement (None when the resource is gone)."""
+        actor = self.actors.pop(actor_id, None)
+        if actor is None:  # already handled (several in-flight calls fail together)
+            return None
+        never_started = actor.state == "starting"
+        actor.state = "dead"
+        self.dead = [*self.dead, actor][-KEEP_DEAD:]
+        ray.kill(actor.handle, no_restart=True)
+        if never_started:
+            self._startup_failures[actor.role] += 1
+            if self._startup_failures[actor.role] >= MAX_STARTUP_FAILURES:
+                raise ActorStartupError(
+                    f"{actor.role} actors die while starting ({MAX_STARTUP_FAILURES} in a row); "
+                    f"last error: {str(error).strip().splitlines()[-1][:300]}"
+                )
+        self.restarts += 1
+        if len(self.live(actor.role)) >= min(self.targets[actor.role], self.capacity(actor.role)):
+            return None
+        return self._create(actor.role)
+
+    # -- membership -----------------------------------------------------------------------------
+
+    def refresh_nodes(self) -> None:
+        """Count live Ray nodes offering each role's resource (a GCS call: call it rarely)."""
+        counts: dict[Role, int] = {"rollout": 0, "aggregator": 0}
+        for node in ray.nodes():
+            if not node.get("Alive"):
+                continue
+            resources = node.get("Resources", {})
+            for role, name in _RESOURCE.items():
+                if resources.get(name, 0) > 0:
+                    counts[role] += 1
+        self._nodes = counts
+
+    def membership(self) -> Membership:
+        """Membership section of status.json."""
+        return Membership(
+            rollout_workers=sum(a.state == "healthy" for a in self.live("rollout")),
+            aggregator_workers=sum(a.state == "healthy" for a in self.live("aggregator")),
+            rollout_nodes=self._nodes["rollout"],
+            aggregator_nodes=self._nodes["aggregator"],
+            members=[a.member() for a in [*self.actors.values(), *self.dead]],
+        )
+
+    def shutdown(self) -> None:
+        """Kill every actor (the run is over)."""
+        for actor in self.actors.values():
+            ray.kill(actor.handle, no_restart=True)
+        self.actors.clear()

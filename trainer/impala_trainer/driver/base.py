@@ -1,0 +1,239 @@
+"""What every driver mode shares: setup, resume, stop criteria, reporting, checkpoints, failures.
+
+`driver.ImpalaDriver` (the V-trace data flow of RLlib's IMPALA) and
+`async_gradients.AsyncGradientsDriver` (the A3C flow) fill in the hooks. All Ray calls happen on
+the driver's main thread; a learner thread only ever sees queues.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from impala_trainer.driver.actor_manager import ActorManager, ManagedActor
+from impala_trainer.job.spec import ImpalaJob
+from impala_trainer.rollouts.envs import env_spaces
+from impala_trainer.rundir.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from impala_trainer.rundir.snapshot import CheckpointInfo, RunPhase, StatusSnapshot
+from impala_trainer.rundir.stats import RunStats
+from impala_trainer.rundir.writer import RunDir
+
+logger = logging.getLogger(__name__)
+WAIT_SECONDS = 0.05  # longest the loop blocks before it re-checks the learner and the clock
+NODES_REFRESH_SECONDS = 5.0
+
+
+@dataclass
+class DriverResult:
+    phase: RunPhase
+    stopped_by: str | None
+    message: str | None
+
+    @property
+    def exit_code(self) -> int:
+        return {"Succeeded": 0, "Stopped": 130}.get(self.phase, 1)
+
+
+class Driver:
+    """Shared skeleton: subclasses implement `_start`, `_step`, `_close` and `learner`."""
+
+    learner: Any
+
+    def __init__(
+        self,
+        job: ImpalaJob,
+        run_dir: RunDir,
+        *,
+        num_rollout_workers: int,
+        num_aggregator_workers: int = 0,
+        resume: bool = False,
+        on_report: Callable[[StatusSnapshot], None] | None = None,
+    ) -> None:
+        self.job = job
+        self.spec = job.spec
+        self.run_dir = run_dir
+        self.resume = resume
+        self.on_report = on_report
+        self.seed = self.spec.training.seed
+        if self.seed is None:
+            self.seed = random.SystemRandom().randrange(2**31)
+        self.manager = ActorManager(self.spec, self.seed)
+        self.manager.set_target("rollout", num_rollout_workers)
+        self.manager.set_target("aggregator", num_aggregator_workers)
+        self.stats = RunStats(job.name, self.spec.stop)
+        self._last_checkpoint = time.monotonic()
+        self._last_nodes = float("-inf")
+        # membership.ElasticMembership on a multi-pod learner (commands/learner.py sets it): the
+        # actors then follow the cluster's rollout/aggregator nodes instead of fixed targets.
+        self.membership: Any = None
+        self._started = False
+
+    # -- the run --------------------------------------------------------------------------------
+
+    def run(self) -> DriverResult:
+        """Train until a stop criterion is met or something fails; always writes the summary."""
+        result = DriverResult("Failed", None, "driver did not start")
+        try:
+            self._setup()
+            while True:
+                self._step()
+                self._maintain()
+                reason = self.stats.stop_reason()
+                self._report()
+                if reason is not None:
+                    result = DriverResult("Succeeded", reason, f"stop criterion {reason} met")
+                    break
+        except KeyboardInterrupt:
+            result = DriverResult("Stopped", None, "interrupted")
+        except Exception as exc:  # the run fails with a one-line reason; details in the log
+            logger.error("run failed", exc_info=True)
+            result = DriverResult("Failed", None, _one_line(exc))
+        finally:
+            self._finish(result)
+        return result
+
+    def _setup(self) -> None:
+        torch.manual_seed(self.seed or 0)
+        # Actor processes start first: they import torch and build envs while this process
+        # builds the learner.
+        new_actors = self.manager.ensure_targets()
+        self.obs_shape, self.num_actions = env_spaces(self.spec.env)
+        self._start()
+        ckpt = latest_checkpoint(self.run_dir.checkpoints) if self.resume else None
+        if ckpt is not None:
+            learner_state, state = load_checkpoint(ckpt)
+            self.learner.load_state_dict(learner_state)
+            self.stats = RunStats(self.job.name, self.spec.stop, state)
+            self.stats.checkpoint = CheckpointInfo(
+                path=str(ckpt.relative_to(self.run_dir.path)),
+                time=ckpt.stat().st_mtime,
+                env_steps_sampled=self.stats.counters.env_steps_sampled,
+            )
+        self.learner.global_timestep = self.stats.counters.env_steps_sampled
+        self.stats.counters.policy_version = self.learner.policy_version
+        # The first snapshot shows the restored counters before anything new is sampled.
+        self._report(force=True, phase="Starting")
+        self._started = True
+        for actor in new_actors:
+            self._on_new_actor(actor)
+        self._begin()
+
+    def _maintain(self) -> None:
+        self.manager.poll()
+        now = time.monotonic()
+        if self.membership is not None:
+            self.membership.tick(self)
+        elif now - self._last_nodes > NODES_REFRESH_SECONDS:
+            self._last_nodes = now
+            self.manager.refresh_nodes()
+            for actor in self.manager.ensure_targets():  # e.g. a node came back
+                self._on_new_actor(actor)
+        self.stats.counters.worker_restarts = self.manager.restarts
+        if now - self._last_checkpoint >= self.spec.checkpoint.interval_seconds:
+            self._checkpoint()
+
+    def _report(self, force: bool = False, phase: RunPhase = "Running") -> None:
+        if not force and not self.run_dir.status_due():
+            return
+        snap = self._snapshot(phase)
+        self.run_dir.write_status(snap, force=True)
+        self.run_dir.append_history(self.stats.history_point(), force=force)
+        if self.on_report is not None:
+            self.on_report(snap)
+
+    def _snapshot(
+        self, phase: RunPhase, message: str | None = None, stopped_by: str | None = None
+    ) -> StatusSnapshot:
+        self.stats.iteration += 1
+        self.stats.tick()
+        self._update_learner_stats()
+        return self.stats.snapshot(phase, self.manager.membership(), message, stopped_by)
+
+    def _checkpoint(self) -> None:
+        self._last_checkpoint = time.monotonic()
+        path = save_checkpoint(
+            self.run_dir.checkpoints,
+            self.learner.state_dict(),
+            self.stats.driver_state(),
+            self.spec.checkpoint.keep,
+        )
+        self.stats.checkpoint = CheckpointInfo(
+            path=str(path.relative_to(self.run_dir.path)),
+            time=time.time(),
+            env_steps_sampled=self.stats.counters.env_steps_sampled,
+        )
+
+    def _finish(self, result: DriverResult) -> None:
+        try:
+            self._close()
+        except Exception:  # closing must not hide the run's own result
+            logger.debug("close failed", exc_info=True)
+        if self._started:
+            # Also after a failure: the operator's restart resumes from it.
+            self._checkpoint()
+        snap = self._snapshot(result.phase, result.message, result.stopped_by)
+        self.manager.shutdown()
+        self.run_dir.write_status(snap, force=True)
+        self.run_dir.append_history(self.stats.history_point(), force=True)
+        self.run_dir.write_summary(
+            self.stats.summary(result.phase, result.stopped_by, result.message)
+        )
+        if self.on_report is not None:
+            self.on_report(snap)
+
+    # -- actors ---------------------------------------------------------------------------------
+
+    def _actor_failed(self, actor_id: str, error: BaseException) -> None:
+        logger.warning("actor %s failed: %s", actor_id, _one_line(error))
+        self._forget(actor_id)
+        replacement = self.manager.on_failure(actor_id, error)
+        self.stats.counters.worker_restarts = self.manager.restarts
+        if replacement is not None:
+            self._on_new_actor(replacement)
+
+    # -- subclass hooks -------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        """Build the learner (and its thread); runs before the checkpoint is restored."""
+        raise NotImplementedError
+
+    def _begin(self) -> None:
+        """Start learning and sampling after the actors were created."""
+
+    def _step(self) -> None:
+        """One loop iteration; blocks at most about WAIT_SECONDS."""
+        raise NotImplementedError
+
+    def _on_new_actor(self, actor: ManagedActor) -> None:
+        """Give a new actor weights and work."""
+        raise NotImplementedError
+
+    def _forget(self, actor_id: str) -> None:
+        """Drop the in-flight requests of a failed actor."""
+
+    def _in_flight(self, actor_id: str) -> int:
+        """Requests (samples, aggregations, gradients) the actor still owes the driver."""
+        return 0
+
+    def _absorb(self, fragments: list[Any]) -> None:
+        """Take fragments a released aggregator still held (membership's drain hand-over)."""
+        if fragments:
+            raise NotImplementedError(f"{type(self).__name__} has no aggregation")
+
+    def _update_learner_stats(self) -> None:
+        """Copy learner/queue stats into self.stats before a snapshot."""
+
+    def _close(self) -> None:
+        """Stop the learner side (thread) at the end of the run."""
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else type(exc).__name__

@@ -1,0 +1,1 @@
+"""What learns: V-trace, the IMPALA loss, the models, the learners and the learner threads."""

@@ -1,0 +1,75 @@
+"""Which learner thread a job gets, with its learner built and the intra-op threads handed over.
+
+Apart from both thread modules so that neither imports the other.
+"""
+
+from __future__ import annotations
+
+from impala_trainer.job.spec import ImpalaJobSpec
+from impala_trainer.learning.learner_thread import LearnerThread
+from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
+
+_process_threads: int | None = None
+"""The process's intra-op thread count before the first learner thread took it from main."""
+
+
+def _take_intra_op_threads() -> int:
+    """The intra-op threads for a new learner thread; leaves the calling thread with one.
+
+    After the first call the calling thread reports 1, so the count it had is kept here (a later
+    learner in the same process, e.g. the next case of bench/learner_only.py, gets the same);
+    a count set again since (anything but 1) wins.
+    """
+    import torch
+
+    global _process_threads
+    current = torch.get_num_threads()
+    if _process_threads is None or current != 1:
+        _process_threads = current
+    torch.set_num_threads(1)
+    return _process_threads
+
+
+def make_learner_thread(
+    spec: ImpalaJobSpec, obs_shape: tuple[int, ...], num_actions: int
+) -> LearnerThread | MultiGPULearnerThread:
+    """The learner (built here) inside the thread the spec asks for (`.learner` holds it).
+
+    Several devices (gpus > 1 or fakeDevices > 0), or one GPU with several tower stacks, use the
+    MultiGPULearnerThread with loader threads; otherwise the plain LearnerThread.
+    """
+    from impala_trainer.learning.learner import Learner, MultiDeviceLearner
+
+    # The learner thread computes with the process's intra-op threads; the calling (main) thread
+    # drops to one before it runs any parallel op (the model's init included). Once the initial
+    # thread owns an OpenMP team, libgomp makes every parallel op another thread starts ~80 us
+    # slower (measured, torch 2.15): a CartPole update in the learner thread took 6-7 ms with 2
+    # threads against 2.6-3 ms with the main thread kept single-threaded. The main thread only
+    # copies weights out and writes checkpoints.
+    threads = _take_intra_op_threads()
+
+    t, gpus = spec.training, spec.learner.gpus
+    multi = (
+        gpus > 1
+        or spec.learner.fake_devices > 0
+        or (gpus == 1 and t.num_multi_gpu_tower_stacks > 1)
+    )
+    if multi:
+        return MultiGPULearnerThread(
+            MultiDeviceLearner(spec, obs_shape, num_actions),
+            num_sgd_iter=t.num_sgd_iter,
+            learner_queue_size=t.learner_queue_size,
+            learner_queue_timeout=t.learner_queue_timeout,
+            num_multi_gpu_tower_stacks=t.num_multi_gpu_tower_stacks,
+            num_gpu_loader_threads=t.num_gpu_loader_threads,
+            intra_op_threads=threads,
+        )
+    device = "cuda:0" if gpus == 1 else "cpu"
+    return LearnerThread(
+        Learner(spec, obs_shape, num_actions, device=device),
+        minibatch_buffer_size=t.minibatch_buffer_size,
+        num_sgd_iter=t.num_sgd_iter,
+        learner_queue_size=t.learner_queue_size,
+        learner_queue_timeout=t.learner_queue_timeout,
+        intra_op_threads=threads,
+    )

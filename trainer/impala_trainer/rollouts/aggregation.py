@@ -1,0 +1,72 @@
+"""Fragments in, train batches out: concatenation to trainBatchSize plus mixin replay.
+
+The driver uses an `Aggregator` directly when the job has no aggregator actors; otherwise each
+`actors.AggregatorActor` wraps one and the rollout fragments reach it by object reference, so the
+concatenation (and any replay copying) happens off the driver.
+"""
+
+from __future__ import annotations
+
+from impala_trainer.job.spec import ImpalaJobSpec
+from impala_trainer.rollouts.batches import Fragment, TrainBatch, concat_fragments
+from impala_trainer.rollouts.replay import MixInReplayBuffer
+
+
+class Aggregator:
+    """Builds train batches of at least `train_batch_size` env steps, as RLlib does.
+
+    Fragments are held until their steps reach the batch size, then concatenated along the
+    environment axis into one batch (a batch may exceed the size by less than one fragment;
+    fragments are never split, so every column stays one contiguous trajectory piece).
+    """
+
+    def __init__(
+        self,
+        train_batch_size: int,
+        replay_proportion: float = 0.0,
+        replay_buffer_num_slots: int = 0,
+        seed: int | None = None,
+    ) -> None:
+        self.train_batch_size = train_batch_size
+        self.replay = MixInReplayBuffer(replay_proportion, replay_buffer_num_slots, seed)
+        self._pending: list[Fragment] = []
+        self._pending_steps = 0
+        self.fragments_in = 0
+        self.batches_out = 0
+
+    @classmethod
+    def from_spec(cls, spec: ImpalaJobSpec, seed: int | None = None) -> Aggregator:
+        """An aggregator with the job's trainBatchSize and replay settings."""
+        t = spec.training
+        return cls(t.train_batch_size, t.replay_proportion, t.replay_buffer_num_slots, seed)
+
+    @property
+    def pending_env_steps(self) -> int:
+        """Env steps held back until the next batch fills."""
+        return self._pending_steps
+
+    def add(self, fragment: Fragment) -> list[TrainBatch]:
+        """Take one fragment; return the train batches it completes (fresh, then replays)."""
+        self.fragments_in += 1
+        self._pending.append(fragment)
+        self._pending_steps += fragment.env_steps
+        if self._pending_steps < self.train_batch_size:
+            return []
+        batch = concat_fragments(self._pending)
+        self._pending = []
+        self._pending_steps = 0
+        out = self.replay.mix(batch)
+        self.batches_out += len(out)
+        return out
+
+    def take_pending(self) -> list[Fragment]:
+        """Hand over the fragments still waiting for a batch (an aggregator leaving the job)."""
+        pending, self._pending, self._pending_steps = self._pending, [], 0
+        return pending
+
+    def add_many(self, fragments: list[Fragment]) -> list[TrainBatch]:
+        """`add` for several fragments; all completed batches in order."""
+        out: list[TrainBatch] = []
+        for fragment in fragments:
+            out.extend(self.add(fragment))
+        return out

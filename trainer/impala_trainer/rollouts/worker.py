@@ -1,0 +1,149 @@
+"""A plain rollout worker: one vector env, one policy copy, fragments out.
+
+No Ray here: `actors.RolloutActor` is a thin shell around it, and tests drive it directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from impala_trainer.job.spec import ImpalaJobSpec
+from impala_trainer.learning.learner import Learner
+from impala_trainer.learning.models import acting_policy, build_model
+from impala_trainer.rollouts.batches import Fragment, concat_fragments
+from impala_trainer.rollouts.envs import final_observations, make_vector_env
+
+
+class RolloutWorker:
+    """Steps `numEnvsPerWorker` envs for `rolloutFragmentLength` steps per `sample()` call.
+
+    Inference is one batched forward per vector step (in numpy for MLPs, see
+    `models.NumpyPolicy`). Actions are drawn with the Gumbel-max trick from noise drawn once per
+    fragment, which is cheaper than a torch distribution per step and makes a worker's actions a
+    pure function of its seed and weights.
+    """
+
+    def __init__(self, spec: ImpalaJobSpec, worker_id: str, seed: int) -> None:
+        # Each worker owns about one core; intra-op threads would only fight the other workers.
+        torch.set_num_threads(1)
+        torch.manual_seed(seed)
+        self.spec = spec
+        self.worker_id = worker_id
+        self.num_envs = spec.env.num_envs_per_worker
+        self.fragment_length = spec.training.rollout_fragment_length
+        self.env = make_vector_env(spec.env, self.num_envs, seed)
+        shape = self.env.single_observation_space.shape
+        assert shape is not None
+        self.obs_shape: tuple[int, ...] = tuple(shape)
+        self.num_actions: int = int(self.env.single_action_space.n)  # type: ignore[attr-defined]
+        self.obs_dtype = self.env.single_observation_space.dtype
+        self._learner: Learner | None = None
+        if spec.training.mode == "async-gradients":
+            # A3C: a Learner copy owns the acting model, so gradients are of the acting policy.
+            self._learner = Learner(spec, self.obs_shape, self.num_actions)
+            self.model = self._learner.model
+        else:
+            self.model = build_model(spec.model, self.obs_shape, self.num_actions)
+        self.model.eval()
+        self._policy_logits = acting_policy(self.model)
+        self.policy_version = 0
+        self.rng = np.random.default_rng(seed)
+        self.obs, _ = self.env.reset(seed=seed)
+        self.episode_return = np.zeros(self.num_envs, np.float64)
+        self.episode_length = np.zeros(self.num_envs, np.int64)
+        self.env_steps = 0
+        self._scores = np.empty((self.num_envs, self.num_actions), np.float32)
+
+    def set_weights(self, weights: dict[str, np.ndarray], policy_version: int) -> None:
+        """Load the learner's weights; fragments sampled from now on carry `policy_version`."""
+        self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()})
+        self.policy_version = int(policy_version)
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """This worker's current weights (tests compare them with the learner's)."""
+        return {k: v.detach().numpy().copy() for k, v in self.model.state_dict().items()}
+
+    @torch.inference_mode()
+    def sample(self) -> Fragment:
+        """One fragment of `[T, B]` transitions from the current policy."""
+        t_len, b = self.fragment_length, self.num_envs
+        obs_buf = np.empty((t_len, b, *self.obs_shape), self.obs_dtype)
+        actions = np.empty((t_len, b), np.int64)
+        logits_buf = np.empty((t_len, b, self.num_actions), np.float32)
+        rewards = np.empty((t_len, b), np.float32)
+        terminateds = np.empty((t_len, b), np.bool_)
+        truncateds = np.empty((t_len, b), np.bool_)
+        truncation_values = np.zeros((t_len, b), np.float32)
+        gumbel = self.rng.gumbel(size=(t_len, b, self.num_actions)).astype(np.float32)
+        trunc_at: list[tuple[int, np.ndarray]] = []
+        trunc_obs: list[np.ndarray] = []
+        returns: list[float] = []
+        lengths: list[int] = []
+        obs = self.obs
+        for t in range(t_len):
+            obs_buf[t] = obs
+            logits_buf[t] = self._policy_logits(obs_buf[t])
+            np.add(logits_buf[t], gumbel[t], out=self._scores)
+            np.argmax(self._scores, axis=1, out=actions[t])
+            obs, reward, term, trunc, infos = self.env.step(actions[t])
+            rewards[t] = reward
+            terminateds[t] = term
+            truncateds[t] = trunc
+            self.episode_return += reward
+            self.episode_length += 1
+            done = term | trunc
+            if done.any():
+                if trunc.any():
+                    # Only truncated-but-not-terminated steps bootstrap from the final state.
+                    cut = trunc & ~term
+                    if cut.any():
+                        trunc_at.append((t, np.flatnonzero(cut)))
+                        trunc_obs.append(final_observations(infos, cut))
+                idx = np.flatnonzero(done)
+                returns.extend(self.episode_return[idx].tolist())
+                lengths.extend(self.episode_length[idx].tolist())
+                self.episode_return[idx] = 0.0
+                self.episode_length[idx] = 0
+        self.obs = obs
+        if trunc_obs:
+            # One batched forward for every truncation in the fragment.
+            _, values = self.model(torch.from_numpy(np.concatenate(trunc_obs)))
+            flat = values.numpy()
+            i = 0
+            for t, cols in trunc_at:
+                truncation_values[t, cols] = flat[i : i + len(cols)]
+                i += len(cols)
+        self.env_steps += t_len * b
+        return Fragment(
+            obs=obs_buf,
+            actions=actions,
+            behaviour_logits=logits_buf,
+            rewards=rewards,
+            terminateds=terminateds,
+            truncateds=truncateds,
+            truncation_values=truncation_values,
+            bootstrap_obs=np.array(obs, copy=True),
+            policy_version=self.policy_version,
+            episode_returns=returns,
+            episode_lengths=lengths,
+            worker_id=self.worker_id,
+        )
+
+    def compute_gradients(
+        self, global_timestep: int = 0
+    ) -> tuple[list[np.ndarray], dict[str, Any]]:
+        """A3C mode: sample one fragment on-policy and return the loss gradients on it.
+
+        The gradients come from a Learner copy holding this worker's weights, so they are the
+        exact gradients the driver's learner would compute on the same data.
+        """
+        if self._learner is None:
+            raise RuntimeError("compute_gradients needs training.mode: async-gradients")
+        fragment = self.sample()
+        self._learner.global_timestep = global_timestep
+        with torch.enable_grad():
+            grads, stats = self._learner.compute_gradients(concat_fragments([fragment]))
+        return grads, {**fragment.meta(), "stats": stats}

@@ -1,0 +1,2 @@
+"""The run directory: its files typed (`snapshot`), written (`writer`, `checkpoint`), read back
+robustly (`reader`), and the driver's counters that fill them (`stats`)."""

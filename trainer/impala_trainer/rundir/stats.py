@@ -1,0 +1,218 @@
+"""The driver's bookkeeping: counters, the episode window, throughput, stop criteria, snapshots.
+
+Pure Python (no Ray, no torch), so stop criteria and snapshot contents are unit-testable, and the
+driver loop only moves data.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from impala_trainer.job.spec import StopSpec
+from impala_trainer.rundir.checkpoint import DriverState
+from impala_trainer.rundir.snapshot import (
+    CheckpointInfo,
+    Counters,
+    HistoryPoint,
+    LearnerQueue,
+    Membership,
+    RunPhase,
+    StatusSnapshot,
+    StopProgress,
+    Summary,
+    Throughput,
+)
+
+EPISODE_WINDOW = 100
+RATE_WINDOW_SECONDS = 5.0
+
+
+class RunStats:
+    """Everything status.json, history.jsonl, summary.json and checkpoints report."""
+
+    def __init__(self, job: str, stop: StopSpec, resumed: DriverState | None = None) -> None:
+        self.job = job
+        self.stop = stop
+        state = resumed or DriverState()
+        self.counters = Counters(**state.counters)
+        self.returns: deque[float] = deque(state.episode_returns, maxlen=EPISODE_WINDOW)
+        self.lengths: deque[int] = deque(state.episode_lengths, maxlen=EPISODE_WINDOW)
+        self.iteration = state.iteration
+        self.started_at = state.started_at or time.time()
+        self._wall_before = state.wall_seconds
+        self._t0 = time.monotonic()
+        self.learner: dict[str, float] = {}
+        self.timing: dict[str, float] = {}
+        self.queue = LearnerQueue()
+        self.checkpoint: CheckpointInfo | None = None
+        self._lags: deque[float] = deque(maxlen=50)
+        self._rates: deque[tuple[float, int, int, int]] = deque()
+        self.throughput = Throughput()
+
+    # -- updates --------------------------------------------------------------------------------
+
+    def add_episodes(self, returns: list[float], lengths: list[int]) -> None:
+        self.returns.extend(returns)
+        self.lengths.extend(lengths)
+        self.counters.episodes += len(returns)
+
+    def add_policy_lag(self, lag: float) -> None:
+        self._lags.append(lag)
+
+    def wall_seconds(self) -> float:
+        """Training seconds over this run and every run it resumed."""
+        return self._wall_before + time.monotonic() - self._t0
+
+    def tick(self) -> None:
+        """Refresh throughput over the last few seconds."""
+        now = time.monotonic()
+        c = self.counters
+        self._rates.append((now, c.env_steps_sampled, c.env_steps_trained, c.learner_updates))
+        while len(self._rates) > 2 and now - self._rates[0][0] > RATE_WINDOW_SECONDS:
+            self._rates.popleft()
+        t0, s0, tr0, u0 = self._rates[0]
+        dt = now - t0
+        if dt > 0:
+            self.throughput = Throughput(
+                env_steps_per_s=(c.env_steps_sampled - s0) / dt,
+                trained_steps_per_s=(c.env_steps_trained - tr0) / dt,
+                learner_updates_per_s=(c.learner_updates - u0) / dt,
+            )
+
+    # -- stop criteria --------------------------------------------------------------------------
+
+    @property
+    def return_mean(self) -> float | None:
+        return sum(self.returns) / len(self.returns) if self.returns else None
+
+    def criteria(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.stop.timesteps is not None:
+            out["timesteps"] = float(self.stop.timesteps)
+        if self.stop.episode_return_mean is not None:
+            out["episodeReturnMean"] = float(self.stop.episode_return_mean)
+        if self.stop.time_limit_seconds is not None:
+            out["timeLimitSeconds"] = float(self.stop.time_limit_seconds)
+        return out
+
+    def stop_reason(self) -> str | None:
+        """The first criterion met, checked in manifest order, else None.
+
+        The return criterion needs a full window of 100 episodes, so a lucky handful of early
+        episodes cannot end the run.
+        """
+        s = self.stop
+        if s.timesteps is not None and self.counters.env_steps_sampled >= s.timesteps:
+            return "timesteps"
+        mean = self.return_mean
+        if (
+            s.episode_return_mean is not None
+            and len(self.returns) >= EPISODE_WINDOW
+            and mean is not None
+            and mean >= s.episode_return_mean
+        ):
+            return "episodeReturnMean"
+        if s.time_limit_seconds is not None and self.wall_seconds() >= s.time_limit_seconds:
+            return "timeLimitSeconds"
+        return None
+
+    def progress(self) -> float:
+        """Progress toward the nearest criterion, in [0, 1]."""
+        fractions = [0.0]
+        s = self.stop
+        if s.timesteps:
+            fractions.append(self.counters.env_steps_sampled / s.timesteps)
+        mean = self.return_mean
+        if s.episode_return_mean is not None and mean is not None:
+            target = s.episode_return_mean
+            frac = mean / target if target > 0 else float(mean >= target)
+            fractions.append(frac * min(1.0, len(self.returns) / EPISODE_WINDOW))
+        if s.time_limit_seconds:
+            fractions.append(self.wall_seconds() / s.time_limit_seconds)
+        return max(0.0, min(1.0, max(fractions)))
+
+    # -- outputs --------------------------------------------------------------------------------
+
+    def snapshot(
+        self,
+        phase: RunPhase,
+        membership: Membership,
+        message: str | None = None,
+        stopped_by: str | None = None,
+    ) -> StatusSnapshot:
+        returns = list(self.returns)
+        lengths = list(self.lengths)
+        return StatusSnapshot(
+            job=self.job,
+            phase=phase,
+            message=message,
+            started_at=self.started_at,
+            updated_at=time.time(),
+            wall_seconds=self.wall_seconds(),
+            iteration=self.iteration,
+            counters=self.counters.model_copy(),
+            episode_return_mean=self.return_mean,
+            episode_return_min=min(returns) if returns else None,
+            episode_return_max=max(returns) if returns else None,
+            episode_len_mean=sum(lengths) / len(lengths) if lengths else None,
+            throughput=self.throughput,
+            learner=dict(self.learner),
+            timing=dict(self.timing),
+            learner_queue=self.queue,
+            membership=membership,
+            checkpoint=self.checkpoint,
+            stop=StopProgress(
+                criteria=self.criteria(), progress=self.progress(), stopped_by=stopped_by
+            ),
+            policy_lag_mean=sum(self._lags) / len(self._lags) if self._lags else 0.0,
+        )
+
+    def history_point(self) -> HistoryPoint:
+        c = self.counters
+        return HistoryPoint(
+            time=time.time(),
+            wall_seconds=self.wall_seconds(),
+            env_steps=c.env_steps_sampled,
+            episodes=c.episodes,
+            learner_updates=c.learner_updates,
+            episode_return_mean=self.return_mean,
+            env_steps_per_s=self.throughput.env_steps_per_s,
+            trained_steps_per_s=self.throughput.trained_steps_per_s,
+            learner_queue_fill=self.queue.fill,
+            policy_loss=self.learner.get("policy_loss"),
+            vf_loss=self.learner.get("vf_loss"),
+            entropy=self.learner.get("entropy"),
+        )
+
+    def summary(self, phase: RunPhase, stopped_by: str | None, message: str | None) -> Summary:
+        return Summary(
+            job=self.job,
+            timesteps=self.counters.env_steps_sampled,
+            episodes=self.counters.episodes,
+            episode_return_mean=self.return_mean,
+            wall_seconds=self.wall_seconds(),
+            stopped_by=stopped_by,
+            phase=phase,
+            message=message,
+        )
+
+    def driver_state(self) -> DriverState:
+        return DriverState(
+            counters=self.counters.model_dump(),
+            wall_seconds=self.wall_seconds(),
+            episode_returns=list(self.returns),
+            episode_lengths=list(self.lengths),
+            iteration=self.iteration,
+            started_at=self.started_at,
+        )
+
+    def set_learner_queue(self, stats: dict[str, Any], capacity: int) -> None:
+        mean = float(stats.get("learner_queue_size_mean", 0.0))
+        self.queue = LearnerQueue(
+            capacity=capacity,
+            size_mean=mean,
+            fill=min(1.0, mean / capacity) if capacity else 0.0,
+            learner_idle_fraction=float(stats.get("learner_idle_fraction", 0.0)),
+        )

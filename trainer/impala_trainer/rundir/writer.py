@@ -1,0 +1,119 @@
+"""The run directory writer: config.yaml, status.json, history.jsonl, summary.json, checkpoints/.
+
+The file formats are `snapshot.py`'s; this module only decides when to write. status.json is
+replaced atomically at most every `status_interval` seconds (the sidecar and the operator poll
+it; rewriting it on every fast driver iteration would only burn the driver's time), history.jsonl
+gets a line at most every `history_interval` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import yaml
+
+from impala_trainer.job.spec import ImpalaJob
+from impala_trainer.rundir.checkpoint import list_checkpoints
+from impala_trainer.rundir.snapshot import (
+    CHECKPOINT_DIR,
+    CONFIG_FILE,
+    HISTORY_FILE,
+    STATUS_FILE,
+    SUMMARY_FILE,
+    HistoryPoint,
+    StatusSnapshot,
+    Summary,
+    append_history,
+    write_json_atomic,
+)
+
+LOG_FILE = "trainer.log"
+"""The trainer's log (actor failures, tracebacks); the console only gets progress and a reason."""
+
+
+class RunDir:
+    """Writes one run's files under `path`."""
+
+    def __init__(
+        self, path: Path, status_interval: float = 0.5, history_interval: float = 1.0
+    ) -> None:
+        self.path = Path(path)
+        self.status_interval = status_interval
+        self.history_interval = history_interval
+        self._last_status = float("-inf")
+        self._last_history = float("-inf")
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINT_DIR
+
+    @property
+    def status_file(self) -> Path:
+        return self.path / STATUS_FILE
+
+    @property
+    def history_file(self) -> Path:
+        return self.path / HISTORY_FILE
+
+    @property
+    def summary_file(self) -> Path:
+        return self.path / SUMMARY_FILE
+
+    def has_previous_run(self) -> bool:
+        """True when the directory already holds a run's checkpoints or status."""
+        return bool(list_checkpoints(self.checkpoints)) or self.status_file.exists()
+
+    def clear(self) -> None:
+        """Remove a previous run's files (only the ones this module writes)."""
+        for name in (STATUS_FILE, HISTORY_FILE, SUMMARY_FILE, CONFIG_FILE, LOG_FILE):
+            (self.path / name).unlink(missing_ok=True)
+        shutil.rmtree(self.checkpoints, ignore_errors=True)
+
+    def prepare(self, job: ImpalaJob) -> None:
+        """Create the directory and write config.yaml (the manifest with defaults filled in)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.checkpoints.mkdir(exist_ok=True)
+        text = yaml.safe_dump(job.to_manifest(), sort_keys=False)
+        tmp = self.path / f".{CONFIG_FILE}.tmp"
+        tmp.write_text(text)
+        tmp.replace(self.path / CONFIG_FILE)
+        # A resumed run starts a new summary; the old one described a run that ended.
+        self.summary_file.unlink(missing_ok=True)
+
+    def status_due(self) -> bool:
+        """True when `status_interval` has passed since status.json was last written."""
+        return time.monotonic() - self._last_status >= self.status_interval
+
+    def write_status(self, snapshot: StatusSnapshot, force: bool = False) -> bool:
+        """Replace status.json if `status_interval` has passed (or `force`); True if written."""
+        now = time.monotonic()
+        if not force and now - self._last_status < self.status_interval:
+            return False
+        write_json_atomic(self.status_file, snapshot)
+        self._last_status = now
+        return True
+
+    def append_history(self, point: HistoryPoint, force: bool = False) -> bool:
+        """Append a history line if `history_interval` has passed (or `force`)."""
+        now = time.monotonic()
+        if not force and now - self._last_history < self.history_interval:
+            return False
+        append_history(self.history_file, point)
+        self._last_history = now
+        return True
+
+    def log_to_file(self) -> None:
+        """Send the `impala_trainer` loggers to trainer.log in this directory (appending)."""
+        handler = logging.FileHandler(self.path / LOG_FILE)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        log = logging.getLogger("impala_trainer")
+        log.setLevel(logging.INFO)
+        log.addHandler(handler)
+        log.propagate = False
+
+    def write_summary(self, summary: Summary) -> None:
+        """Write summary.json (once, at the end)."""
+        write_json_atomic(self.summary_file, summary)
