@@ -541,42 +541,16 @@ def rllib_config(
 
 MANIFESTS = REPO / "manifests" / "examples"
 
-# Used only while manifests/examples/pong.yaml does not exist: RLlib's Atari IMPALA sizes.
-_PONG_FALLBACK: dict[str, Any] = {
-    "apiVersion": "impala.dev/v1alpha1",
-    "kind": "ImpalaJob",
-    "metadata": {"name": "pong"},
-    "spec": {
-        "env": {"id": "ALE/Pong-v5", "numEnvsPerWorker": 8},
-        "model": {"type": "cnn", "hidden": [256]},
-        "training": {"rolloutFragmentLength": 50, "trainBatchSize": 400, "lr": 0.0005},
-        "rollouts": {"minReplicas": 2, "workersPerPod": 1},
-    },
-}
-
-
-def manifest_path(name: str, scratch: Path) -> Path:
-    """manifests/examples/NAME.yaml, or the built-in fallback written into `scratch`."""
-    path = MANIFESTS / f"{name}.yaml"
-    if path.exists() or name != "pong":
-        return path
-    out = scratch / f"{name}.yaml"
-    out.write_text(json.dumps(_PONG_FALLBACK))  # JSON is YAML
-    return out
+def manifest_path(name: str) -> Path:
+    """manifests/examples/NAME.yaml."""
+    return MANIFESTS / f"{name}.yaml"
 
 
 def load_spec(name: str, overrides: Sequence[str] = ()) -> Any:
     """The ImpalaJob of manifests/examples/NAME.yaml with `--set` overrides applied."""
-    from impala_trainer.job.manifest import apply_overrides, load_manifest, parse_manifest
+    from impala_trainer.job.manifest import load_manifest
 
-    path = MANIFESTS / f"{name}.yaml"
-    if path.exists():
-        return load_manifest(path, list(overrides))
-    if name == "pong":
-        return parse_manifest(
-            apply_overrides(json.loads(json.dumps(_PONG_FALLBACK)), list(overrides))
-        )
-    raise FileNotFoundError(path)
+    return load_manifest(MANIFESTS / f"{name}.yaml", list(overrides))
 
 
 # -- curves -----------------------------------------------------------------------------------

@@ -172,7 +172,7 @@ def trial(args: argparse.Namespace) -> dict[str, Any]:
                 torch.set_num_threads(args.ours_torch_threads)
 
             result = train(
-                manifest_path(args.manifest, Path(tmp)),
+                manifest_path(args.manifest),
                 args.overrides,
                 args.seconds,
                 stop_return=None,

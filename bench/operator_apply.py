@@ -49,7 +49,7 @@ def job_manifest(name: str) -> dict[str, Any]:
         "apiVersion": "impala.dev/v1alpha1",
         "kind": "ImpalaJob",
         "metadata": {"name": name},
-        "spec": {"rollouts": {"minReplicas": 1, "maxReplicas": 2}},
+        "spec": {"rollouts": {"minReplicas": 1, "maxReplicas": 2}, "stop": {"timesteps": 100_000}},
     }
 
 

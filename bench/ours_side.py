@@ -127,7 +127,7 @@ def train(
         f"stop.episodeReturnMean={'null' if stop_return is None else stop_return}",
         "stop.timesteps=null",
     ]
-    argv = ["train", "-f", str(manifest), "--output", str(run_dir), "--overwrite"]
+    argv = ["train", "-f", str(manifest), "--run-dir", str(run_dir), "--overwrite"]
     for s in sets:
         argv += ["--set", s]
     rc = cli_main(argv)
@@ -213,7 +213,7 @@ def sample_only(
                 i, fragment_ref = refs.pop(meta_ref)
                 meta = ray.get(meta_ref)
                 ray.get(fragment_ref)  # the driver pulls each fragment to aggregate it
-                steps += meta["env_steps"]
+                steps += meta.env_steps
                 new_fragment, new_meta = actors[i].sample.remote()
                 refs[new_meta] = (i, new_fragment)
     finally:

@@ -33,8 +33,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.support.sample_run import sample_history, sample_snapshot
-
 from impala_trainer.rundir.snapshot import (
     HISTORY_FILE,
     STATUS_FILE,
@@ -43,6 +41,13 @@ from impala_trainer.rundir.snapshot import (
 )
 
 BENCH = Path(__file__).resolve().parent
+# `python bench/sidecar_wrk.py` (and its `--serve-naive` child) has bench/, not the repository, on
+# sys.path; the test helpers below are imported as `tests.support.*` from the repository root.
+sys.path.insert(0, str(BENCH.parent))
+
+from tests.support.net import free_port  # noqa: E402
+from tests.support.sample_run import sample_history, sample_snapshot  # noqa: E402
+
 RESULTS_DIR = BENCH / "results"
 SIDES = ("ours", "naive")
 ENDPOINTS = ("/status", "/metrics")
@@ -156,12 +161,6 @@ def make_run_dir(path: Path, history_len: int) -> None:
     write_json_atomic(path / STATUS_FILE, snap)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_server(side: str, run_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     if side == "ours":
@@ -174,7 +173,7 @@ def start_server(side: str, run_dir: Path) -> tuple[subprocess.Popen[bytes], str
             str(run_dir),
             "--host",
             "127.0.0.1",
-            "--port",
+            "--status-port",
             str(port),
             "--log-level",
             "warning",

@@ -36,7 +36,7 @@ def trial(args: argparse.Namespace, manifest: str) -> dict[str, Any]:
 
         with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
             return train(
-                manifest_path(manifest, Path(tmp)),
+                manifest_path(manifest),
                 args.overrides,
                 args.seconds,
                 stop_return=None,

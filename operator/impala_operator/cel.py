@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from impala_trainer.job.spec import NO_STOP_CRITERION
+
 Rule = dict[str, Any]
 
 
@@ -84,6 +86,12 @@ def _schedule_point(field: str) -> list[Rule]:
 
 
 RULES: dict[tuple[str, ...], list[Rule]] = {
+    ("stop",): [
+        _rule(
+            "has(self.timesteps) || has(self.episodeReturnMean) || has(self.timeLimitSeconds)",
+            NO_STOP_CRITERION,
+        )
+    ],
     ("env",): _immutable("env", "environment"),
     ("model",): _immutable("model", "network"),
     ("training",): [

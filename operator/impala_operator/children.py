@@ -1,6 +1,6 @@
 """Pure builders: an ImpalaJob (plus what the operator decided) -> its child manifests as dicts.
 
-Nothing here talks to the API server; `apply.py` does. Every child carries an ownerReference to
+Nothing here talks to the API server; `kube.py` does. Every child carries an ownerReference to
 the job (controller, blockOwnerDeletion: deletion is garbage collection), the
 `app.kubernetes.io/*` labels plus the job's own labels, and a name of at most 63 characters.
 
@@ -17,8 +17,7 @@ from typing import Any, Literal
 
 import yaml
 
-from impala_operator import names as L
-from impala_operator import pod_template as podspec
+from impala_operator import names, pod_template
 from impala_trainer.job.roles import DEFAULT_PORTS, POD_IP, STATUS_PORT, role_command
 from impala_trainer.job.spec import API_GROUP, API_VERSION, KIND, ImpalaJob
 
@@ -57,11 +56,11 @@ def owner_reference(job: ImpalaJob, uid: str) -> dict[str, Any]:
     }
 
 
-def _meta(job: ImpalaJob, uid: str, name: str, component: L.Component) -> dict[str, Any]:
+def _meta(job: ImpalaJob, uid: str, name: str, component: names.Component) -> dict[str, Any]:
     return {
         "name": name,
         "namespace": _namespace(job),
-        "labels": L.child_labels(job.name, component, job.metadata.labels),
+        "labels": names.child_labels(job.name, component, job.metadata.labels),
         "ownerReferences": [owner_reference(job, uid)],
     }
 
@@ -84,7 +83,7 @@ def build_config_map(job: ImpalaJob, uid: str) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(job, uid, L.child_name(job.name, "config"), "config"),
+        "metadata": _meta(job, uid, names.child_name(job.name, "config"), "config"),
         "data": {CONFIG_KEY: job_config_yaml(job)},
     }
 
@@ -92,23 +91,23 @@ def build_config_map(job: ImpalaJob, uid: str) -> Manifest:
 def build_learner_pod(job: ImpalaJob, uid: str, *, restart_count: int = 0) -> Manifest:
     """The learner Pod: trainer container (Ray head + driver) and the status sidecar."""
     spec = job.spec
-    resources = podspec.resources(spec.learner.resources)
-    tolerations = podspec.tolerations(spec.learner.tolerations)
+    resources = pod_template.resources(spec.learner.resources)
+    tolerations = pod_template.tolerations(spec.learner.tolerations)
     if spec.learner.gpus > 0:
         gpu = str(spec.learner.gpus)
-        resources.setdefault("limits", {})[podspec.GPU_RESOURCE] = gpu
-        resources.setdefault("requests", {})[podspec.GPU_RESOURCE] = gpu
+        resources.setdefault("limits", {})[pod_template.GPU_RESOURCE] = gpu
+        resources.setdefault("requests", {})[pod_template.GPU_RESOURCE] = gpu
         # GPU node pools are commonly tainted nvidia.com/gpu:NoSchedule; a pod that asks for a GPU
         # is exactly the pod that taint is meant to let in.
-        if not any(t.get("key") == podspec.GPU_RESOURCE for t in tolerations):
+        if not any(t.get("key") == pod_template.GPU_RESOURCE for t in tolerations):
             tolerations.append(
-                {"key": podspec.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+                {"key": pod_template.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
             )
 
     volumes = [
-        {"name": "config", "configMap": {"name": L.child_name(job.name, "config")}},
+        {"name": "config", "configMap": {"name": names.child_name(job.name, "config")}},
         {"name": "run", "emptyDir": {}},
-        *podspec.scratch_volumes(),
+        *pod_template.scratch_volumes(),
     ]
     claim = spec.checkpoint.volume_claim
     run_mounts = [{"name": "run", "mountPath": RUN_DIR}]
@@ -118,7 +117,7 @@ def build_learner_pod(job: ImpalaJob, uid: str, *, restart_count: int = 0) -> Ma
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}})
         run_mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_DIR})
 
-    trainer = podspec.container(
+    trainer = pod_template.container(
         "learner",
         job,
         role_command(
@@ -133,38 +132,42 @@ def build_learner_pod(job: ImpalaJob, uid: str, *, restart_count: int = 0) -> Ma
             ("ray-metrics", DEFAULT_PORTS.metrics_export),
         ],
     )
-    sidecar = podspec.container(
+    sidecar = pod_template.container(
         "status",
         job,
         role_command("status", job, run_dir=RUN_DIR, status_host="0.0.0.0"),
-        resources=podspec.SIDECAR_RESOURCES,
+        resources=pod_template.SIDECAR_RESOURCES,
         # Only the run directory: a checkpoint mount nested in a read-only mount would need its
         # mount point created inside it, which fails, and the sidecar never reads checkpoints.
         mounts=[{"name": "run", "mountPath": RUN_DIR, "readOnly": True}],
         ports=[("http", STATUS_PORT)],
         extra_env=[{"name": "IMPALA_STATUS_JOB_NAME", "value": job.name}],
     )
-    sidecar["readinessProbe"] = podspec.http_probe("/readyz", STATUS_PORT, period=5, failures=3)
-    sidecar["livenessProbe"] = podspec.http_probe("/healthz", STATUS_PORT, period=10, failures=6)
+    sidecar["readinessProbe"] = pod_template.http_probe(
+        "/readyz", STATUS_PORT, period=5, failures=3
+    )
+    sidecar["livenessProbe"] = pod_template.http_probe(
+        "/healthz", STATUS_PORT, period=10, failures=6
+    )
     # A native sidecar (init container that keeps running): the pod ends, Succeeded or Failed,
     # when the learner container does, so the pod phase is the learner's outcome.
     sidecar["restartPolicy"] = "Always"
 
-    meta = _meta(job, uid, L.learner_pod_name(job.name, restart_count), "learner")
-    meta["labels"][L.RESTART_KEY] = str(restart_count)
-    meta["annotations"] = {L.CONFIG_HASH_KEY: config_hash(job)}
+    meta = _meta(job, uid, names.learner_pod_name(job.name, restart_count), "learner")
+    meta["labels"][names.RESTART_KEY] = str(restart_count)
+    meta["annotations"] = {names.CONFIG_HASH_KEY: config_hash(job)}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": meta,
         "spec": {
-            **podspec.pod_defaults(),
+            **pod_template.pod_defaults(),
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": LEARNER_GRACE_SECONDS,
             "initContainers": [sidecar],
             "containers": [trainer],
             "volumes": volumes,
-            **podspec.placement(spec.learner.node_selector, tolerations),
+            **pod_template.placement(spec.learner.node_selector, tolerations),
         },
     }
 
@@ -177,11 +180,11 @@ def build_learner_service(job: ImpalaJob, uid: str) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(job, uid, L.child_name(job.name, "learner"), "learner"),
+        "metadata": _meta(job, uid, names.child_name(job.name, "learner"), "learner"),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": L.selector_labels(job.name, "learner"),
+            "selector": names.selector_labels(job.name, "learner"),
             "ports": [
                 {"name": "gcs", "port": DEFAULT_PORTS.gcs, "targetPort": DEFAULT_PORTS.gcs},
                 {"name": "http", "port": STATUS_PORT, "targetPort": STATUS_PORT},
@@ -195,10 +198,10 @@ def build_status_service(job: ImpalaJob, uid: str) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(job, uid, L.child_name(job.name, "status"), "status"),
+        "metadata": _meta(job, uid, names.child_name(job.name, "status"), "status"),
         "spec": {
             "type": "ClusterIP",
-            "selector": L.selector_labels(job.name, "learner"),
+            "selector": names.selector_labels(job.name, "learner"),
             "ports": [{"name": "http", "port": STATUS_PORT, "targetPort": STATUS_PORT}],
         },
     }
@@ -207,36 +210,36 @@ def build_status_service(job: ImpalaJob, uid: str) -> Manifest:
 def build_node_deployment(job: ImpalaJob, uid: str, role: NodeRole, replicas: int) -> Manifest:
     """Deployment `<job>-rollout` / `<job>-aggregator`: pods that join the learner's Ray cluster."""
     group = job.spec.rollouts if role == "rollout" else job.spec.aggregators
-    host = L.learner_host(job.name, _namespace(job))
-    node = podspec.container(
+    host = names.learner_host(job.name, _namespace(job))
+    node = pod_template.container(
         role,
         job,
         role_command(role, job, learner_host=host, node_ip=POD_IP),
-        resources=podspec.resources(group.resources),
+        resources=pod_template.resources(group.resources),
         mounts=[],
         ports=[
             ("node-manager", DEFAULT_PORTS.node_manager),
             ("object-manager", DEFAULT_PORTS.object_manager),
         ],
     )
-    pod_labels = L.child_labels(job.name, role, job.metadata.labels)
+    pod_labels = names.child_labels(job.name, role, job.metadata.labels)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(job, uid, L.child_name(job.name, role), role),
+        "metadata": _meta(job, uid, names.child_name(job.name, role), role),
         "spec": {
             "replicas": replicas,
             "revisionHistoryLimit": 2,
-            "selector": {"matchLabels": L.selector_labels(job.name, role)},
+            "selector": {"matchLabels": names.selector_labels(job.name, role)},
             "template": {
                 "metadata": {"labels": pod_labels},
                 "spec": {
-                    **podspec.pod_defaults(),
+                    **pod_template.pod_defaults(),
                     "terminationGracePeriodSeconds": NODE_GRACE_SECONDS,
                     "containers": [node],
-                    "volumes": podspec.scratch_volumes(),
-                    **podspec.placement(
-                        group.node_selector, podspec.tolerations(group.tolerations)
+                    "volumes": pod_template.scratch_volumes(),
+                    **pod_template.placement(
+                        group.node_selector, pod_template.tolerations(group.tolerations)
                     ),
                 },
             },
@@ -250,50 +253,13 @@ def build_network_policy(job: ImpalaJob, uid: str) -> Manifest:
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": _meta(job, uid, L.child_name(job.name, "network"), "network"),
+        "metadata": _meta(job, uid, names.child_name(job.name, "network"), "network"),
         "spec": {
-            "podSelector": {"matchLabels": L.selector_labels(job.name)},
+            "podSelector": {"matchLabels": names.selector_labels(job.name)},
             "policyTypes": ["Ingress"],
             "ingress": [
-                {"from": [{"podSelector": {"matchLabels": L.selector_labels(job.name)}}]},
+                {"from": [{"podSelector": {"matchLabels": names.selector_labels(job.name)}}]},
                 {"ports": [{"protocol": "TCP", "port": STATUS_PORT}]},
             ],
         },
     }
-
-
-def build_children(
-    job: ImpalaJob,
-    uid: str,
-    *,
-    rollout_replicas: int | None = None,
-    aggregator_replicas: int | None = None,
-    suspended: bool | None = None,
-    restart_count: int = 0,
-    include_learner: bool = True,
-) -> list[Manifest]:
-    """Every child of a job, in creation order.
-
-    Replica counts default to each group's `initial_replicas` (the operator passes the
-    autoscaler's decision); `suspended` defaults to `runPolicy.suspend` and scales both
-    Deployments to 0 and leaves the learner pod out. `include_learner=False` leaves it out too
-    (e.g. while a restart waits out its backoff)."""
-    if suspended is None:
-        suspended = job.spec.run_policy.suspend
-    rollouts = job.spec.rollouts.initial_replicas if rollout_replicas is None else rollout_replicas
-    aggregators = (
-        job.spec.aggregators.initial_replicas
-        if aggregator_replicas is None
-        else aggregator_replicas
-    )
-    children = [
-        build_config_map(job, uid),
-        build_learner_service(job, uid),
-        build_status_service(job, uid),
-        build_network_policy(job, uid),
-    ]
-    if include_learner and not suspended:
-        children.append(build_learner_pod(job, uid, restart_count=restart_count))
-    children.append(build_node_deployment(job, uid, "rollout", 0 if suspended else rollouts))
-    children.append(build_node_deployment(job, uid, "aggregator", 0 if suspended else aggregators))
-    return children

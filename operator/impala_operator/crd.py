@@ -16,8 +16,7 @@ from typing import Any
 
 import yaml
 
-from impala_operator import cel
-from impala_operator import names as L
+from impala_operator import cel, names
 from impala_trainer.job.spec import (
     API_GROUP,
     API_VERSION,
@@ -25,6 +24,7 @@ from impala_trainer.job.spec import (
     MAX_NAME_LENGTH,
     PLURAL,
     ImpalaJobSpec,
+    StopSpec,
 )
 
 SINGULAR = "impalajob"
@@ -145,7 +145,10 @@ def _attach_rules(schema: dict[str, Any]) -> None:
 def spec_schema() -> dict[str, Any]:
     """The structural openAPIV3Schema of `.spec`, with defaults and CEL rules."""
     raw = ImpalaJobSpec.model_json_schema(by_alias=True)
-    defaults = ImpalaJobSpec().model_dump(mode="json", by_alias=True)
+    # `stop` is required and has no default (an empty one is refused): the other sections' defaults
+    # come from a spec whose only given field is a placeholder stop, which is then dropped.
+    placeholder = ImpalaJobSpec(stop=StopSpec(timesteps=1))
+    defaults = placeholder.model_dump(mode="json", by_alias=True, exclude={"stop"})
     schema = _structural(raw, raw.get("$defs", {}), defaults)
     _attach_rules(schema)
     return schema
@@ -274,6 +277,7 @@ def build_crd() -> dict[str, Any]:
         },
         "An IMPALA reinforcement-learning job: a learner pod (Ray head) and autoscaled rollout "
         "and aggregator pods.",
+        required=["spec"],
     )
     columns = [
         ("Phase", "string", ".status.phase", 0),
@@ -288,7 +292,7 @@ def build_crd() -> dict[str, Any]:
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": CRD_NAME,
-            "labels": {L.NAME: L.APP_NAME, L.PART_OF_KEY: L.PART_OF},
+            "labels": {names.NAME: names.APP_NAME, names.PART_OF_KEY: names.PART_OF},
         },
         "spec": {
             "group": API_GROUP,

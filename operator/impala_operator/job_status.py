@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from impala_operator import names as L
+from impala_operator import names
 from impala_operator.autoscaler import MetricSample
 from impala_operator.run_policy import (
     INVALID_SPEC,
@@ -33,7 +33,6 @@ job's learner settings (resources, image, placement) change, a differing hash me
 REQUESTED_ANNOTATION = "impala.dev/requested-replicas"
 """On a rollout/aggregator Deployment: the `spec.<group>.replicas` the operator last honoured, so
 a `kubectl scale ij/NAME` (a new request) is told apart from the autoscaler's own changes."""
-TERMINAL_SNAPSHOT_PHASES = frozenset({"Succeeded", "Failed", "Stopped"})
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ def learner_pod_view(pod: Mapping[str, Any]) -> LearnerPod:
     """A learner pod's name, attempt, phase, readiness and learner-container outcome."""
     meta = pod.get("metadata", {})
     pod_status = pod.get("status", {})
-    attempt = meta.get("labels", {}).get(L.RESTART_KEY, "0")
+    attempt = meta.get("labels", {}).get(names.RESTART_KEY, "0")
     terminated = (_learner_container(pod).get("state") or {}).get("terminated") or {}
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True"
@@ -98,7 +97,7 @@ def sidecar_url(name: str, namespace: str, annotations: Mapping[str, str]) -> st
 
 def status_url(name: str, namespace: str) -> str:
     """`status.statusURL`: the sidecar's /status through the job's Service."""
-    return f"{L.status_url(name, namespace, STATUS_PORT)}/status"
+    return f"{names.status_url(name, namespace, STATUS_PORT)}/status"
 
 
 def metric_sample(snapshot: StatusSnapshot | None, now: float, stale_after: float) -> MetricSample:
@@ -194,7 +193,7 @@ def compute_status(
     learner: dict[str, Any] = {
         "ready": bool(current and current.ready and not current.deleting),
         "restarts": state.restarts,
-        "podName": current.name if current else L.learner_pod_name(name, state.restarts),
+        "podName": current.name if current else names.learner_pod_name(name, state.restarts),
     }
     if last_exit is not None:
         learner["lastExitCode"] = last_exit
@@ -204,9 +203,9 @@ def compute_status(
         "observedGeneration": generation,
         "conditions": list(state.conditions),
         "learner": learner,
-        "rollouts": _group(rollouts, desired_rollouts, L.selector_string(name, "rollout")),
+        "rollouts": _group(rollouts, desired_rollouts, names.selector_string(name, "rollout")),
         "aggregators": _group(
-            aggregators, desired_aggregators, L.selector_string(name, "aggregator")
+            aggregators, desired_aggregators, names.selector_string(name, "aggregator")
         ),
         "statusURL": status_url(name, namespace),
     }

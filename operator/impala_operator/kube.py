@@ -159,40 +159,6 @@ class Api:
             raise
         return True
 
-    async def list(
-        self, api_version: str, kind: str, namespace: str, selector: str
-    ) -> list[Manifest]:
-        """Objects of `kind` in `namespace` matching the label `selector`."""
-        path = object_path(api_version, kind, namespace)
-        result = await self._call("GET", path, query=[("labelSelector", selector)])
-        items: list[Manifest] = result.get("items", [])
-        for item in items:  # list items omit their kind; put it back for uniform handling
-            item.setdefault("apiVersion", api_version)
-            item.setdefault("kind", kind)
-        return items
-
-    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Manifest | None:
-        """One object, or None if it does not exist."""
-        try:
-            result: Manifest = await self._call(
-                "GET", object_path(api_version, kind, namespace, name)
-            )
-        except ApiError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return result
-
-    async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        """Merge-patch an ImpalaJob's status subresource."""
-        path = object_path(JOB_API_VERSION, KIND, namespace, name) + "/status"
-        await self._call(
-            "PATCH",
-            path,
-            body={"status": dict(status)},
-            content_type="application/merge-patch+json",
-        )
-
     async def post_event(self, job: Mapping[str, Any], event: Event, now: float) -> None:
         """Record `event` on the ImpalaJob (`kubectl describe ij NAME` shows it)."""
         meta = job["metadata"]

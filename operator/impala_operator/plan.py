@@ -1,10 +1,10 @@
-"""One reconcile of a job, planned purely and then executed through `apply.Api`.
+"""One reconcile of a job, planned purely; `handlers.execute` performs the plan through `kube.Api`.
 
 `plan_tick` is the level-based step the timer runs: from the job, its current status, the observed
 children (learner pods, Deployments) and the sidecar's metric history it decides the lifecycle
 transition, the rollout/aggregator replicas, the API writes and the Events, and computes the new
 status. `plan_children` is the edge-triggered part (create/update/resume): the children that follow
-the spec directly. Both are pure; `execute` performs a plan, idempotently.
+the spec directly. Both are pure: nothing here talks to the API server.
 """
 
 from __future__ import annotations
@@ -15,17 +15,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from impala_operator import autoscaler
-from impala_operator import children as builders
-from impala_operator import job_status as st
-from impala_operator import run_policy as lifecycle
-from impala_operator.kube import Api, Manifest
+from impala_operator import autoscaler, children, job_status, run_policy
+from impala_operator.children import Manifest
 from impala_operator.run_policy import Event, LearnerPod
 from impala_operator.settings import Settings
 from impala_trainer.job.spec import ImpalaJob
 from impala_trainer.rundir.snapshot import StatusSnapshot
 
-NodeRole = builders.NodeRole
+NodeRole = children.NodeRole
 ROLES: tuple[NodeRole, ...] = ("rollout", "aggregator")
 
 
@@ -53,47 +50,47 @@ def requested(job: ImpalaJob, role: NodeRole) -> str:
 
 def deployment(job: ImpalaJob, uid: str, role: NodeRole, replicas: int, request: str) -> Manifest:
     """The builder's Deployment plus the operator's request bookkeeping annotation."""
-    manifest = builders.build_node_deployment(job, uid, role, replicas)
+    manifest = children.build_node_deployment(job, uid, role, replicas)
     annotations = manifest["metadata"].setdefault("annotations", {})
-    annotations[st.REQUESTED_ANNOTATION] = request
+    annotations[job_status.REQUESTED_ANNOTATION] = request
     return manifest
 
 
 def learner_pod(job: ImpalaJob, uid: str, attempt: int) -> Manifest:
     """The builder's learner pod, annotated with the hash of its spec."""
-    pod = builders.build_learner_pod(job, uid, restart_count=attempt)
+    pod = children.build_learner_pod(job, uid, restart_count=attempt)
     digest = hashlib.sha256(json.dumps(pod["spec"], sort_keys=True).encode()).hexdigest()[:16]
-    pod["metadata"].setdefault("annotations", {})[st.SPEC_HASH_ANNOTATION] = digest
+    pod["metadata"].setdefault("annotations", {})[job_status.SPEC_HASH_ANNOTATION] = digest
     return pod
 
 
 def plan_children(
-    job: ImpalaJob, uid: str, deployments: Mapping[str, st.DeploymentView | None]
+    job: ImpalaJob, uid: str, deployments: Mapping[str, job_status.DeploymentView | None]
 ) -> list[Manifest]:
     """Children that follow the spec (config, Services, NetworkPolicy, Deployments), for the
     create/update/resume handlers. Existing Deployments keep their replicas and request marker:
     replica decisions are the timer's, which sees the request change and acts on it."""
     suspended = job.spec.run_policy.suspend
-    children = [
-        builders.build_config_map(job, uid),
-        builders.build_learner_service(job, uid),
-        builders.build_status_service(job, uid),
-        builders.build_network_policy(job, uid),
+    manifests = [
+        children.build_config_map(job, uid),
+        children.build_learner_service(job, uid),
+        children.build_status_service(job, uid),
+        children.build_network_policy(job, uid),
     ]
     for role in ROLES:
         view = deployments.get(role)
         if view is not None and view.requested is not None:
-            children.append(deployment(job, uid, role, view.replicas, view.requested))
+            manifests.append(deployment(job, uid, role, view.replicas, view.requested))
         else:
             group = job.spec.rollouts if role == "rollout" else job.spec.aggregators
             start = 0 if suspended else group.initial_replicas
-            children.append(deployment(job, uid, role, start, requested(job, role)))
-    return children
+            manifests.append(deployment(job, uid, role, start, requested(job, role)))
+    return manifests
 
 
 def _rollouts(
     job: ImpalaJob,
-    view: st.DeploymentView | None,
+    view: job_status.DeploymentView | None,
     previous_phase: str | None,
     samples: Sequence[autoscaler.MetricSample],
     last_scale_time: float | None,
@@ -132,19 +129,19 @@ def plan_tick(
     generation: int | None,
     status: Mapping[str, Any],
     pods: Sequence[LearnerPod],
-    deployments: Mapping[str, st.DeploymentView | None],
+    deployments: Mapping[str, job_status.DeploymentView | None],
     samples: Sequence[autoscaler.MetricSample],
     snapshot: StatusSnapshot | None,
     now: float,
     settings: Settings,
 ) -> TickPlan:
     """Decide one level-based reconcile; see the module docstring."""
-    state = st.job_state(status)
-    outcome = lifecycle.step(
+    state = job_status.job_state(status)
+    outcome = run_policy.step(
         job.spec.run_policy, pods, state, now, restart_backoff=settings.restart_backoff_seconds
     )
     plan = TickPlan(status={}, events=list(outcome.events), requeue_after=outcome.requeue_after)
-    last_scale = lifecycle.parse_time(status.get("lastScaleTime"))
+    last_scale = run_policy.parse_time(status.get("lastScaleTime"))
     rollout_view, aggregator_view = deployments.get("rollout"), deployments.get("aggregator")
 
     rollouts = aggregators = 0
@@ -180,7 +177,7 @@ def plan_tick(
     current = next((p for p in pods if p.attempt == restarts and not p.deleting), None)
     if outcome.run_learner:
         pod = learner_pod(job, uid, restarts)
-        wanted_hash = pod["metadata"]["annotations"][st.SPEC_HASH_ANNOTATION]
+        wanted_hash = pod["metadata"]["annotations"][job_status.SPEC_HASH_ANNOTATION]
         if current is None:
             plan.create.append(pod)
         elif current.spec_hash not in (None, wanted_hash) and not current.finished:
@@ -191,7 +188,7 @@ def plan_tick(
             plan.events.append(Event("Normal", "LearnerSpecChanged", msg))
     plan.delete_pods += list(outcome.delete_pods)
     plan.delete_job = outcome.delete_job
-    plan.status = st.compute_status(
+    plan.status = job_status.compute_status(
         name=job.name,
         namespace=job.metadata.namespace or "",
         generation=generation,
@@ -206,21 +203,3 @@ def plan_tick(
         last_scale_time=last_scale,
     )
     return plan
-
-
-async def execute(api: Api, job_body: Mapping[str, Any], plan: TickPlan, now: float) -> None:
-    """Perform a plan's writes. Every step is idempotent, so a crash halfway is repaired by the
-    next tick: applies converge, creates of existing pods are no-ops, deletes of gone ones too."""
-    namespace = job_body["metadata"]["namespace"]
-    for manifest in plan.apply:
-        await api.apply(manifest)
-    for manifest in plan.create:
-        await api.create(manifest)
-    for name in plan.delete_pods:
-        await api.delete("v1", "Pod", namespace, name)
-    for event in plan.events:
-        await api.post_event(job_body, event, now)
-    if plan.delete_job:
-        await api.delete(
-            "impala.dev/v1alpha1", "ImpalaJob", namespace, job_body["metadata"]["name"]
-        )

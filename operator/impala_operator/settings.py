@@ -7,7 +7,6 @@ lives in the ImpalaJob spec; these are the operator-wide defaults and timings.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Annotated
 
 from pydantic import Field, field_validator
@@ -75,9 +74,3 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [ns.strip() for ns in value.split(",") if ns.strip()]
         return value
-
-
-@lru_cache
-def get_settings() -> Settings:
-    """The process-wide settings, read from the environment once."""
-    return Settings()

@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -31,6 +30,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+# tests/ is this package's import root, under pytest (tests/e2e/conftest.py puts it on sys.path)
+# and standalone (`cd tests && python -m cluster`), so the shared helper is `support.net` here;
+# a relative `..support` would climb above the top-level package `cluster`.
+from support.net import free_port
 
 from .kube import KWOK_NODE_ANNOTATION, Kube, b64file, wait_for, write_kubeconfig
 from .node import HOST_IP, NODE_NAME, RealNode, missing_prerequisites
@@ -65,13 +69,6 @@ def build_binaries(*, quiet: bool = False) -> Path:
         check=True,
     )
     return Path(proc.stdout.strip().splitlines()[-1])
-
-
-def free_port() -> int:
-    """A TCP port that is free now; the tiny race until the server binds it is accepted."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _sweep_stale_workdirs() -> None:

@@ -10,12 +10,18 @@ from typing import Any
 import pytest
 
 from cluster import Kube, wait_for
-from impala_operator.children import build_children
+from impala_operator.plan import learner_pod, plan_children
 from impala_trainer.job.manifest import parse_manifest
 from tests.e2e.test_crd_validation import install_crd
 from tests.unit.operator.crd_cases import VALID
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def _children(live: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the operator writes for a new job: `plan_children` and the first learner pod."""
+    job, uid = parse_manifest(live), live["metadata"]["uid"]
+    return [*plan_children(job, uid, {}), learner_pod(job, uid, 0)]
 
 
 @pytest.mark.parametrize("name", ["base", "everything"])
@@ -34,10 +40,7 @@ def test_children_pass_strict_validation_and_restricted_pod_security(
     manifest = VALID[name]
     kube.kubectl("create", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
     live = kube.get("ij", manifest["metadata"]["name"], "-n", namespace)
-    job = parse_manifest(live)
-    children = build_children(
-        job, live["metadata"]["uid"], rollout_replicas=2, aggregator_replicas=1
-    )
+    children = _children(live)
     listing: dict[str, Any] = {"apiVersion": "v1", "kind": "List", "items": children}
     proc = kube.kubectl(
         "apply",
@@ -60,7 +63,7 @@ def test_children_are_garbage_collected_with_the_job(kube: Kube, namespace: str)
     manifest = VALID["base"]
     kube.kubectl("create", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
     live = kube.get("ij", manifest["metadata"]["name"], "-n", namespace)
-    children = build_children(parse_manifest(live), live["metadata"]["uid"])
+    children = _children(live)
     kube.kubectl(
         "apply",
         "--server-side",

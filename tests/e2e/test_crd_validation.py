@@ -4,6 +4,8 @@ and defaulted exactly as the spec model defaults them, the scale and status subr
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,25 @@ def test_invalid_job_is_rejected_naming_the_field(crd: Kube, namespace: str, cas
             _apply(crd, namespace, job_with(case), "--dry-run=server")
     message = err.value.stderr
     assert case.field in message, f"{case.id}: the error does not name {case.field}:\n{message}"
+    if case.message is not None:
+        assert case.message in message, f"{case.id}: the API server's message differs:\n{message}"
+
+
+@pytest.mark.parametrize("case", [c for c in INVALID if c.message], ids=lambda c: c.id)
+def test_cli_refuses_with_the_api_servers_message(tmp_path: Path, case: Invalid) -> None:
+    """`impalajob validate` and `impalajob train` refuse the manifest the API server refuses,
+    with the same words, before anything starts."""
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump(job_with(case)))
+    for command in (["validate"], ["train", "--run-dir", str(tmp_path / "run")]):
+        res = subprocess.run(
+            [sys.executable, "-m", "impala_trainer.cli", *command, "-f", str(manifest)],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.startswith(f"impalajob {command[0]}: error: {manifest}: invalid")
+        assert f"\n  {case.message}" in res.stderr, res.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def _clean(value: Any) -> Any:

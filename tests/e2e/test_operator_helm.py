@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,8 @@ from impala_trainer.rundir.snapshot import (
     Throughput,
     write_json_atomic,
 )
+from tests.support.jobs import job_manifest
+from tests.support.net import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -47,12 +48,6 @@ OPERATOR_ENV = {
     "IMPALA_OPERATOR_SIDECAR_TIMEOUT": "1",
     "IMPALA_OPERATOR_HEALTH_PORT": "0",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Operator:
@@ -133,7 +128,7 @@ class Sidecar:
                 str(run_dir),
                 "--host",
                 "127.0.0.1",
-                "--port",
+                "--status-port",
                 str(self.port),
             ],
             stdout=subprocess.DEVNULL,
@@ -168,19 +163,11 @@ class Sidecar:
         self.proc.wait(timeout=30)
 
 
-def job(name: str, **spec: Any) -> dict[str, Any]:
-    """A small ImpalaJob; `spec` sections replace the defaults' sections."""
-    base: dict[str, Any] = {
-        "env": {"id": "CartPole-v1", "numEnvsPerWorker": 4},
-        "rollouts": {"minReplicas": 1, "maxReplicas": 3},
-    }
-    base.update(spec)
-    return {
-        "apiVersion": "impala.dev/v1alpha1",
-        "kind": "ImpalaJob",
-        "metadata": {"name": name},
-        "spec": base,
-    }
+SMALL_JOB: dict[str, Any] = {
+    "env": {"id": "CartPole-v1", "numEnvsPerWorker": 4},
+    "rollouts": {"minReplicas": 1, "maxReplicas": 3},
+}
+"""The spec of the suite's jobs (`job_manifest(name, SMALL_JOB, **sections)`)."""
 
 
 class OperatorSuite:
@@ -341,8 +328,9 @@ class OperatorSuite:
     def test_autoscaling_follows_the_learner_queue(
         self, kube: Kube, ns: str, operator: Operator, sidecar: Sidecar
     ) -> None:
-        manifest = job(
+        manifest = job_manifest(
             "scaler",
+            SMALL_JOB,
             rollouts={
                 "minReplicas": 1,
                 "maxReplicas": 3,
@@ -376,7 +364,11 @@ class OperatorSuite:
         assert reasons.count("LearnerStarved") == 2 and reasons.count("LearnerQueueSaturated") == 2
 
     def test_kubectl_scale_sets_rollouts(self, kube: Kube, ns: str, operator: Operator) -> None:
-        self.create(kube, ns, job("scaled", rollouts={"minReplicas": 1, "maxReplicas": 4}))
+        self.create(
+            kube,
+            ns,
+            job_manifest("scaled", SMALL_JOB, rollouts={"minReplicas": 1, "maxReplicas": 4}),
+        )
         self.wait_status(kube, ns, "scaled", lambda s: s.get("phase") == "Running", "Running")
         kube.kubectl("scale", "ij/scaled", "-n", ns, "--replicas=3")
         wait_for(
@@ -390,7 +382,9 @@ class OperatorSuite:
         assert "ManualScale" in self.events(kube, ns, "scaled")
 
     def test_spec_changes_take_effect_live(self, kube: Kube, ns: str, operator: Operator) -> None:
-        self.create(kube, ns, job("live", rollouts={"minReplicas": 2, "maxReplicas": 4}))
+        self.create(
+            kube, ns, job_manifest("live", SMALL_JOB, rollouts={"minReplicas": 2, "maxReplicas": 4})
+        )
         self.wait_status(
             kube,
             ns,
@@ -464,7 +458,7 @@ class OperatorSuite:
                 },
             }
         )
-        self.create(kube, ns, job("pausy", checkpoint={"volumeClaim": "ckpt"}))
+        self.create(kube, ns, job_manifest("pausy", SMALL_JOB, checkpoint={"volumeClaim": "ckpt"}))
         self.wait_status(kube, ns, "pausy", lambda s: s.get("phase") == "Running", "Running")
         claim_uid = kube.get("pvc", "ckpt", "-n", ns)["metadata"]["uid"]
 
@@ -518,7 +512,7 @@ class OperatorSuite:
     def test_learner_failure_restarts_up_to_backoff_limit(
         self, kube: Kube, ns: str, operator: Operator
     ) -> None:
-        self.create(kube, ns, job("flaky", runPolicy={"backoffLimit": 2}))
+        self.create(kube, ns, job_manifest("flaky", SMALL_JOB, runPolicy={"backoffLimit": 2}))
         for attempt in range(3):
             pod = f"flaky-learner-{attempt}"
             self.wait_status(
@@ -543,8 +537,8 @@ class OperatorSuite:
         assert reasons.count("LearnerFailed") == 2 and "BackoffLimitExceeded" in reasons
 
     def test_stop_succeeds_and_cleans_up(self, kube: Kube, ns: str, operator: Operator) -> None:
-        self.create(kube, ns, job("done", runPolicy={"cleanPodPolicy": "All"}))
-        self.create(kube, ns, job("keep", runPolicy={"cleanPodPolicy": "None"}))
+        self.create(kube, ns, job_manifest("done", SMALL_JOB, runPolicy={"cleanPodPolicy": "All"}))
+        self.create(kube, ns, job_manifest("keep", SMALL_JOB, runPolicy={"cleanPodPolicy": "None"}))
         for name in ("done", "keep"):
             self.wait_status(kube, ns, name, lambda s: s.get("phase") == "Running", "Running")
             kube.end_pod(ns, f"{name}-learner-0", exit_code=0)
@@ -564,13 +558,17 @@ class OperatorSuite:
         assert "Completed" in self.events(kube, ns, "done")
 
     def test_deadline_fails_the_job(self, kube: Kube, ns: str, operator: Operator) -> None:
-        self.create(kube, ns, job("late", runPolicy={"activeDeadlineSeconds": 3}))
+        self.create(
+            kube, ns, job_manifest("late", SMALL_JOB, runPolicy={"activeDeadlineSeconds": 3})
+        )
         st = self.wait_status(kube, ns, "late", lambda s: s.get("phase") == "Failed", "Failed")
         assert self.condition(st, "Failed")["reason"] == "DeadlineExceeded"
         assert "DeadlineExceeded" in self.events(kube, ns, "late")
 
     def test_ttl_deletes_the_finished_job(self, kube: Kube, ns: str, operator: Operator) -> None:
-        self.create(kube, ns, job("brief", runPolicy={"ttlSecondsAfterFinished": 1}))
+        self.create(
+            kube, ns, job_manifest("brief", SMALL_JOB, runPolicy={"ttlSecondsAfterFinished": 1})
+        )
         self.wait_status(kube, ns, "brief", lambda s: s.get("phase") == "Running", "Running")
         kube.end_pod(ns, "brief-learner-0", exit_code=0)
 
@@ -594,7 +592,7 @@ class OperatorSuite:
         self, kube: Kube, ns: str, operator: Operator
     ) -> None:
         names = [f"crash-{i}" for i in range(4)]
-        items = [job(n) for n in names]
+        items = [job_manifest(n, SMALL_JOB) for n in names]
         kube.kubectl(
             "apply",
             "-n",

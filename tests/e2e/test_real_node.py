@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from cluster import Kube, wait_for
 from cluster.node import NODE_NAME, RealNode
+from tests.support.jobs import example_manifest
 
 from .conftest import REAL_NODE_REPORT
 
@@ -31,7 +31,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "impala-operator"
-EXAMPLES = ROOT / "manifests" / "examples"
 OPERATOR_NS = "impala-system"
 RUN_AS = 1000
 
@@ -143,22 +142,6 @@ def checkpoint_claim(kube: Kube, namespace: str, name: str, size: str = "1Gi") -
     return path
 
 
-def example(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
-    """An example manifest as a user would apply it, plus `spec` overrides (deep-merged)."""
-    manifest: dict[str, Any] = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
-    manifest["metadata"]["namespace"] = namespace
-
-    def merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
-        for k, v in extra.items():
-            if isinstance(v, dict) and isinstance(into.get(k), dict):
-                merge(into[k], v)
-            else:
-                into[k] = v
-
-    merge(manifest["spec"], spec)
-    return manifest
-
-
 def job_status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
     return dict(kube.get("ij", name, "-n", namespace).get("status") or {})
 
@@ -182,7 +165,11 @@ def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
     with kube.namespace("cartpole") as ns:
         checkpoints = checkpoint_claim(kube, ns, "cartpole-checkpoints")
         t0 = time.monotonic()
-        kube.apply(example("cartpole", ns, checkpoint={"volumeClaim": "cartpole-checkpoints"}))
+        kube.apply(
+            example_manifest(
+                "cartpole", namespace=ns, checkpoint={"volumeClaim": "cartpole-checkpoints"}
+            )
+        )
         log(f"applied manifests/examples/cartpole.yaml in {ns}")
         seen: list[int] = []
         running: set[str] = set()
@@ -256,14 +243,14 @@ def faulty_job(real_kube: Kube, operator: None) -> Iterator[tuple[str, Path]]:
     kube = real_kube
     with kube.namespace("faults") as ns:
         checkpoints = checkpoint_claim(kube, ns, "faulty-checkpoints")
-        manifest = example(
+        manifest = example_manifest(
             "cartpole",
-            ns,
+            name=FAULT_JOB,
+            namespace=ns,
             rollouts={"minReplicas": 2, "maxReplicas": 2, "autoscaling": {"enabled": False}},
             checkpoint={"volumeClaim": "faulty-checkpoints", "intervalSeconds": CHECKPOINT_SECONDS},
             stop={"timeLimitSeconds": 200},
         )
-        manifest["metadata"]["name"] = FAULT_JOB
         del manifest["spec"]["stop"]["episodeReturnMean"]
         kube.apply(manifest)
         with diagnosed(kube, ns):
@@ -425,7 +412,11 @@ def test_killed_learner_resumes_from_checkpoint(
 def test_aggregator_variant_trains(real_kube: Kube, operator: None) -> None:
     kube = real_kube
     with kube.namespace("aggregated") as ns:
-        kube.apply(example("cartpole", ns, aggregators={"minReplicas": 1, "maxReplicas": 1}))
+        kube.apply(
+            example_manifest(
+                "cartpole", namespace=ns, aggregators={"minReplicas": 1, "maxReplicas": 1}
+            )
+        )
         membership: dict[str, Any] = {}
 
         def watch() -> dict[str, Any] | None:

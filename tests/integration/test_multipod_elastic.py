@@ -18,24 +18,21 @@ from typing import Any
 import pytest
 
 from tests.integration.multipod_cluster import LocalJob, healthy
+from tests.support.jobs import job_manifest
 
 pytestmark = [pytest.mark.slow, pytest.mark.train]
 
-MANIFEST: dict[str, Any] = {
-    "apiVersion": "impala.dev/v1alpha1",
-    "kind": "ImpalaJob",
-    "metadata": {"name": "multipod-elastic"},
-    "spec": {
-        "env": {"id": "CartPole-v1", "numEnvsPerWorker": 4},
-        "model": {"type": "mlp", "hidden": [32]},
-        "training": {"trainBatchSize": 400, "rolloutFragmentLength": 50},
-        "rollouts": {"workersPerPod": 1},
-        "aggregators": {"minReplicas": 1, "maxReplicas": 1},
-        # Never reached: the test ends the run itself.
-        "stop": {"timesteps": 10**10, "timeLimitSeconds": 3000},
-        "checkpoint": {"intervalSeconds": 5, "keep": 3},
-    },
-}
+MANIFEST: dict[str, Any] = job_manifest(
+    "multipod-elastic",
+    env={"id": "CartPole-v1", "numEnvsPerWorker": 4},
+    model={"type": "mlp", "hidden": [32]},
+    training={"trainBatchSize": 400, "rolloutFragmentLength": 50},
+    rollouts={"workersPerPod": 1},
+    aggregators={"minReplicas": 1, "maxReplicas": 1},
+    # Never reached: the test ends the run itself.
+    stop={"timesteps": 10**10, "timeLimitSeconds": 3000},
+    checkpoint={"intervalSeconds": 5, "keep": 3},
+)
 
 
 @pytest.fixture

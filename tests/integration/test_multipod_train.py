@@ -13,24 +13,21 @@ from typing import Any
 import pytest
 
 from tests.integration.multipod_cluster import LocalJob, healthy
+from tests.support.jobs import job_manifest
 
 pytestmark = [pytest.mark.slow, pytest.mark.train]
 
-MANIFEST: dict[str, Any] = {
-    "apiVersion": "impala.dev/v1alpha1",
-    "kind": "ImpalaJob",
-    "metadata": {"name": "multipod-cartpole"},
-    "spec": {
-        "env": {"id": "CartPole-v1", "numEnvsPerWorker": 16},
-        "model": {"type": "mlp", "hidden": [64, 64]},
-        "training": {"trainBatchSize": 800, "rolloutFragmentLength": 50, "seed": 7},
-        "rollouts": {"minReplicas": 2, "maxReplicas": 4, "workersPerPod": 1},
-        "aggregators": {"minReplicas": 1, "maxReplicas": 1},
-        # The time limit only stops a run that fails to learn (the test then fails on it).
-        "stop": {"episodeReturnMean": 400, "timeLimitSeconds": 900},
-        "checkpoint": {"intervalSeconds": 60},
-    },
-}
+MANIFEST: dict[str, Any] = job_manifest(
+    "multipod-cartpole",
+    env={"id": "CartPole-v1", "numEnvsPerWorker": 16},
+    model={"type": "mlp", "hidden": [64, 64]},
+    training={"trainBatchSize": 800, "rolloutFragmentLength": 50, "seed": 7},
+    rollouts={"minReplicas": 2, "maxReplicas": 4, "workersPerPod": 1},
+    aggregators={"minReplicas": 1, "maxReplicas": 1},
+    # The time limit only stops a run that fails to learn (the test then fails on it).
+    stop={"episodeReturnMean": 400, "timeLimitSeconds": 900},
+    checkpoint={"intervalSeconds": 60},
+)
 
 
 @pytest.fixture

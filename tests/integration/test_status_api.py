@@ -1,4 +1,8 @@
-"""Every sidecar endpoint through a real uvicorn on a free port (`serve_in_thread`)."""
+"""Every sidecar endpoint through a real uvicorn on a free port (`serve_in_thread`).
+
+Each router's behaviour is tested in process in tests/unit/sidecar/test_routers.py (the 422s on
+bad query parameters and the configured `job` label only there).
+"""
 
 from __future__ import annotations
 
@@ -207,19 +211,6 @@ def test_history_missing_is_503(serve: Serve, run_dir: Path) -> None:
     }
 
 
-@pytest.mark.parametrize(
-    "params",
-    [{"limit": "0"}, {"limit": "abc"}, {"limit": "100001"}, {"since": "-1"}, {"since": "1.5"}],
-)
-def test_bad_query_parameters_give_422(serve: Serve, run_dir: Path, params: dict) -> None:
-    write_sample_run(run_dir, points=3)
-    r = serve().get("/history", params=params)
-    assert r.status_code == 422
-    body = r.json()
-    assert body["error"] == "invalid_request"
-    assert next(iter(params)) in body["detail"]
-
-
 def test_metrics_parse_with_job_label(serve: Serve, run_dir: Path) -> None:
     snap, _ = write_sample_run(run_dir, points=30)
     client = serve()
@@ -260,13 +251,6 @@ def test_metrics_parse_with_job_label(serve: Serve, run_dir: Path) -> None:
     families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
     assert value("impala_env_steps_sampled_total") == 123_456
     assert value("impala_phase", phase="Failed") == 1.0
-
-
-def test_metrics_job_label_can_be_configured(serve: Serve, run_dir: Path) -> None:
-    write_sample_run(run_dir, points=3)
-    text = serve(job_name="prod-pong").get("/metrics").text
-    jobs = {s.labels["job"] for f in text_string_to_metric_families(text) for s in f.samples}
-    assert jobs == {"prod-pong"}
 
 
 def test_dashboard_and_assets(serve: Serve, run_dir: Path) -> None:

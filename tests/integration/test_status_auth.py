@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import httpx
 import pytest
 
 from impala_trainer.sidecar.settings import Settings
+from tests.support.net import free_port
 from tests.support.sample_run import write_sample_run
 from tests.support.sidecar import serve_in_thread
 
@@ -75,19 +75,13 @@ def _assert_guarded(client: httpx.Client, token: str) -> None:
         assert client.get(path, headers=_bearer(token)).status_code == 200, path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def cli_server(run_dir: Path) -> Iterator[Callable[..., str]]:
     """`impalajob status-server` as a subprocess, as the sidecar container runs it."""
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(*flags: str, env: dict[str, str]) -> str:
-        port = _free_port()
+        port = free_port()
         clean = {k: v for k, v in os.environ.items() if not k.startswith("IMPALA_STATUS_")}
         proc = subprocess.Popen(
             [
@@ -99,7 +93,7 @@ def cli_server(run_dir: Path) -> Iterator[Callable[..., str]]:
                 str(run_dir),
                 "--host",
                 "127.0.0.1",
-                "--port",
+                "--status-port",
                 str(port),
                 *flags,
             ],

@@ -24,6 +24,7 @@ import pytest
 from impala_trainer.cli import main
 from impala_trainer.rundir.snapshot import SUMMARY_FILE, Summary, write_json_atomic
 from impala_trainer.sidecar.settings import Settings
+from tests.support.jobs import job_manifest
 from tests.support.sample_run import write_sample_run
 from tests.support.sidecar import serve_in_thread
 
@@ -214,9 +215,7 @@ def kubeconfig(tmp_path: Path) -> Iterator[tuple[Path, type[_FakeApiServer]]]:
 def _job(namespace: str, name: str, status_url: str | None) -> tuple[str, dict]:
     path = f"/apis/impala.dev/v1alpha1/namespaces/{namespace}/impalajobs/{name}"
     obj = {
-        "apiVersion": "impala.dev/v1alpha1",
-        "kind": "ImpalaJob",
-        "metadata": {"name": name, "namespace": namespace},
+        **job_manifest(name, namespace=namespace),
         "status": {"phase": "Running", **({"statusURL": status_url} if status_url else {})},
     }
     return path, obj

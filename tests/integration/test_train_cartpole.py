@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+
+from tests.support.jobs import job_manifest
 
 EXAMPLE = "manifests/examples/cartpole.yaml"
 TIMEOUT = 900  # generous: the machines these run on are shared and noisy
@@ -41,17 +44,16 @@ def _history(run: Path) -> list[dict[str, Any]]:
 def test_invalid_manifest_exits_2_naming_the_field_before_anything_starts(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(
-        "apiVersion: impala.dev/v1alpha1\nkind: ImpalaJob\nmetadata: {name: bad}\n"
-        "spec:\n  training: {lr: -1, rolloutFragmentLenght: 10}\n"
+        yaml.safe_dump(job_manifest("bad", training={"lr": -1, "rolloutFragmentLenght": 10}))
     )
-    res = _train("-f", str(bad), "--output", str(tmp_path / "run"), timeout=120)
+    res = _train("-f", str(bad), "--run-dir", str(tmp_path / "run"), timeout=120)
     assert res.returncode == 2, res.stderr
     assert "spec.training.lr" in res.stderr and "got -1" in res.stderr
     assert "did you mean 'rolloutFragmentLength'" in res.stderr
     assert not (tmp_path / "run").exists(), "nothing may start for an invalid manifest"
-    res = _train("-f", EXAMPLE, "--set", "stop.timesteps=0", "--output", str(tmp_path / "r"))
+    res = _train("-f", EXAMPLE, "--set", "stop.timesteps=0", "--run-dir", str(tmp_path / "r"))
     assert res.returncode == 2 and "spec.stop.timesteps" in res.stderr
-    res = _train("-f", EXAMPLE, "--set", "env.id=NoSuchEnv-v0", "--output", str(tmp_path / "r"))
+    res = _train("-f", EXAMPLE, "--set", "env.id=NoSuchEnv-v0", "--run-dir", str(tmp_path / "r"))
     assert res.returncode == 2 and "spec.env.id" in res.stderr and "NoSuchEnv" in res.stderr
     assert not (tmp_path / "r").exists()
 
@@ -60,7 +62,7 @@ def test_invalid_manifest_exits_2_naming_the_field_before_anything_starts(tmp_pa
 @pytest.mark.train
 def test_cli_solves_cartpole_and_writes_the_run_directory(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    res = _train("-f", EXAMPLE, "--output", str(run))
+    res = _train("-f", EXAMPLE, "--run-dir", str(run))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "episodeReturnMean reached" in res.stdout
 
@@ -88,7 +90,7 @@ def test_cli_solves_cartpole_and_writes_the_run_directory(tmp_path: Path) -> Non
 @pytest.mark.train
 def test_resume_continues_counters_exactly(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    common = ["-f", EXAMPLE, "--output", str(run), "--set", "stop.episodeReturnMean=null"]
+    common = ["-f", EXAMPLE, "--run-dir", str(run), "--set", "stop.episodeReturnMean=null"]
     first = _train(*common, "--set", "stop.timesteps=20000")
     assert first.returncode == 0, first.stderr
     s1 = _json(run / "summary.json")
@@ -120,7 +122,7 @@ def test_resume_continues_counters_exactly(tmp_path: Path) -> None:
 def test_learner_starvation_fails_with_a_clear_reason(tmp_path: Path) -> None:
     run = tmp_path / "run"
     res = _train(
-        "-f", EXAMPLE, "--output", str(run),
+        "-f", EXAMPLE, "--run-dir", str(run),
         # A batch of a million steps never fills in time: the learner waits past its timeout.
         "--set", "training.trainBatchSize=1000000", "--set", "training.learnerQueueTimeout=3",
     )
@@ -137,7 +139,7 @@ def test_learner_starvation_fails_with_a_clear_reason(tmp_path: Path) -> None:
 def test_async_gradients_mode_improves_the_return(tmp_path: Path) -> None:
     run = tmp_path / "run"
     res = _train(
-        "-f", EXAMPLE, "--output", str(run),
+        "-f", EXAMPLE, "--run-dir", str(run),
         "--set", "training.mode=async-gradients", "--set", "training.rolloutFragmentLength=16",
         "--set", "stop.episodeReturnMean=150", "--set", "stop.timeLimitSeconds=600",
     )
@@ -159,7 +161,7 @@ def test_async_gradients_mode_improves_the_return(tmp_path: Path) -> None:
 def test_aggregator_actor_with_mixin_replay_learns(tmp_path: Path) -> None:
     run = tmp_path / "run"
     res = _train(
-        "-f", EXAMPLE, "--output", str(run), "--num-aggregator-workers", "1",
+        "-f", EXAMPLE, "--run-dir", str(run), "--num-aggregator-workers", "1",
         "--set", "training.replayProportion=0.5", "--set", "training.replayBufferNumSlots=8",
         "--set", "stop.episodeReturnMean=150", "--set", "stop.timeLimitSeconds=600",
     )
@@ -183,7 +185,7 @@ def test_dashboard_serves_the_run_while_it_trains(tmp_path: Path) -> None:
         port = sock.getsockname()[1]
     cmd = [
         sys.executable, "-m", "impala_trainer.cli", "train", "-f", EXAMPLE,
-        "--output", str(tmp_path / "run"), "--dashboard", "--port", str(port),
+        "--run-dir", str(tmp_path / "run"), "--dashboard", "--status-port", str(port),
         "--set", "stop.episodeReturnMean=null", "--set", "stop.timesteps=150000",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -223,7 +225,8 @@ def local_ray() -> Any:
 def test_killed_rollout_actor_is_replaced_and_training_continues(
     tmp_path: Path, local_ray: Any
 ) -> None:
-    from impala_trainer.driver.impala import ImpalaDriver
+    from impala_trainer.driver.launch import build_driver
+    from impala_trainer.driver.ray_backend import RayBackend
     from impala_trainer.job.manifest import load_manifest
     from impala_trainer.rundir.snapshot import StatusSnapshot
     from impala_trainer.rundir.writer import RunDir
@@ -244,7 +247,7 @@ def test_killed_rollout_actor_is_replaced_and_training_continues(
             # The replacement works: end the run 10k steps from now, by the timesteps criterion.
             driver.stats.stop.timesteps = min(driver.stats.stop.timesteps or 0, steps + 10000)
 
-    driver = ImpalaDriver(job, run_dir, num_rollout_workers=2, on_report=on_report)
+    driver = build_driver(job, run_dir, RayBackend(), rollout_workers=2, on_report=on_report)
     result = driver.run()
     assert result.phase == "Succeeded" and result.stopped_by == "timesteps", result.message
     c = driver.stats.counters

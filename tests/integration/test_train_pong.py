@@ -20,7 +20,7 @@ def test_pong_example_trains_briefly(tmp_path: Path) -> None:
     res = subprocess.run(
         [
             sys.executable, "-m", "impala_trainer.cli", "train",
-            "-f", "manifests/examples/pong.yaml", "--output", str(run),
+            "-f", "manifests/examples/pong.yaml", "--run-dir", str(run),
             # Small fragments and batches: a few CNN updates in a short run on a CPU learner.
             "--set", "env.numEnvsPerWorker=4", "--set", "training.rolloutFragmentLength=25",
             "--set", "training.trainBatchSize=200", "--set", "stop.timesteps=3000",

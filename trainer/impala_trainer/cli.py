@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from impala_trainer.commands import CommandError
+
 # name -> (module, one-line help)
 COMMANDS: dict[str, str] = {
     "train": "train locally from an ImpalaJob manifest",
@@ -43,7 +45,11 @@ def main(argv: list[str] | None = None) -> int:
             importlib.import_module(command_module(name)).register(p)
     args = parser.parse_args(argv)
     mod = importlib.import_module(command_module(args.command))
-    return int(mod.run(args) or 0)
+    try:
+        return int(mod.run(args) or 0)
+    except CommandError as err:
+        print(f"impalajob {args.command}: error: {err}", file=sys.stderr, flush=True)
+        return err.code
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from impala_trainer.job.spec import NO_STOP_CRITERION
+
 Kind = Literal["schema", "unknown", "cel", "immutable", "name"]
 
 
@@ -27,6 +29,19 @@ class Invalid:
     """Deep-merged into `base_job()['spec']` (for `immutable`: into the spec of an update)."""
     field: str
     """Field path the error message must name."""
+    message: str | None = None
+    """Text every refusal must carry word for word (the model's, the CLI's, the API server's)."""
+
+
+@dataclass(frozen=True)
+class Replace:
+    """A patch value that replaces the section whole instead of merging into it."""
+
+    value: Any
+
+
+REMOVE = object()
+"""A patch value that deletes the key."""
 
 
 def base_job(name: str = "valid") -> dict[str, Any]:
@@ -40,6 +55,7 @@ def base_job(name: str = "valid") -> dict[str, Any]:
             "model": {"type": "mlp", "hidden": [32, 32]},
             "training": {"lr": 0.001, "trainBatchSize": 200},
             "rollouts": {"minReplicas": 1, "maxReplicas": 3},
+            "stop": {"timesteps": 100_000},
         },
     }
 
@@ -48,7 +64,11 @@ def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     """Recursive dict merge (lists and scalars in `patch` replace)."""
     out = copy.deepcopy(base)
     for key, value in patch.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if value is REMOVE:
+            out.pop(key, None)
+        elif isinstance(value, Replace):
+            out[key] = copy.deepcopy(value.value)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
@@ -126,6 +146,7 @@ INVALID: list[Invalid] = [
         {"learner": {"tolerations": [{"key": "gpu", "operator": "Maybe"}]}},
         "spec.learner.tolerations[0].operator",
     ),
+    Invalid("stop-missing", "schema", {"stop": REMOVE}, "spec.stop"),
     # --- unknown fields (strict field validation)
     Invalid(
         "unknown-training-field",
@@ -189,6 +210,7 @@ INVALID: list[Invalid] = [
         {"training": {"entropyCoeffSchedule": []}},
         "spec.training.entropyCoeffSchedule",
     ),
+    Invalid("stop-empty", "cel", {"stop": Replace({})}, "spec.stop", NO_STOP_CRITERION),
     # --- immutable fields (CEL transition rules, checked on update)
     Invalid("env-changed", "immutable", {"env": {"id": "Acrobot-v1"}}, "spec.env"),
     Invalid("model-changed", "immutable", {"model": {"hidden": [64]}}, "spec.model"),
@@ -204,6 +226,7 @@ VALID: dict[str, dict[str, Any]] = {
         "apiVersion": "impala.dev/v1alpha1",
         "kind": "ImpalaJob",
         "metadata": {"name": "minimal"},
+        "spec": {"stop": {"timesteps": 1000}},
     },
     "base": base_job("base"),
     "everything": merge(

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from impala_operator import autoscaler as a
+from impala_operator import autoscaler
 from impala_operator.autoscaler import MetricSample, ScaleDecision, decide_rollouts
 from impala_trainer.job.spec import AggregatorsSpec, AutoscalingSpec
 
@@ -56,88 +56,90 @@ def _decide(
 
 def test_starved_over_whole_window_scales_up_by_step() -> None:
     d = _decide(_series(0, 30, 5, **STARVED), now=30)
-    assert (d.replicas, d.reason, d.changed) == (5, a.LEARNER_STARVED, True)
+    assert (d.replicas, d.reason, d.changed) == (5, autoscaler.LEARNER_STARVED, True)
     assert "3 -> 5" in d.message
 
 
 def test_scale_up_stops_at_max() -> None:
     assert _decide(_series(0, 30, 5, **STARVED), now=30, current=5).replicas == 6
     held = _decide(_series(0, 30, 5, **STARVED), now=30, current=6)
-    assert (held.replicas, held.reason, held.changed) == (6, a.AT_LIMIT, False)
+    assert (held.replicas, held.reason, held.changed) == (6, autoscaler.AT_LIMIT, False)
 
 
 def test_saturated_scales_down_by_step_to_min() -> None:
     d = _decide(_series(0, 30, 5, **SATURATED), now=30, current=4)
-    assert (d.replicas, d.reason) == (3, a.QUEUE_SATURATED)
-    assert _decide(_series(0, 30, 5, **SATURATED), now=30, current=1).reason == a.AT_LIMIT
+    assert (d.replicas, d.reason) == (3, autoscaler.QUEUE_SATURATED)
+    assert _decide(_series(0, 30, 5, **SATURATED), now=30, current=1).reason == autoscaler.AT_LIMIT
 
 
 def test_empty_queue_with_busy_learner_is_not_starvation() -> None:
     # An empty queue while the learner is busy training means it consumes as fast as it gets.
     d = _decide(_series(0, 30, 5, queue_fill=0.0, idle_fraction=0.1), now=30)
-    assert (d.replicas, d.reason) == (3, a.WITHIN_TARGET)
+    assert (d.replicas, d.reason) == (3, autoscaler.WITHIN_TARGET)
 
 
 def test_one_sample_outside_the_condition_holds() -> None:
     samples = _series(0, 30, 5, **STARVED)
     samples[4] = MetricSample(time=samples[4].time, available=True, **MIDDLE)
-    assert _decide(samples, now=30).reason == a.WITHIN_TARGET
+    assert _decide(samples, now=30).reason == autoscaler.WITHIN_TARGET
 
 
 def test_window_not_yet_covered_holds() -> None:
     # 15 s of starvation is not 20 s of it.
     d = _decide(_series(15, 30, 5, **STARVED), now=30)
-    assert (d.replicas, d.reason) == (3, a.STABILIZING)
-    assert _decide([], now=30).reason == a.STABILIZING
+    assert (d.replicas, d.reason) == (3, autoscaler.STABILIZING)
+    assert _decide([], now=30).reason == autoscaler.STABILIZING
 
 
 def test_samples_before_the_window_do_not_count() -> None:
     # Saturated long ago, starved for exactly the window: the old samples are outside it.
     samples = _series(0, 5, 5, **SATURATED) + _series(10, 30, 5, **STARVED)
-    assert _decide(samples, now=30).reason == a.LEARNER_STARVED
+    assert _decide(samples, now=30).reason == autoscaler.LEARNER_STARVED
 
 
 def test_unavailable_metrics_hold() -> None:
     samples = _series(0, 30, 5, **STARVED)
     samples[3] = MetricSample(time=samples[3].time, available=False)
-    assert _decide(samples, now=30).reason == a.METRICS_UNAVAILABLE
+    assert _decide(samples, now=30).reason == autoscaler.METRICS_UNAVAILABLE
 
 
 def test_cooldown_holds_then_releases() -> None:
     samples = _series(0, 100, 5, **STARVED)
-    assert _decide(samples, now=60, last=40).reason == a.COOLDOWN
-    assert _decide(samples, now=75, last=40).reason == a.LEARNER_STARVED
+    assert _decide(samples, now=60, last=40).reason == autoscaler.COOLDOWN
+    assert _decide(samples, now=75, last=40).reason == autoscaler.LEARNER_STARVED
 
 
 def test_window_must_be_observed_after_last_scale() -> None:
     # Cooldown 0: still, samples taken before (or at) the scale describe the old replica count.
     policy = POLICY.model_copy(update={"cooldown_seconds": 0})
     samples = _series(0, 100, 5, **STARVED)
-    assert _decide(samples, now=60, last=45, policy=policy).reason == a.STABILIZING
-    assert _decide(samples, now=65, last=45, policy=policy).reason == a.STABILIZING
-    assert _decide(samples, now=70, last=45, policy=policy).reason == a.LEARNER_STARVED
+    assert _decide(samples, now=60, last=45, policy=policy).reason == autoscaler.STABILIZING
+    assert _decide(samples, now=65, last=45, policy=policy).reason == autoscaler.STABILIZING
+    assert _decide(samples, now=70, last=45, policy=policy).reason == autoscaler.LEARNER_STARVED
 
 
 def test_out_of_bounds_is_corrected_even_in_cooldown() -> None:
     d = _decide([], now=10, current=9, last=9)
-    assert (d.replicas, d.reason, d.changed) == (6, a.OUT_OF_BOUNDS, True)
+    assert (d.replicas, d.reason, d.changed) == (6, autoscaler.OUT_OF_BOUNDS, True)
     assert _decide([], now=10, current=0, last=9).replicas == 1
 
 
 def test_disabled_holds() -> None:
     policy = POLICY.model_copy(update={"enabled": False})
-    assert _decide(_series(0, 30, 5, **STARVED), now=30, policy=policy).reason == a.DISABLED
+    assert (
+        _decide(_series(0, 30, 5, **STARVED), now=30, policy=policy).reason == autoscaler.DISABLED
+    )
 
 
 def test_zero_window_uses_latest_sample() -> None:
     policy = POLICY.model_copy(update={"stabilization_window_seconds": 0, "cooldown_seconds": 0})
     samples = _series(0, 10, 5, **SATURATED) + _series(15, 15, 5, **STARVED)
-    assert _decide(samples, now=15, policy=policy).reason == a.LEARNER_STARVED
+    assert _decide(samples, now=15, policy=policy).reason == autoscaler.LEARNER_STARVED
 
 
 def test_aggregators_follow_rollout_volume() -> None:
     spec = AggregatorsSpec(min_replicas=1, max_replicas=3)
-    agg = a.aggregator_replicas
+    agg = autoscaler.aggregator_replicas
     assert agg(spec, rollout_replicas=2, workers_per_pod=2, workers_per_aggregator=4) == 1
     assert agg(spec, rollout_replicas=5, workers_per_pod=2, workers_per_aggregator=4) == 3
     assert agg(spec, rollout_replicas=50, workers_per_pod=2, workers_per_aggregator=4) == 3

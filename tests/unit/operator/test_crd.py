@@ -194,8 +194,9 @@ def _without_empty(value: Any) -> Any:
 
 
 def test_server_side_defaults_equal_the_model_defaults() -> None:
-    defaulted = apply_defaults(ROOT_SCHEMA, {"spec": {}})["spec"]
-    model = ImpalaJobSpec().model_dump(mode="json", by_alias=True)
+    stop = {"timesteps": 1000}
+    defaulted = apply_defaults(ROOT_SCHEMA, {"spec": {"stop": stop}})["spec"]
+    model = ImpalaJobSpec.model_validate({"stop": stop}).model_dump(mode="json", by_alias=True)
     assert defaulted == _without_empty(model)
     # and a partly given section keeps what was given, defaulting only the rest
     partial = apply_defaults(SPEC, {"training": {"lr": 0.01}})

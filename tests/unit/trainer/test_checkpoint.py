@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from impala_trainer.job.spec import ImpalaJob, ImpalaJobSpec
 from impala_trainer.learning.learner import Learner
 from impala_trainer.rollouts.batches import concat_fragments
 from impala_trainer.rollouts.worker import RolloutWorker
@@ -21,13 +20,10 @@ from impala_trainer.rundir.checkpoint import (
 )
 from impala_trainer.rundir.snapshot import HistoryPoint, StatusSnapshot, Summary
 from impala_trainer.rundir.writer import RunDir
+from tests.support.jobs import make_job, make_spec
 
-SPEC = ImpalaJobSpec.model_validate(
-    {
-        "env": {"numEnvsPerWorker": 4},
-        "model": {"hidden": [16]},
-        "training": {"rolloutFragmentLength": 10},
-    }
+SPEC = make_spec(
+    env={"numEnvsPerWorker": 4}, model={"hidden": [16]}, training={"rolloutFragmentLength": 10}
 )
 
 
@@ -90,7 +86,7 @@ def test_incomplete_checkpoints_are_ignored(tmp_path: Path) -> None:
 
 
 def test_run_dir_writes_config_status_history_summary(tmp_path: Path) -> None:
-    job = ImpalaJob.model_validate({"metadata": {"name": "t"}, "spec": {"training": {"lr": 0.01}}})
+    job = make_job("t", training={"lr": 0.01})
     run = RunDir(tmp_path / "run", status_interval=3600, history_interval=3600)
     run.prepare(job)
     assert "lr: 0.01" in (run.path / "config.yaml").read_text()

@@ -1,15 +1,15 @@
-"""The driver's sampling half (ImpalaDriver._step) against actors that answer at once.
+"""The driver's sampling half (ImpalaDriver._step) on the in-process backend.
 
-`ray` inside impala_trainer.driver.impala is replaced by a small fake whose actor calls run a real
-RolloutWorker eagerly, so what is checked is the driver's bookkeeping: which actor is asked for
-what, and when. The bug these guard against cost 4x of the CartPole throughput: an actor whose
-batch had room in the learner queue was parked anyway and only asked again after the loop had
-slept through a whole wait with nothing in flight.
+`LocalBackend` runs real RolloutWorkers in this process and completes every call at once, so what
+is checked is the driver's bookkeeping: which actor is asked for what, and when. The bug these
+guard against cost 4x of the CartPole throughput: an actor whose batch had room in the learner
+queue was parked anyway and only asked again after the loop had slept through a whole wait with
+nothing in flight.
 """
 
 from __future__ import annotations
 
-import itertools
+import json
 import queue
 from pathlib import Path
 from typing import Any
@@ -17,71 +17,11 @@ from typing import Any
 import pytest
 
 import impala_trainer.driver.impala as driver_mod
-from impala_trainer.driver.actor_manager import ManagedActor
 from impala_trainer.driver.impala import ImpalaDriver
+from impala_trainer.driver.launch import build_driver
+from impala_trainer.driver.local_backend import LocalActor, LocalBackend, LocalRef
 from impala_trainer.job.spec import ImpalaJob
-from impala_trainer.rollouts.worker import RolloutWorker
 from impala_trainer.rundir.writer import RunDir
-
-_ids = itertools.count()
-
-
-class _Ref:
-    def __init__(self, value: Any) -> None:
-        self.value = value
-        self.id = next(_ids)
-
-    def __hash__(self) -> int:
-        return self.id
-
-
-class _Method:
-    def __init__(self, fn: Any, log: list[str], name: str) -> None:
-        self.fn, self.log, self.name = fn, log, name
-
-    def remote(self, *args: Any) -> Any:
-        self.log.append(self.name)
-        return self.fn(*args)
-
-
-class _Handle:
-    """An actor handle whose calls complete immediately (results held in refs)."""
-
-    def __init__(self, worker: RolloutWorker) -> None:
-        self.calls: list[str] = []
-        self.worker = worker
-        self.versions_sent: list[int | None] = []  # per sample request: the weights it carried
-
-        def sample(weights: Any = None, policy_version: int = 0) -> tuple[_Ref, _Ref]:
-            # Ray resolves a reference passed as an argument; small weights come inline.
-            self.versions_sent.append(None if weights is None else policy_version)
-            if weights is not None:
-                values = weights.value if isinstance(weights, _Ref) else weights
-                worker.set_weights(values, policy_version)
-            fragment = worker.sample()
-            return _Ref(fragment), _Ref(fragment.meta())
-
-        self.sample = _Method(sample, self.calls, "sample")
-
-
-class _FakeRay:
-    class exceptions:  # mirrors ray.exceptions
-        RayError = RuntimeError
-
-    def __init__(self) -> None:
-        self.puts = 0
-
-    def wait(
-        self, refs: list[_Ref], num_returns: int = 1, timeout: float | None = None
-    ) -> tuple[list[_Ref], list[_Ref]]:
-        return list(refs), []
-
-    def get(self, ref: _Ref) -> Any:
-        return ref.value
-
-    def put(self, value: Any) -> _Ref:
-        self.puts += 1
-        return _Ref(value)
 
 
 def _job(**training: Any) -> ImpalaJob:
@@ -106,54 +46,45 @@ def _job(**training: Any) -> ImpalaJob:
     )
 
 
-@pytest.fixture
-def fake_ray(monkeypatch: pytest.MonkeyPatch) -> _FakeRay:
-    fake = _FakeRay()
-    monkeypatch.setattr(driver_mod, "ray", fake)
-    return fake
-
-
-def _driver(tmp_path: Path, job: ImpalaJob, actors: int = 2) -> tuple[ImpalaDriver, list[_Handle]]:
-    driver = ImpalaDriver(job, RunDir(tmp_path / "run"), num_rollout_workers=actors)
-    driver.obs_shape, driver.num_actions = (4,), 2
-    driver._start()
-    # The learner thread is built but never started, so its queue fills up; _step only needs
-    # to see it alive.
+def _driver(
+    tmp_path: Path, job: ImpalaJob, actors: int = 2
+) -> tuple[ImpalaDriver, LocalBackend, list[LocalActor]]:
+    backend = LocalBackend(rollout_units=actors)
+    driver = build_driver(job, RunDir(tmp_path / "run"), backend, rollout_workers=actors)
+    assert isinstance(driver, ImpalaDriver)
+    # What run() does first, without starting the learner thread: its queue then fills up, and
+    # _step only needs to see it alive.
     driver.thread.is_alive = lambda: True  # type: ignore[method-assign]
-    handles = []
-    for i in range(actors):
-        handle = _Handle(RolloutWorker(job.spec, f"rollout-{i}", seed=i))
-        actor = ManagedActor(f"rollout-{i}", "rollout", handle, seed=i, state="healthy")
-        driver.manager.actors[actor.actor_id] = actor
-        driver._on_new_actor(actor)
-        handles.append(handle)
-    return driver, handles
+    for actor in driver.manager.ensure_targets():
+        driver.on_new_actor(actor)
+    driver.manager.poll()
+    return driver, backend, backend.actors
 
 
 def test_an_actor_is_asked_again_as_soon_as_its_batch_enters_the_learner_queue(
-    tmp_path: Path, fake_ray: _FakeRay
+    tmp_path: Path,
 ) -> None:
-    driver, handles = _driver(tmp_path, _job())
+    driver, _, handles = _driver(tmp_path, _job())
     # Each 4x8 fragment completes a 32-step batch; the queue holds 2, so the first two go in.
     driver._step()
     assert driver.thread.inqueue.qsize() == 2
     assert not driver.parked
     # Both actors were asked for their next fragment in the same step, before any wait.
     assert all(h.calls.count("sample") == 2 for h in handles)
-    assert sum(driver.in_flight.values()) == 2
+    assert sum(driver.samples_in_flight.values()) == 2
 
 
 def test_a_full_learner_queue_parks_actors_until_it_has_room(
-    tmp_path: Path, fake_ray: _FakeRay, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(driver_mod, "WAIT_SECONDS", 0.01)
     monkeypatch.setattr(ImpalaDriver, "_wait_on_learner", lambda self: None)
-    driver, handles = _driver(tmp_path, _job())
+    driver, _, handles = _driver(tmp_path, _job())
     driver._step()  # queue full (2/2)
     driver._step()  # both fragments come back: one batch waits, its actor and the next park
     assert driver.pending and driver.thread.inqueue.full()
     assert driver.parked == {"rollout-0", "rollout-1"}
-    assert sum(driver.in_flight.values()) == 0
+    assert sum(driver.samples_in_flight.values()) == 0
     assert driver.stats.counters.learner_queue_full == 1  # counted once per waiting batch
 
     # The learner takes two batches: the next step feeds the waiting one and, with room left,
@@ -163,12 +94,12 @@ def test_a_full_learner_queue_parks_actors_until_it_has_room(
     driver._feed_learner()
     driver._unpark()
     assert not driver.pending and not driver.parked
-    assert sum(driver.in_flight.values()) == 2
+    assert sum(driver.samples_in_flight.values()) == 2
     assert all(h.calls.count("sample") == 3 for h in handles)
 
 
-def test_the_learner_queue_is_never_overfilled(tmp_path: Path, fake_ray: _FakeRay) -> None:
-    driver, _ = _driver(tmp_path, _job())
+def test_the_learner_queue_is_never_overfilled(tmp_path: Path) -> None:
+    driver, _, _ = _driver(tmp_path, _job())
     for _ in range(5):
         driver._feed_learner()
         driver._unpark()
@@ -181,9 +112,9 @@ def test_the_learner_queue_is_never_overfilled(tmp_path: Path, fake_ray: _FakeRa
 
 
 def test_broadcast_weights_ride_on_each_actors_next_sample_request(
-    tmp_path: Path, fake_ray: _FakeRay
+    tmp_path: Path,
 ) -> None:
-    driver, handles = _driver(tmp_path, _job())
+    driver, _, handles = _driver(tmp_path, _job())
     # An actor's first request carries the learner's initial weights.
     assert [h.versions_sent for h in handles] == [[0], [0]]
     driver._step()  # both fragments in, both actors asked again: nothing new to send
@@ -193,7 +124,7 @@ def test_broadcast_weights_ride_on_each_actors_next_sample_request(
     driver.thread.outqueue.put((32, {}))
     driver._drain_learner()  # broadcast: new weights taken, no call to any actor
     assert driver.stats.counters.weight_broadcasts == 1
-    assert all(h.calls == ["sample", "sample"] for h in handles)
+    assert all(h.calls == ["node_info", "sample", "sample"] for h in handles)
     driver.thread.inqueue.get_nowait()
     driver.thread.inqueue.get_nowait()
     driver._collect()  # the fragments return; each actor's next request carries version 3
@@ -202,15 +133,56 @@ def test_broadcast_weights_ride_on_each_actors_next_sample_request(
 
 
 def test_small_weights_go_inline_and_large_ones_through_the_object_store(
-    tmp_path: Path, fake_ray: _FakeRay, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    driver, handles = _driver(tmp_path, _job())  # a 16-unit MLP: ~1 KiB of weights
-    assert fake_ray.puts == 0
-    assert driver.weights_ref is not None and not isinstance(driver.weights_ref, _Ref)
+    driver, backend, handles = _driver(tmp_path, _job())  # a 16-unit MLP: ~1 KiB of weights
+    assert backend.puts == 0
+    assert driver.weights_ref is not None and not isinstance(driver.weights_ref, LocalRef)
 
     monkeypatch.setattr(driver_mod, "INLINE_WEIGHTS_BYTES", 100)
     driver.learner.policy_version = 1
     driver._put_weights()
-    assert fake_ray.puts == 1 and isinstance(driver.weights_ref, _Ref)
+    assert backend.puts == 1 and isinstance(driver.weights_ref, LocalRef)
     driver._collect()  # the next requests carry the reference; the actors load its weights
     assert [h.versions_sent[-1] for h in handles] == [1, 1]
+
+
+def test_a_dead_actor_is_replaced_with_a_new_seed_and_fresh_weights(tmp_path: Path) -> None:
+    driver, backend, handles = _driver(tmp_path, _job())
+    backend.crash(handles[0])
+    for _ in range(3):
+        driver._feed_learner()
+        driver._unpark()
+        driver._collect()
+        driver.manager.poll()
+    assert driver.manager.restarts == 1
+    assert set(driver.manager.actors) == {"rollout-1", "rollout-2"}
+    replacement = backend.actors[2]
+    assert replacement.actor_id == "rollout-2" and replacement.worker is not None
+    assert replacement.worker.rng is not handles[0].worker.rng  # type: ignore[union-attr]
+    assert driver.manager.actors["rollout-2"].seed != driver.manager.actors["rollout-1"].seed
+    # Its first request carried the learner's current weights; it has sampled since.
+    assert replacement.versions_sent[0] == driver.learner.policy_version
+    assert driver.manager.actors["rollout-2"].env_steps > 0
+    assert [m.state for m in driver.manager.membership().members if m.actor_id == "rollout-0"] == [
+        "dead"
+    ]
+
+
+def test_a_whole_run_in_process_trains_and_writes_its_run_directory(tmp_path: Path) -> None:
+    """run(): the real learner thread, two in-process workers, the stop criterion, the summary."""
+    job = _job(learnerQueueSize=4)
+    job.spec.stop.timesteps = 2_000
+    backend = LocalBackend(rollout_units=2)
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.prepare(job)
+    driver = build_driver(job, run_dir, backend, rollout_workers=2)
+    result = driver.run()
+    assert (result.phase, result.stopped_by) == ("Succeeded", "timesteps"), result.message
+    c = driver.stats.counters
+    assert c.env_steps_sampled >= 2_000 and c.learner_updates >= 1
+    assert c.env_steps_trained == 32 * c.learner_updates
+    assert all(a.error is not None for a in backend.actors)  # every actor killed at the end
+    summary = json.loads(run_dir.summary_file.read_text())
+    assert summary["phase"] == "Succeeded" and summary["timesteps"] >= 2_000
+    assert list(run_dir.checkpoints.glob("*")), "the final checkpoint is written"

@@ -12,6 +12,7 @@ import torch
 from impala_trainer.job.spec import ImpalaJobSpec
 from impala_trainer.learning.learner import Learner
 from impala_trainer.rollouts.batches import TrainBatch
+from tests.support.jobs import make_spec
 
 STAT_KEYS = {
     "policy_loss",
@@ -35,11 +36,12 @@ def single_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-def make_spec(**training: Any) -> ImpalaJobSpec:
-    extra = training.pop("learner", {})
-    return ImpalaJobSpec.model_validate(
-        {"model": {"hidden": [32, 32]}, "training": training, "learner": extra}
-    )
+SMALL_MLP: dict[str, Any] = {"model": {"hidden": [32, 32]}}
+
+
+def learner_spec(*, learner: dict[str, Any] | None = None, **training: Any) -> ImpalaJobSpec:
+    """The learner tests' spec: a [32, 32] MLP, `training` fields (camelCase), `learner` section."""
+    return make_spec(SMALL_MLP, training=training, learner=learner or {})
 
 
 def make_batch(
@@ -67,7 +69,7 @@ def params_of(learner: Learner) -> list[torch.Tensor]:
 
 def test_learn_on_batch_steps_and_reports() -> None:
     torch.manual_seed(0)
-    learner = Learner(make_spec(), (4,), 2)
+    learner = Learner(learner_spec(), (4,), 2)
     before = params_of(learner)
     stats = learner.learn_on_batch(make_batch())
     assert set(stats) == STAT_KEYS
@@ -79,7 +81,7 @@ def test_learn_on_batch_steps_and_reports() -> None:
 
 def test_schedules_follow_global_timestep() -> None:
     learner = Learner(
-        make_spec(
+        learner_spec(
             lrSchedule=[[0, 1e-3], [1000, 1e-4]], entropyCoeffSchedule=[[0, 0.1], [100, 0.0]]
         ),
         (4,),
@@ -92,11 +94,11 @@ def test_schedules_follow_global_timestep() -> None:
 
 
 def test_optimizer_settings() -> None:
-    adam = Learner(make_spec(), (4,), 2).optimizers
+    adam = Learner(learner_spec(), (4,), 2).optimizers
     assert len(adam) == 1 and isinstance(adam[0], torch.optim.Adam)
     assert adam[0].defaults["eps"] == 1e-8
     rms = Learner(
-        make_spec(optimizer={"type": "rmsprop", "decay": 0.9, "momentum": 0.5}), (4,), 2
+        learner_spec(optimizer={"type": "rmsprop", "decay": 0.9, "momentum": 0.5}), (4,), 2
     ).optimizers[0]
     assert isinstance(rms, torch.optim.RMSprop)
     assert (rms.defaults["alpha"], rms.defaults["momentum"], rms.defaults["eps"]) == (0.9, 0.5, 0.1)
@@ -104,7 +106,7 @@ def test_optimizer_settings() -> None:
 
 def test_separate_vf_optimizer_trains_value_params_at_lr_vf() -> None:
     torch.manual_seed(0)
-    learner = Learner(make_spec(separateVfOptimizer=True, lrVf=1e-12, lr=1e-2), (4,), 2)
+    learner = Learner(learner_spec(separateVfOptimizer=True, lrVf=1e-12, lr=1e-2), (4,), 2)
     assert len(learner.optimizers) == 2
     vf_ids = {id(p) for p in learner.model.value_function_parameters()}
     before = {id(p): p.detach().clone() for p in learner.model.parameters()}
@@ -120,18 +122,18 @@ def test_separate_vf_optimizer_trains_value_params_at_lr_vf() -> None:
 def test_gradient_clipping() -> None:
     torch.manual_seed(0)
     batch = make_batch(seed=3)
-    clipped = Learner(make_spec(gradClip=1e-3), (4,), 2)
+    clipped = Learner(learner_spec(gradClip=1e-3), (4,), 2)
     grads, stats = clipped.compute_gradients(batch)
     norm = float(np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in grads)))
     assert stats["grad_gnorm"] > 1e-3 and norm == pytest.approx(1e-3, rel=1e-3)
-    unclipped = Learner(make_spec(gradClip=None), (4,), 2)
+    unclipped = Learner(learner_spec(gradClip=None), (4,), 2)
     grads, stats = unclipped.compute_gradients(batch)
     norm = float(np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in grads)))
     assert norm == pytest.approx(stats["grad_gnorm"], rel=1e-4)
 
 
 def test_compute_then_apply_gradients_equals_learn_on_batch() -> None:
-    spec, batch = make_spec(), make_batch(seed=4)
+    spec, batch = learner_spec(), make_batch(seed=4)
     torch.manual_seed(1)
     a = Learner(spec, (4,), 2, dtype=torch.float64)
     b = Learner(spec, (4,), 2, dtype=torch.float64)
@@ -147,7 +149,7 @@ def test_compute_then_apply_gradients_equals_learn_on_batch() -> None:
 
 def test_weights_are_copies_and_round_trip() -> None:
     torch.manual_seed(0)
-    a, b = Learner(make_spec(), (4,), 2), Learner(make_spec(), (4,), 2)
+    a, b = Learner(learner_spec(), (4,), 2), Learner(learner_spec(), (4,), 2)
     weights = a.get_weights()
     assert all(isinstance(v, np.ndarray) for v in weights.values())
     snapshot = {k: v.copy() for k, v in weights.items()}
@@ -160,7 +162,7 @@ def test_weights_are_copies_and_round_trip() -> None:
 
 
 def test_state_dict_restores_optimizer_and_version() -> None:
-    spec = make_spec(optimizer={"type": "rmsprop", "momentum": 0.9})
+    spec = learner_spec(optimizer={"type": "rmsprop", "momentum": 0.9})
     torch.manual_seed(0)
     a = Learner(spec, (4,), 2)
     for seed in range(3):
@@ -184,7 +186,7 @@ def test_fits_a_contextual_bandit() -> None:
     """
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    learner = Learner(make_spec(lr=3e-3, entropyCoeff=0.0), (2,), 2)
+    learner = Learner(learner_spec(lr=3e-3, entropyCoeff=0.0), (2,), 2)
     T, B = 4, 64
     first = last = None
     for _ in range(150):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -14,7 +15,8 @@ from impala_trainer.learning.minibatch_buffer import MinibatchBuffer
 from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
 from impala_trainer.learning.threads import make_learner_thread
 from impala_trainer.rollouts.batches import TrainBatch
-from tests.unit.trainer.test_learner import make_batch, make_spec, single_torch_thread  # noqa: F401
+from tests.support.jobs import make_job
+from tests.unit.trainer.test_learner import learner_spec, make_batch, single_torch_thread  # noqa: F401
 
 
 class CountingLearner:
@@ -33,6 +35,14 @@ class CountingLearner:
 
 def drain(thread: LearnerThread, n: int, timeout: float = 10.0) -> list[tuple[int, dict]]:
     return [thread.outqueue.get(timeout=timeout) for _ in range(n)]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll `condition` until it holds; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
 
 
 def stop(thread: LearnerThread) -> None:
@@ -102,13 +112,21 @@ def test_learner_exception_is_recorded() -> None:
     assert thread.outqueue.qsize() == 1
 
 
-def test_full_inqueue_raises_queue_full_for_the_driver_to_count() -> None:
-    thread = LearnerThread(CountingLearner(), 1, 1, learner_queue_size=2, learner_queue_timeout=30)
-    thread.inqueue.put_nowait(make_batch())
-    thread.inqueue.put_nowait(make_batch())
-    with pytest.raises(queue.Full):
+@pytest.mark.parametrize("learner", [{}, {"fakeDevices": 2}], ids=["plain", "multi-device"])
+def test_the_inqueue_holds_learner_queue_size_batches_and_stats_report_its_fill(
+    learner: dict[str, int],
+) -> None:
+    # The bound is what makes the driver's put_nowait fail; the driver counting those failures
+    # as learner_queue_full (once per waiting batch) is tested in test_driver_sampling.py.
+    thread = make_learner_thread(learner_spec(learnerQueueSize=3, learner=learner), (4,), 2)
+    assert thread.inqueue.maxsize == 3
+    for _ in range(3):
         thread.inqueue.put_nowait(make_batch())
-    assert thread.stats()["learner_queue_capacity"] == 2.0
+    assert thread.inqueue.full()
+    stats = thread.stats()
+    assert stats["learner_queue_capacity"] == 3.0
+    assert stats["learner_queue_size_now"] == 3.0
+    assert not thread.is_alive()  # nothing consumed: the thread was never started
 
 
 def test_stats_keys_and_values() -> None:
@@ -117,7 +135,9 @@ def test_stats_keys_and_values() -> None:
     for _ in range(3):
         thread.inqueue.put(make_batch())
     drain(thread, 3)
-    time.sleep(0.2)  # idle: waiting for the next batch
+    # With no batch left the thread waits, and a wait in progress counts as idle time, so the
+    # idle fraction climbs past the busy share of the three updates.
+    wait_until(lambda: thread.stats()["learner_idle_fraction"] > 0.5)
     stats = thread.stats()
     stop(thread)
     assert set(stats) == {
@@ -146,7 +166,7 @@ def test_stats_keys_and_values() -> None:
 
 
 def test_with_a_real_learner() -> None:
-    learner = Learner(make_spec(), (4,), 2)
+    learner = Learner(learner_spec(), (4,), 2)
     thread = LearnerThread(learner, 1, 2, 4, 30)
     thread.start()
     thread.inqueue.put(make_batch(T=8, B=3))
@@ -158,9 +178,9 @@ def test_with_a_real_learner() -> None:
 
 
 def test_make_learner_thread_picks_by_devices() -> None:
-    plain = make_learner_thread(make_spec(), (4,), 2)
+    plain = make_learner_thread(learner_spec(), (4,), 2)
     assert type(plain) is LearnerThread and type(plain.learner) is Learner
-    multi = make_learner_thread(make_spec(learner={"fakeDevices": 2}), (4,), 2)
+    multi = make_learner_thread(learner_spec(learner={"fakeDevices": 2}), (4,), 2)
     assert isinstance(multi, MultiGPULearnerThread)
     assert isinstance(multi.learner, MultiDeviceLearner) and len(multi.learner.towers) == 2
     assert threading.active_count() >= 1  # nothing started until .start()
@@ -170,17 +190,9 @@ def test_make_learner_thread_picks_by_devices() -> None:
 def test_the_learner_thread_computes_with_the_threads_the_main_thread_gives_up() -> None:
     import torch
 
-    from impala_trainer.job.spec import ImpalaJob
     from impala_trainer.learning.threads import make_learner_thread
 
-    job = ImpalaJob.model_validate(
-        {
-            "apiVersion": "impala.dev/v1alpha1",
-            "kind": "ImpalaJob",
-            "metadata": {"name": "threads"},
-            "spec": {"env": {"id": "CartPole-v1"}, "stop": {"timesteps": 1000}},
-        }
-    )
+    job = make_job("threads", env={"id": "CartPole-v1"}, stop={"timesteps": 1000})
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

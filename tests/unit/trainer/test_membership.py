@@ -1,8 +1,16 @@
-"""membership.plan: the elastic-membership decisions, without Ray."""
+"""Elastic membership: `plan`'s decisions, then ElasticMembership with a driver, without Ray."""
 
 from __future__ import annotations
 
-from impala_trainer.driver.membership import ActorView, NodeView, plan
+from pathlib import Path
+
+from impala_trainer.driver.backend import NodeView
+from impala_trainer.driver.impala import ImpalaDriver
+from impala_trainer.driver.launch import build_driver
+from impala_trainer.driver.local_backend import LocalBackend
+from impala_trainer.driver.membership import ActorView, plan
+from impala_trainer.job.spec import ImpalaJob
+from impala_trainer.rundir.writer import RunDir
 
 
 def node(
@@ -84,3 +92,66 @@ def test_dead_actors_are_ignored_and_draining_ones_do_not_count_toward_targets()
     p = plan(nodes, actors)
     # rollout-2 is the one actor the remaining capacity (r2) takes: not cancelled.
     assert p.lost == [] and p.drain == [] and p.cancel == []
+
+
+# -- ElasticMembership with a driver, on the in-process backend ---------------------------------
+
+
+def _elastic_driver(tmp_path: Path) -> tuple[ImpalaDriver, LocalBackend]:
+    job = ImpalaJob.model_validate(
+        {
+            "apiVersion": "impala.dev/v1alpha1",
+            "kind": "ImpalaJob",
+            "metadata": {"name": "elastic"},
+            "spec": {
+                "env": {"id": "CartPole-v1", "numEnvsPerWorker": 2},
+                "model": {"type": "mlp", "hidden": [16]},
+                # 3 fragments of 2x8 per batch: an aggregator always holds a partial batch.
+                "training": {"rolloutFragmentLength": 8, "trainBatchSize": 48},
+                "stop": {"timesteps": 10**9},
+            },
+        }
+    )
+    backend = LocalBackend(rollout_units=2, aggregator_units=1)
+    driver = build_driver(job, RunDir(tmp_path / "run"), backend, elastic=True)
+    assert isinstance(driver, ImpalaDriver) and driver.membership is not None
+    driver.membership.poll_seconds = 0.0
+    # The learner thread is not started (its queue keeps what it is fed); _step checks it lives.
+    driver.thread.is_alive = lambda: True  # type: ignore[method-assign]
+    return driver, backend
+
+
+def test_actors_follow_the_nodes_and_a_draining_node_hands_over_before_release(
+    tmp_path: Path,
+) -> None:
+    driver, backend = _elastic_driver(tmp_path)
+    membership = driver.membership
+    assert membership is not None
+    membership.tick(driver)  # the node offers 2 rollout units and 1 aggregator unit
+    driver.manager.poll()
+    assert sorted(driver.manager.actors) == ["aggregator-0", "rollout-0", "rollout-1"]
+    for _ in range(4):
+        driver._step()  # fragments go through the aggregator to the learner queue
+    steps_before = driver.stats.counters.env_steps_sampled
+    assert steps_before > 0 and all(driver.in_flight(a) for a in ("rollout-0", "rollout-1"))
+
+    backend.draining = True  # the pod got SIGTERM: its raylet is draining
+    membership.tick(driver)
+    assert {a.state for a in driver.manager.actors.values()} == {"draining"}
+    assert not membership._handovers  # every actor still owes the driver a result
+    assert len(driver.manager.actors) == 3
+    driver._step()  # the last results arrive; draining actors are not asked again
+    assert not any(driver.in_flight(a) for a in driver.manager.actors)
+    membership.tick(driver)  # hand-overs asked for, answered and the actors released
+    assert driver.manager.actors == {}
+    produced = driver.manager.produced
+    assert sum(produced.values()) == driver.stats.counters.env_steps_sampled
+    assert membership.lost_env_steps == 0
+    # Every sampled step is in a batch for the learner or in the local aggregator (the
+    # aggregator's partial batch was handed over, not dropped).
+    queued = sum(b.env_steps for b in [*driver.pending, *driver.thread.inqueue.queue])
+    held = sum(f.env_steps for f in driver.local_aggregator.take_pending())
+    assert queued + held == driver.stats.counters.env_steps_sampled
+    members = {m.actor_id: m for m in driver.manager.membership().members}
+    assert {m.state for m in members.values()} == {"dead"}
+    assert members["rollout-0"].env_steps_produced == members["rollout-0"].env_steps

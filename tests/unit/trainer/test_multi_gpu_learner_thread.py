@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
+from impala_trainer.job.spec import ImpalaJobSpec
 from impala_trainer.learning.learner import Learner, MultiDeviceLearner
 from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
-from tests.unit.trainer.test_learner import make_batch, make_spec, single_torch_thread  # noqa: F401
+from tests.unit.trainer.test_learner import learner_spec, make_batch, single_torch_thread  # noqa: F401
 
 
-def fake_spec(devices: int, **training) -> object:
-    return make_spec(learner={"fakeDevices": devices}, **training)
+def fake_spec(devices: int, **training: Any) -> ImpalaJobSpec:
+    return learner_spec(learner={"fakeDevices": devices}, **training)
 
 
 def test_processes_every_batch_with_two_towers_two_stacks_two_loaders() -> None:
@@ -53,7 +56,7 @@ def test_starvation_timeout_in_multi_device_mode() -> None:
 
 def clone_learners(devices: int, dtype: torch.dtype, **training) -> tuple[Learner, Learner]:
     torch.manual_seed(0)
-    single = Learner(make_spec(**training), (4,), 2, dtype=dtype)
+    single = Learner(learner_spec(**training), (4,), 2, dtype=dtype)
     multi = MultiDeviceLearner(fake_spec(devices, **training), (4,), 2, dtype=dtype)
     multi.set_weights(single.get_weights())
     return single, multi

@@ -7,22 +7,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from impala_trainer.job.spec import ImpalaJobSpec
 from impala_trainer.rollouts.worker import RolloutWorker
+from tests.support.jobs import make_spec
 
-
-def _spec(**env: Any) -> ImpalaJobSpec:
-    return ImpalaJobSpec.model_validate(
-        {
-            "env": {"id": "CartPole-v1", "numEnvsPerWorker": 6, **env},
-            "model": {"hidden": [16]},
-            "training": {"rolloutFragmentLength": 20},
-        }
-    )
+CARTPOLE: dict[str, Any] = {
+    "env": {"id": "CartPole-v1", "numEnvsPerWorker": 6},
+    "model": {"hidden": [16]},
+    "training": {"rolloutFragmentLength": 20},
+}
+"""The workers' spec: six CartPole envs, 20-step fragments, a small MLP."""
 
 
 def test_fragment_shapes_and_dtypes() -> None:
-    w = RolloutWorker(_spec(), "w0", seed=0)
+    w = RolloutWorker(make_spec(CARTPOLE), "w0", seed=0)
     f = w.sample()
     assert (w.obs_shape, w.num_actions) == ((4,), 2)
     assert f.obs.shape == (20, 6, 4) and f.obs.dtype == np.float32
@@ -36,7 +33,7 @@ def test_fragment_shapes_and_dtypes() -> None:
 
 
 def test_behaviour_logits_are_the_models_logits_for_the_recorded_obs() -> None:
-    w = RolloutWorker(_spec(), "w0", seed=3)
+    w = RolloutWorker(make_spec(CARTPOLE), "w0", seed=3)
     f = w.sample()
     with torch.no_grad():
         logits, _ = w.model(torch.from_numpy(f.obs.reshape(-1, 4)))
@@ -44,13 +41,13 @@ def test_behaviour_logits_are_the_models_logits_for_the_recorded_obs() -> None:
 
 
 def test_consecutive_fragments_continue_the_trajectory() -> None:
-    w = RolloutWorker(_spec(), "w0", seed=1)
+    w = RolloutWorker(make_spec(CARTPOLE), "w0", seed=1)
     first, second = w.sample(), w.sample()
     np.testing.assert_array_equal(first.bootstrap_obs, second.obs[0])
 
 
 def test_episode_stats_match_done_flags() -> None:
-    w = RolloutWorker(_spec(), "w0", seed=2)
+    w = RolloutWorker(make_spec(CARTPOLE), "w0", seed=2)
     returns: list[float] = []
     lengths: list[int] = []
     dones = 0
@@ -65,7 +62,7 @@ def test_episode_stats_match_done_flags() -> None:
 
 
 def test_truncation_values_are_behaviour_values_of_final_obs() -> None:
-    w = RolloutWorker(_spec(kwargs={"max_episode_steps": 7}), "w0", seed=4)
+    w = RolloutWorker(make_spec(CARTPOLE, env={"kwargs": {"max_episode_steps": 7}}), "w0", seed=4)
     captured: list[tuple[np.ndarray, np.ndarray]] = []
     step = w.env.step
 
@@ -90,8 +87,8 @@ def test_truncation_values_are_behaviour_values_of_final_obs() -> None:
 
 
 def test_set_weights_changes_policy_and_version() -> None:
-    a = RolloutWorker(_spec(), "a", seed=0)
-    b = RolloutWorker(_spec(), "b", seed=1)
+    a = RolloutWorker(make_spec(CARTPOLE), "a", seed=0)
+    b = RolloutWorker(make_spec(CARTPOLE), "b", seed=1)
     weights = {k: v * 3.0 for k, v in b.get_weights().items()}
     a.set_weights(weights, policy_version=9)
     for k, v in a.get_weights().items():
@@ -100,19 +97,17 @@ def test_set_weights_changes_policy_and_version() -> None:
 
 
 def test_same_seed_same_fragment() -> None:
-    f1 = RolloutWorker(_spec(), "a", seed=5).sample()
-    f2 = RolloutWorker(_spec(), "a", seed=5).sample()
+    f1 = RolloutWorker(make_spec(CARTPOLE), "a", seed=5).sample()
+    f2 = RolloutWorker(make_spec(CARTPOLE), "a", seed=5).sample()
     np.testing.assert_array_equal(f1.actions, f2.actions)
     np.testing.assert_array_equal(f1.obs, f2.obs)
 
 
 def test_atari_worker_fragment_is_uint8_frames() -> None:
-    spec = ImpalaJobSpec.model_validate(
-        {
-            "env": {"id": "ALE/Pong-v5", "numEnvsPerWorker": 2},
-            "model": {"hidden": [32]},
-            "training": {"rolloutFragmentLength": 4},
-        }
+    spec = make_spec(
+        env={"id": "ALE/Pong-v5", "numEnvsPerWorker": 2},
+        model={"hidden": [32]},
+        training={"rolloutFragmentLength": 4},
     )
     w = RolloutWorker(spec, "p", seed=0)
     f = w.sample()
@@ -125,13 +120,16 @@ def test_a3c_gradients_are_the_learner_gradients_of_the_sampled_fragment() -> No
     from impala_trainer.learning.learner import Learner
     from impala_trainer.rollouts.batches import concat_fragments
 
-    spec = _spec().model_copy(deep=True)
+    spec = make_spec(CARTPOLE)
     spec.training.mode = "async-gradients"
     acting = RolloutWorker(spec, "a", seed=11)
-    twin = RolloutWorker(_spec(), "b", seed=11)  # same seed, same weights: the same fragment
+    # Same seed, same weights: the same fragment.
+    twin = RolloutWorker(make_spec(CARTPOLE), "b", seed=11)
     twin.set_weights(acting.get_weights(), 0)
-    grads, info = acting.compute_gradients(global_timestep=0)
-    assert info["env_steps"] == 120 and info["policy_version"] == 0
+    gradients = acting.compute_gradients(global_timestep=0)
+    grads = gradients.grads
+    assert gradients.meta.env_steps == 120 and gradients.meta.policy_version == 0
+    assert set(gradients.stats) >= {"policy_loss", "vf_loss", "entropy"}
     learner = Learner(spec, acting.obs_shape, acting.num_actions)
     learner.set_weights(acting.get_weights())
     expected, _ = learner.compute_gradients(concat_fragments([twin.sample()]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from impala_trainer.job.manifest import (
     ManifestError,
@@ -13,18 +14,14 @@ from impala_trainer.job.manifest import (
     parse_manifest,
 )
 from impala_trainer.job.spec import ImpalaJob, TrainingSpec
+from tests.support.jobs import job_manifest
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "manifests" / "examples"
 
 
-def _job(spec: dict) -> dict:
-    return {"apiVersion": "impala.dev/v1alpha1", "kind": "ImpalaJob",
-            "metadata": {"name": "t"}, "spec": spec}
-
-
 def _problems(spec: dict) -> list[str]:
     with pytest.raises(ManifestError) as exc:
-        parse_manifest(_job(spec))
+        parse_manifest(job_manifest(spec=spec))
     return exc.value.problems
 
 
@@ -39,7 +36,7 @@ def test_rllib_impala_defaults() -> None:
 
 
 def test_camel_case_round_trip() -> None:
-    job = parse_manifest(_job({"training": {"trainBatchSize": 1000, "vfLossCoeff": 0.25}}))
+    job = parse_manifest(job_manifest(training={"trainBatchSize": 1000, "vfLossCoeff": 0.25}))
     assert job.spec.training.train_batch_size == 1000
     manifest = job.to_manifest()
     assert manifest["spec"]["training"]["trainBatchSize"] == 1000
@@ -83,7 +80,7 @@ def test_errors_name_field_value_and_range(spec: dict, expected: list[str]) -> N
 
 def test_bad_name_is_rejected_with_the_rule() -> None:
     with pytest.raises(ManifestError) as exc:
-        parse_manifest({"kind": "ImpalaJob", "metadata": {"name": "Bad_Name"}})
+        parse_manifest(job_manifest("Bad_Name"))
     assert "metadata.name" in exc.value.problems[0]
     assert "DNS-1035" in exc.value.problems[0]
 
@@ -95,8 +92,8 @@ def test_every_problem_is_reported_at_once() -> None:
 
 
 def test_overrides_parse_yaml_values_and_default_to_spec() -> None:
-    data = apply_overrides(_job({}), ["training.lr=1e-3", "spec.stop.timesteps=100",
-                                      "model.hidden=[32, 32]", "metadata.name=renamed"])
+    data = apply_overrides(job_manifest(), ["training.lr=1e-3", "spec.stop.timesteps=100",
+                                            "model.hidden=[32, 32]", "metadata.name=renamed"])
     job = parse_manifest(data)
     assert job.spec.training.lr == 1e-3
     assert job.spec.stop.timesteps == 100
@@ -106,13 +103,13 @@ def test_overrides_parse_yaml_values_and_default_to_spec() -> None:
 
 def test_override_without_equals_is_an_error() -> None:
     with pytest.raises(ManifestError, match="KEY=VALUE"):
-        apply_overrides(_job({}), ["training.lr"])
+        apply_overrides(job_manifest(), ["training.lr"])
 
 
 def test_load_manifest_finds_the_impalajob_among_documents(tmp_path: Path) -> None:
     path = tmp_path / "multi.yaml"
-    path.write_text("kind: ConfigMap\nmetadata: {name: x}\n---\n"
-                    "apiVersion: impala.dev/v1alpha1\nkind: ImpalaJob\nmetadata: {name: j}\n")
+    config_map = {"kind": "ConfigMap", "metadata": {"name": "x"}}
+    path.write_text(yaml.safe_dump_all([config_map, job_manifest("j")]))
     assert load_manifest(path).name == "j"
     (tmp_path / "none.yaml").write_text("kind: ConfigMap\n")
     with pytest.raises(ManifestError, match="no document with kind: ImpalaJob"):
@@ -120,5 +117,5 @@ def test_load_manifest_finds_the_impalajob_among_documents(tmp_path: Path) -> No
 
 
 def test_replica_bounds_clamp_the_initial_count() -> None:
-    job = parse_manifest(_job({"rollouts": {"minReplicas": 1, "maxReplicas": 3, "replicas": 9}}))
+    job = parse_manifest(job_manifest(rollouts={"minReplicas": 1, "maxReplicas": 3, "replicas": 9}))
     assert job.spec.rollouts.initial_replicas == 3

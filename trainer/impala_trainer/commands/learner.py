@@ -6,7 +6,7 @@ and runs exactly the driver, learner thread and run-directory writer `impalajob 
 one difference: the actors follow the cluster's membership (membership.py) instead of a fixed
 count, so rollout and aggregator pods can join, drain and die while training goes on.
 
-`--resume` (or `--resume auto`) continues from the newest checkpoint in DIR/checkpoints when there
+`--resume` continues from the newest checkpoint in DIR/checkpoints when there
 is one: a restarted learner pod with a checkpoint volume picks up its counters and weights, and
 the rollout pods rejoin the new head by themselves. Exit codes as `impalajob train`: 0 when a
 stop criterion is met, 2 for a bad manifest, 1 when training fails, 130 when stopped (SIGTERM).
@@ -24,7 +24,14 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from impala_trainer.job.manifest import ManifestError, load_manifest
+from impala_trainer.commands import (
+    EXIT_FAILED,
+    EXIT_STOPPED,
+    CommandError,
+    add_manifest_arguments,
+    add_resume_argument,
+    load_job,
+)
 from impala_trainer.job.roles import DEFAULT_PORTS
 from impala_trainer.node.ray_node import (
     NodeConfig,
@@ -42,21 +49,11 @@ if TYPE_CHECKING:
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-f", "--file", required=True, help="ImpalaJob manifest (YAML)")
+    add_manifest_arguments(parser)
     parser.add_argument("--run-dir", required=True, type=Path, help="run directory to write")
+    add_resume_argument(parser)
     parser.add_argument(
-        "--resume",
-        nargs="?",
-        const="auto",
-        default="never",
-        choices=["auto", "never"],
-        help="auto: continue from the newest checkpoint in the run directory if there is one",
-    )
-    parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a field"
-    )
-    parser.add_argument(
-        "--port", "--ray-port", dest="port", type=int, default=DEFAULT_PORTS.gcs, help="GCS port"
+        "--gcs-port", type=int, default=DEFAULT_PORTS.gcs, help="the Ray head's GCS port"
     )
     parser.add_argument(
         "--head-timeout", type=float, default=180.0, help="seconds to wait for the Ray head"
@@ -71,40 +68,34 @@ def _stop_on_sigterm(signum: int, _frame: FrameType | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        job = load_manifest(args.file, args.set)
-    except ManifestError as err:
-        print(err, file=sys.stderr)
-        return 2
-    if not any(v is not None for v in job.spec.stop.model_dump().values()):
-        print("error: spec.stop sets no criterion", file=sys.stderr)
-        return 2
+    job = load_job(args)
 
     from impala_trainer.node.allocator import keep_freed_memory
     from impala_trainer.rundir.checkpoint import list_checkpoints
     from impala_trainer.rundir.writer import RunDir
 
     run_dir = RunDir(args.run_dir)
-    resume = args.resume == "auto" and bool(list_checkpoints(run_dir.checkpoints))
+    resume = args.resume and bool(list_checkpoints(run_dir.checkpoints))
     if not resume and run_dir.has_previous_run():
-        run_dir.clear()  # --resume never, or nothing to resume from: a fresh run
+        run_dir.clear()  # no --resume, or nothing to resume from: a fresh run
     run_dir.prepare(job)
 
     # Before any thread starts: the learner's large per-update tensors reuse freed memory.
     keep_freed_memory()
     apply_ray_env()
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    cfg = NodeConfig.from_args(args, head=True, gcs_port=args.port, resources={})
+    cfg = NodeConfig.from_args(args, head=True, gcs_port=args.gcs_port, resources={})
     host = args.node_ip_address or "127.0.0.1"
     head: RayNodeProcess | None = None
     try:
         head = _start_head(cfg, host, args)
         if head is None:
-            print(f"error: the Ray head did not come up on {host}:{args.port}", file=sys.stderr)
-            return 1
-        return _train(job, run_dir, f"{host}:{args.port}", resume)
+            raise CommandError(
+                f"the Ray head did not come up on {host}:{args.gcs_port}", EXIT_FAILED
+            )
+        return _train(job, run_dir, f"{host}:{args.gcs_port}", resume)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_STOPPED
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if head is not None:
@@ -151,36 +142,25 @@ def _train(job: ImpalaJob, run_dir: RunDir, address: str, resume: bool) -> int:
     import ray
 
     from impala_trainer.commands.progress import ProgressReporter
-    from impala_trainer.driver.impala import make_driver
-    from impala_trainer.driver.membership import ElasticActorManager, ElasticMembership
+    from impala_trainer.driver.launch import train
+    from impala_trainer.driver.ray_backend import RayBackend
 
     # ray.init installs its own SIGTERM handler (exit at once); ours lets the driver checkpoint.
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     print(f"learner: driver connected to the Ray head at {address}", flush=True)
     reporter = ProgressReporter(job.name)
     try:
-        driver = make_driver(
-            job,
-            run_dir,
-            num_rollout_workers=0,
-            num_aggregator_workers=0,
-            resume=resume,
-            on_report=reporter.update,
+        result, stats = train(
+            job, run_dir, RayBackend(), elastic=True, resume=resume, on_report=reporter.update
         )
-        manager = ElasticActorManager(driver.spec, driver.seed)
-        driver.manager = manager
-        driver.membership = ElasticMembership(manager)
-        result = driver.run()
     finally:
         reporter.close()
         ray.shutdown()
-    stats = driver.stats
     if result.phase == "Succeeded":
         print(
             f"{job.name}: {result.stopped_by} reached after "
             f"{stats.counters.env_steps_sampled:,} env steps in {stats.wall_seconds():.1f} s",
             flush=True,
         )
-    else:
-        print(f"error: training {result.phase.lower()}: {result.message}", file=sys.stderr)
-    return result.exit_code
+        return result.exit_code
+    raise CommandError(f"training {result.phase.lower()}: {result.message}", result.exit_code)

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from impala_trainer.commands import CommandError
 from impala_trainer.node.ray_node import (
     NodeConfig,
     RayNodeProcess,
@@ -72,8 +73,7 @@ def _say(msg: str) -> None:
 def run(args: argparse.Namespace) -> int:
     role = ROLE_BY_COMMAND[args.command]
     if args.workers < 1:
-        _say("--workers must be >= 1")
-        return 2
+        raise CommandError(f"--workers must be >= 1, got {args.workers}")
     host, port = split_address(args.address)
     cfg = NodeConfig.from_args(
         args,

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from impala_trainer.commands import EXIT_FAILED, CommandError
 from impala_trainer.job.spec import API_GROUP, API_VERSION, PLURAL
 from impala_trainer.sidecar.models import StatusResponse
 
@@ -57,8 +58,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 data = fetch_status_via_api_server(url, token, args.timeout)
     except StatusCommandError as err:
-        print(f"impalajob status: {err}", file=sys.stderr)
-        return 1
+        raise CommandError(str(err), EXIT_FAILED) from None
     if args.json:
         print(json.dumps(data, indent=2))
     else:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import uvicorn
 
+from impala_trainer.job.roles import STATUS_PORT
 from impala_trainer.sidecar.app import create_app
 from impala_trainer.sidecar.settings import Settings
 
@@ -22,7 +23,9 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="run directory to serve (default: $IMPALA_STATUS_RUN_DIR or .)",
     )
     parser.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
-    parser.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    parser.add_argument(
+        "--status-port", type=int, default=STATUS_PORT, help=f"port (default {STATUS_PORT})"
+    )
     parser.add_argument(
         "--job",
         dest="job_name",
@@ -70,11 +73,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: token file {settings.token_file} is missing", file=sys.stderr)
     app = create_app(settings)
     auth = "token required" if settings.auth_enabled else "no token"
-    print(f"serving {settings.run_dir} on http://{args.host}:{args.port} ({auth})", flush=True)
+    url = f"http://{args.host}:{args.status_port}"
+    print(f"serving {settings.run_dir} on {url} ({auth})", flush=True)
     uvicorn.run(
         app,
         host=args.host,
-        port=args.port,
+        port=args.status_port,
         log_level=args.log_level,
         access_log=args.access_log,
         server_header=False,

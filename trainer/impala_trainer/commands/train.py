@@ -7,7 +7,7 @@ starts); 1 when training fails (the reason is printed on one line); 130 when int
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import logging
 import os
 import subprocess
@@ -15,7 +15,13 @@ import sys
 import threading
 from pathlib import Path
 
-from impala_trainer.job.manifest import ManifestError, load_manifest
+from impala_trainer.commands import (
+    CommandError,
+    add_manifest_arguments,
+    add_resume_argument,
+    load_job,
+)
+from impala_trainer.job.roles import STATUS_PORT
 
 
 def _positive(text: str) -> int:
@@ -33,30 +39,29 @@ def _non_negative(text: str) -> int:
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-f", "--file", required=True, help="ImpalaJob manifest (YAML)")
-    parser.add_argument("--output", "-o", help="run directory (default: runs/<job name>)")
+    add_manifest_arguments(parser)
     parser.add_argument(
-        "--resume", action="store_true", help="continue from the run directory's latest checkpoint"
+        "--run-dir", type=Path, default=None, help="run directory (default: runs/<job name>)"
     )
+    add_resume_argument(parser)
     parser.add_argument(
         "--overwrite", action="store_true", help="replace a previous run in the run directory"
     )
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a field, e.g. training.lr=0.001 (repeatable)")
     parser.add_argument("--num-rollout-workers", type=_positive, metavar="N",
                         help="rollout actors (default: rollouts replicas x workersPerPod)")
     parser.add_argument("--num-aggregator-workers", type=_non_negative, metavar="N",
                         help="aggregator actors (default: aggregators replicas)")
     parser.add_argument("--dashboard", action="store_true",
                         help="also serve the run directory with the status server")
-    parser.add_argument("--port", type=_positive, default=8080, help="dashboard port")
+    parser.add_argument("--status-port", type=_positive, default=STATUS_PORT,
+                        help=f"the status server's port with --dashboard (default {STATUS_PORT})")
 
 
 def _start_dashboard(run_dir: Path, port: int) -> subprocess.Popen[bytes] | None:
     # The status server is its own process: it must not share the driver's GIL, and it is
     # exactly what the status sidecar runs on a cluster.
     cmd = [sys.executable, "-m", "impala_trainer.cli", "status-server",
-           "--run-dir", str(run_dir), "--host", "127.0.0.1", "--port", str(port)]
+           "--run-dir", str(run_dir), "--host", "127.0.0.1", "--status-port", str(port)]
     print(f"dashboard: http://127.0.0.1:{port}/ (log: {run_dir / 'status-server.log'})", flush=True)
     with open(run_dir / "status-server.log", "ab") as log:  # the child keeps its own descriptor
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -76,11 +81,7 @@ def _init_ray(num_rollout: int, num_aggregator: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        job = load_manifest(args.file, args.set)
-    except ManifestError as err:
-        print(err, file=sys.stderr)
-        return 2
+    job = load_job(args)
     spec = job.spec
     num_rollout = args.num_rollout_workers or max(
         1, spec.rollouts.initial_replicas * spec.rollouts.workers_per_pod
@@ -90,27 +91,19 @@ def run(args: argparse.Namespace) -> int:
         if args.num_aggregator_workers is None
         else args.num_aggregator_workers
     )
-    if not any(v is not None for v in spec.stop.model_dump().values()):
-        print("error: spec.stop sets no criterion; add timesteps, episodeReturnMean or "
-              "timeLimitSeconds", file=sys.stderr)
-        return 2
-
-    from impala_trainer.rollouts.envs import env_id_problem
-
-    problem = env_id_problem(spec.env)
-    if problem is not None:
-        print(f"{args.file}: invalid ImpalaJob\n  spec.env.id: {problem}", file=sys.stderr)
-        return 2
 
     from impala_trainer.node.allocator import keep_freed_memory
+    from impala_trainer.rundir.checkpoint import list_checkpoints
     from impala_trainer.rundir.writer import RunDir
 
-    run_dir = RunDir(Path(args.output or Path("runs") / job.name))
-    if run_dir.has_previous_run() and not args.resume:
-        if not args.overwrite:
-            print(f"error: {run_dir.path} already holds a run; pass --resume to continue it, "
-                  "--overwrite to replace it, or --output for a new directory", file=sys.stderr)
-            return 2
+    run_dir = RunDir(args.run_dir or Path("runs") / job.name)
+    resume = args.resume and bool(list_checkpoints(run_dir.checkpoints))
+    if run_dir.has_previous_run() and not resume:
+        if not (args.overwrite or args.resume):  # --resume with nothing to resume: fresh run
+            raise CommandError(
+                f"{run_dir.path} already holds a run; pass --resume to continue it, "
+                "--overwrite to replace it, or --run-dir for a new directory"
+            )
         run_dir.clear()
     run_dir.prepare(job)
     run_dir.log_to_file()
@@ -130,20 +123,21 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) - num_rollout - num_aggregator))
 
     from impala_trainer.commands.progress import ProgressReporter
-    from impala_trainer.driver.impala import make_driver
+    from impala_trainer.driver.launch import train
+    from impala_trainer.driver.ray_backend import RayBackend
 
-    dashboard = _start_dashboard(run_dir.path, args.port) if args.dashboard else None
+    dashboard = _start_dashboard(run_dir.path, args.status_port) if args.dashboard else None
     reporter = ProgressReporter(job.name)
     try:
-        driver = make_driver(
+        result, summary = train(
             job,
             run_dir,
-            num_rollout_workers=num_rollout,
-            num_aggregator_workers=num_aggregator,
-            resume=args.resume,
+            RayBackend(),
+            rollout_workers=num_rollout,
+            aggregator_workers=num_aggregator,
+            resume=resume,
             on_report=reporter.update,
         )
-        result = driver.run()
     finally:
         reporter.close()
         if dashboard is not None:
@@ -152,7 +146,6 @@ def run(args: argparse.Namespace) -> int:
         import ray
 
         ray.shutdown()
-    summary = driver.stats
     if result.phase == "Succeeded":
         ret = summary.return_mean
         print(
@@ -161,6 +154,5 @@ def run(args: argparse.Namespace) -> int:
             + ("" if ret is None else f" (mean return {ret:.1f})")
             + f"; run directory {run_dir.path}"
         )
-    else:
-        print(f"error: training {result.phase.lower()}: {result.message}", file=sys.stderr)
-    return result.exit_code
+        return result.exit_code
+    raise CommandError(f"training {result.phase.lower()}: {result.message}", result.exit_code)

@@ -1,24 +1,22 @@
-"""`impalajob validate -f FILE`: check a manifest without running anything."""
+"""`impalajob validate -f FILE`: check a manifest without running anything.
+
+The same checks `impalajob train` and `impalajob learner` run before they start (commands.load_job),
+so a manifest this accepts is one they accept; the API server refuses the same invalid fields
+through the CRD's schema and CEL rules.
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
-from impala_trainer.job.manifest import ManifestError, load_manifest
+from impala_trainer.commands import add_manifest_arguments, load_job
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-f", "--file", required=True, help="ImpalaJob manifest (YAML)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a field, e.g. training.lr=0.001 (repeatable)")
+    add_manifest_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        job = load_manifest(args.file, args.set)
-    except ManifestError as err:
-        print(err, file=sys.stderr)
-        return 2
+    job = load_job(args)
     print(f"{args.file}: ImpalaJob {job.name} is valid")
     return 0

@@ -3,7 +3,7 @@
 The manager creates rollout and aggregator actors up to a target count, records where they run,
 replaces an actor that died (or drops it when the cluster no longer offers its resource), and
 reports membership for status.json. It never waits on an actor: readiness is polled with
-`ray.wait(timeout=0)`, so the driver loop is never held up by a slow-starting process.
+`backend.wait(timeout=0)`, so the driver loop is never held up by a slow-starting process.
 Elastic membership (pods joining and leaving) extends this class: `set_target` and
 `ensure_targets` are the hooks.
 """
@@ -13,21 +13,13 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-import ray
-
+from impala_trainer.driver.backend import ROLES, Backend, Handle, Ref, Role
 from impala_trainer.job.spec import ImpalaJobSpec
-from impala_trainer.rollouts.actors import (
-    AGGREGATOR_RESOURCE,
-    ROLLOUT_RESOURCE,
-    AggregatorActor,
-    RolloutActor,
-)
+from impala_trainer.rollouts.batches import NodeInfo
 from impala_trainer.rundir.snapshot import Member, Membership
 
-Role = Literal["rollout", "aggregator"]
-_RESOURCE: dict[Role, str] = {"rollout": ROLLOUT_RESOURCE, "aggregator": AGGREGATOR_RESOURCE}
 # An actor that dies this many times in a row before ever answering is a broken configuration,
 # not bad luck: fail the run instead of replacing it forever.
 MAX_STARTUP_FAILURES = 3
@@ -44,14 +36,14 @@ class ManagedActor:
 
     actor_id: str
     role: Role
-    handle: Any
+    handle: Handle
     seed: int
     state: Literal["starting", "healthy", "draining", "dead"] = "starting"
     node_id: str = ""
     node_ip: str = ""
     env_steps: int = 0
     created_at: float = field(default_factory=time.time)
-    info_ref: Any = None
+    info_ref: Ref | None = None
 
     def member(self) -> Member:
         return Member(
@@ -67,15 +59,16 @@ class ManagedActor:
 class ActorManager:
     """Creates, tracks and replaces the rollout and aggregator actors of one job."""
 
-    def __init__(self, spec: ImpalaJobSpec, base_seed: int) -> None:
+    def __init__(self, spec: ImpalaJobSpec, base_seed: int, backend: Backend) -> None:
         self.spec = spec
         self.base_seed = base_seed
+        self.backend = backend
         self.actors: dict[str, ManagedActor] = {}
         self.dead: list[ManagedActor] = []
         self.targets: dict[Role, int] = {"rollout": 0, "aggregator": 0}
         self.restarts = 0
         self._startup_failures: dict[Role, int] = {"rollout": 0, "aggregator": 0}
-        self._ids = {role: itertools.count() for role in _RESOURCE}
+        self._ids = {role: itertools.count() for role in ROLES}
         self._round_robin = itertools.count()
         self._nodes: dict[Role, int] = {"rollout": 0, "aggregator": 0}
 
@@ -87,15 +80,15 @@ class ActorManager:
 
     def capacity(self, role: Role) -> int:
         """Units of the role's resource the cluster offers (one actor each)."""
-        return int(ray.cluster_resources().get(_RESOURCE[role], 0))
+        return self.backend.units()[role]
 
     def ensure_targets(self) -> list[ManagedActor]:
         """Create actors until each role has min(target, capacity); return the new ones."""
         created: list[ManagedActor] = []
-        for role in ("rollout", "aggregator"):
-            want = min(self.targets[role], self.capacity(role))  # type: ignore[arg-type]
-            while len(self.live(role)) < want:  # type: ignore[arg-type]
-                created.append(self._create(role))  # type: ignore[arg-type]
+        for role in ROLES:
+            want = min(self.targets[role], self.capacity(role))
+            while len(self.live(role)) < want:
+                created.append(self._create(role))
         return created
 
     def _create(self, role: Role) -> ManagedActor:
@@ -104,12 +97,9 @@ class ActorManager:
         # Replacements get new seeds, so a restarted worker does not replay its predecessor.
         # Spaced wider than any numEnvsPerWorker, since sub-env i of a worker uses seed + i.
         seed = (self.base_seed + (0 if role == "rollout" else 5_000) + 10_007 * n) % (2**31)
-        cls = RolloutActor if role == "rollout" else AggregatorActor
-        handle = cls.options(  # type: ignore[attr-defined]
-            num_cpus=0, resources={_RESOURCE[role]: 1}, max_restarts=0
-        ).remote(self.spec, actor_id, seed)
+        handle = self.backend.start(role, self.spec, actor_id, seed)
         actor = ManagedActor(actor_id=actor_id, role=role, handle=handle, seed=seed)
-        actor.info_ref = handle.node_info.remote()
+        actor.info_ref = self.backend.node_info(handle)
         self.actors[actor_id] = actor
         return actor
 
@@ -129,16 +119,16 @@ class ActorManager:
         pending = {a.info_ref: a for a in self.actors.values() if a.info_ref is not None}
         if not pending:
             return
-        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
+        ready, _ = self.backend.wait(list(pending), num_returns=len(pending), timeout=0)
         for ref in ready:
             actor = pending[ref]
             actor.info_ref = None
             try:
-                info = ray.get(ref)
-            except ray.exceptions.RayError as err:
+                info: NodeInfo = self.backend.get(ref)
+            except self.backend.failure as err:
                 self.on_failure(actor.actor_id, err)
                 continue
-            actor.node_id, actor.node_ip = info["node_id"], info["node_ip"]
+            actor.node_id, actor.node_ip = info.node_id, info.node_ip
             actor.state = "healthy"
             self._startup_failures[actor.role] = 0
 
@@ -152,7 +142,7 @@ class ActorManager:
         never_started = actor.state == "starting"
         actor.state = "dead"
         self.dead = [*self.dead, actor][-KEEP_DEAD:]
-        ray.kill(actor.handle, no_restart=True)
+        self.backend.kill(actor.handle)
         if never_started:
             self._startup_failures[actor.role] += 1
             if self._startup_failures[actor.role] >= MAX_STARTUP_FAILURES:
@@ -169,15 +159,8 @@ class ActorManager:
 
     def refresh_nodes(self) -> None:
         """Count live Ray nodes offering each role's resource (a GCS call: call it rarely)."""
-        counts: dict[Role, int] = {"rollout": 0, "aggregator": 0}
-        for node in ray.nodes():
-            if not node.get("Alive"):
-                continue
-            resources = node.get("Resources", {})
-            for role, name in _RESOURCE.items():
-                if resources.get(name, 0) > 0:
-                    counts[role] += 1
-        self._nodes = counts
+        alive = [n for n in self.backend.nodes() if n.alive]
+        self._nodes = {role: sum(1 for n in alive if n.units.get(role, 0) > 0) for role in ROLES}
 
     def membership(self) -> Membership:
         """Membership section of status.json."""
@@ -192,5 +175,5 @@ class ActorManager:
     def shutdown(self) -> None:
         """Kill every actor (the run is over)."""
         for actor in self.actors.values():
-            ray.kill(actor.handle, no_restart=True)
+            self.backend.kill(actor.handle)
         self.actors.clear()

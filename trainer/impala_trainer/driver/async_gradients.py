@@ -12,21 +12,24 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import ray
-
 from impala_trainer.driver.actor_manager import ManagedActor
+from impala_trainer.driver.backend import Ref, Weights
 from impala_trainer.driver.base import WAIT_SECONDS, Driver
+from impala_trainer.job.spec import ImpalaJob
 from impala_trainer.learning.learner import Learner
 from impala_trainer.learning.learner_thread import LearnerStarvedError, starved_message
+from impala_trainer.rollouts.batches import Gradients
+from impala_trainer.rundir.writer import RunDir
 
 
 class AsyncGradientsDriver(Driver):
     """The driver applies worker gradients; no learner thread."""
 
-    def _start(self) -> None:
+    def __init__(self, job: ImpalaJob, run_dir: RunDir, **collaborators: Any) -> None:
+        super().__init__(job, run_dir, **collaborators)
         self.learner = Learner(self.spec, self.obs_shape, self.num_actions)
-        self.grad_refs: dict[Any, str] = {}  # gradients ref -> actor id
-        self._weights: tuple[Any, int] | None = None  # (object ref, version) of current weights
+        self.grad_refs: dict[Ref, str] = {}  # gradients ref -> actor id
+        self._weights: tuple[Weights, int] | None = None  # (ref, version) of current weights
         self._last_update = time.monotonic()
         self._apply_ms = 0.0
         self._wait_ms = 0.0
@@ -34,10 +37,10 @@ class AsyncGradientsDriver(Driver):
     def _begin(self) -> None:
         self._last_update = time.monotonic()
 
-    def _current_weights(self) -> tuple[Any, int]:
+    def _current_weights(self) -> tuple[Weights, int]:
         version = self.learner.policy_version
         if self._weights is None or self._weights[1] != version:
-            self._weights = (ray.put(self.learner.get_weights()), version)
+            self._weights = (self.backend.put(self.learner.get_weights()), version)
             self.stats.counters.weight_broadcasts += 1
         return self._weights
 
@@ -45,19 +48,19 @@ class AsyncGradientsDriver(Driver):
         if actor.state == "draining":  # its node is leaving: no new request
             return
         ref, version = self._current_weights()
-        grads = actor.handle.compute_gradients.remote(
-            ref, version, self.stats.counters.env_steps_sampled
+        grads = self.backend.compute_gradients(
+            actor.handle, ref, version, self.stats.counters.env_steps_sampled
         )
         self.grad_refs[grads] = actor.actor_id
 
-    def _on_new_actor(self, actor: ManagedActor) -> None:
+    def on_new_actor(self, actor: ManagedActor) -> None:
         if actor.role == "rollout":
             self._dispatch(actor)
 
-    def _in_flight(self, actor_id: str) -> int:
+    def in_flight(self, actor_id: str) -> int:
         return sum(1 for a in self.grad_refs.values() if a == actor_id)
 
-    def _forget(self, actor_id: str) -> None:
+    def forget(self, actor_id: str) -> None:
         for ref in [r for r, a in self.grad_refs.items() if a == actor_id]:
             del self.grad_refs[ref]
 
@@ -69,39 +72,37 @@ class AsyncGradientsDriver(Driver):
             time.sleep(WAIT_SECONDS)
             return
         start = time.perf_counter()
-        ready, _ = ray.wait(list(self.grad_refs), num_returns=1, timeout=WAIT_SECONDS)
+        ready, _ = self.backend.wait(list(self.grad_refs), num_returns=1, timeout=WAIT_SECONDS)
         self._wait_ms = 1000.0 * (time.perf_counter() - start)
         for ref in ready:
             actor_id = self.grad_refs.pop(ref)
             try:
-                grads, info = ray.get(ref)
-            except ray.exceptions.RayError as err:
+                gradients: Gradients = self.backend.get(ref)
+            except self.backend.failure as err:
                 self._actor_failed(actor_id, err)
                 continue
-            self._apply(actor_id, grads, info)
+            self._apply(actor_id, gradients)
 
-    def _apply(self, actor_id: str, grads: list[Any], info: dict[str, Any]) -> None:
+    def _apply(self, actor_id: str, gradients: Gradients) -> None:
         start = time.perf_counter()
         self.learner.global_timestep = self.stats.counters.env_steps_sampled
-        self.learner.apply_gradients(grads)
+        self.learner.apply_gradients(gradients.grads)
         self._apply_ms = 1000.0 * (time.perf_counter() - start)
         self._last_update = time.monotonic()
-        c = self.stats.counters
-        c.env_steps_sampled += info["env_steps"]
-        c.env_steps_trained += info["env_steps"]
+        meta, c = gradients.meta, self.stats.counters
+        c.env_steps_sampled += meta.env_steps
+        c.env_steps_trained += meta.env_steps
         c.learner_updates += 1
         c.policy_version = self.learner.policy_version
-        self.stats.add_episodes(info["episode_returns"], info["episode_lengths"])
-        self.stats.add_policy_lag(float(c.policy_version - 1 - info["policy_version"]))
-        self.stats.learner = {k: float(v) for k, v in info["stats"].items()}
+        self.stats.add_episodes(meta.episode_returns, meta.episode_lengths)
+        self.stats.add_policy_lag(float(c.policy_version - 1 - meta.policy_version))
+        self.stats.learner = {k: float(v) for k, v in gradients.stats.items()}
         actor = self.manager.actors.get(actor_id)
         if actor is not None:
-            actor.env_steps += info["env_steps"]
+            actor.env_steps += meta.env_steps
             self._dispatch(actor)
 
     def _update_learner_stats(self) -> None:
-        if getattr(self, "learner", None) is None:  # failed before the learner was built
-            return
         self.stats.timing = {
             "driver_apply_time_ms": round(self._apply_ms, 3),
             "driver_wait_time_ms": round(self._wait_ms, 3),

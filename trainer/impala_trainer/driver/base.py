@@ -1,8 +1,11 @@
 """What every driver mode shares: setup, resume, stop criteria, reporting, checkpoints, failures.
 
-`driver.ImpalaDriver` (the V-trace data flow of RLlib's IMPALA) and
-`async_gradients.AsyncGradientsDriver` (the A3C flow) fill in the hooks. All Ray calls happen on
-the driver's main thread; a learner thread only ever sees queues.
+`impala.ImpalaDriver` (the V-trace data flow of RLlib's IMPALA) and
+`async_gradients.AsyncGradientsDriver` (the A3C flow) fill in the hooks. A driver is built whole
+by its constructor (learner, thread, counters), with its collaborators passed in: the `Backend`
+its actors run on, the `ActorManager` that keeps them, and, on a multi-pod learner, the
+`ElasticMembership` that follows the cluster's nodes (`launch.build_driver` wires them). All
+backend calls happen on the driver's main thread; a learner thread only ever sees queues.
 """
 
 from __future__ import annotations
@@ -12,12 +15,15 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from impala_trainer.driver.actor_manager import ActorManager, ManagedActor
+from impala_trainer.driver.backend import Backend
+from impala_trainer.driver.membership import ElasticMembership
 from impala_trainer.job.spec import ImpalaJob
+from impala_trainer.learning.learner import Learner
+from impala_trainer.rollouts.batches import Fragment
 from impala_trainer.rollouts.envs import env_spaces
 from impala_trainer.rundir.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from impala_trainer.rundir.snapshot import CheckpointInfo, RunPhase, StatusSnapshot
@@ -40,39 +46,44 @@ class DriverResult:
         return {"Succeeded": 0, "Stopped": 130}.get(self.phase, 1)
 
 
-class Driver:
-    """Shared skeleton: subclasses implement `_start`, `_step`, `_close` and `learner`."""
+def resolve_seed(seed: int | None) -> int:
+    """The run's seed: the spec's, or a fresh random one (recorded in the run's config)."""
+    return random.SystemRandom().randrange(2**31) if seed is None else seed
 
-    learner: Any
+
+class Driver:
+    """Shared skeleton: subclasses build `learner` in their constructor and implement `_step`."""
+
+    learner: Learner
 
     def __init__(
         self,
         job: ImpalaJob,
         run_dir: RunDir,
         *,
-        num_rollout_workers: int,
-        num_aggregator_workers: int = 0,
+        backend: Backend,
+        manager: ActorManager,
+        membership: ElasticMembership | None = None,
         resume: bool = False,
         on_report: Callable[[StatusSnapshot], None] | None = None,
     ) -> None:
         self.job = job
         self.spec = job.spec
         self.run_dir = run_dir
+        self.backend = backend
+        self.manager = manager
+        self.seed = manager.base_seed
+        # On a multi-pod learner the actors follow the cluster's rollout/aggregator nodes
+        # instead of the manager's fixed targets.
+        self.membership = membership
         self.resume = resume
         self.on_report = on_report
-        self.seed = self.spec.training.seed
-        if self.seed is None:
-            self.seed = random.SystemRandom().randrange(2**31)
-        self.manager = ActorManager(self.spec, self.seed)
-        self.manager.set_target("rollout", num_rollout_workers)
-        self.manager.set_target("aggregator", num_aggregator_workers)
         self.stats = RunStats(job.name, self.spec.stop)
         self._last_checkpoint = time.monotonic()
         self._last_nodes = float("-inf")
-        # membership.ElasticMembership on a multi-pod learner (commands/learner.py sets it): the
-        # actors then follow the cluster's rollout/aggregator nodes instead of fixed targets.
-        self.membership: Any = None
         self._started = False
+        torch.manual_seed(self.seed)
+        self.obs_shape, self.num_actions = env_spaces(self.spec.env)
 
     # -- the run --------------------------------------------------------------------------------
 
@@ -93,18 +104,13 @@ class Driver:
             result = DriverResult("Stopped", None, "interrupted")
         except Exception as exc:  # the run fails with a one-line reason; details in the log
             logger.error("run failed", exc_info=True)
-            result = DriverResult("Failed", None, _one_line(exc))
+            result = DriverResult("Failed", None, one_line(exc))
         finally:
             self._finish(result)
         return result
 
     def _setup(self) -> None:
-        torch.manual_seed(self.seed or 0)
-        # Actor processes start first: they import torch and build envs while this process
-        # builds the learner.
         new_actors = self.manager.ensure_targets()
-        self.obs_shape, self.num_actions = env_spaces(self.spec.env)
-        self._start()
         ckpt = latest_checkpoint(self.run_dir.checkpoints) if self.resume else None
         if ckpt is not None:
             learner_state, state = load_checkpoint(ckpt)
@@ -121,7 +127,7 @@ class Driver:
         self._report(force=True, phase="Starting")
         self._started = True
         for actor in new_actors:
-            self._on_new_actor(actor)
+            self.on_new_actor(actor)
         self._begin()
 
     def _maintain(self) -> None:
@@ -133,7 +139,7 @@ class Driver:
             self._last_nodes = now
             self.manager.refresh_nodes()
             for actor in self.manager.ensure_targets():  # e.g. a node came back
-                self._on_new_actor(actor)
+                self.on_new_actor(actor)
         self.stats.counters.worker_restarts = self.manager.restarts
         if now - self._last_checkpoint >= self.spec.checkpoint.interval_seconds:
             self._checkpoint()
@@ -190,18 +196,32 @@ class Driver:
     # -- actors ---------------------------------------------------------------------------------
 
     def _actor_failed(self, actor_id: str, error: BaseException) -> None:
-        logger.warning("actor %s failed: %s", actor_id, _one_line(error))
-        self._forget(actor_id)
+        logger.warning("actor %s failed: %s", actor_id, one_line(error))
+        self.forget(actor_id)
         replacement = self.manager.on_failure(actor_id, error)
         self.stats.counters.worker_restarts = self.manager.restarts
         if replacement is not None:
-            self._on_new_actor(replacement)
+            self.on_new_actor(replacement)
+
+    # -- what membership calls (membership.DriverHooks) ------------------------------------------
+
+    def on_new_actor(self, actor: ManagedActor) -> None:
+        """Give a new actor weights and work."""
+        raise NotImplementedError
+
+    def forget(self, actor_id: str) -> None:
+        """Drop the in-flight requests of a failed or released actor."""
+
+    def in_flight(self, actor_id: str) -> int:
+        """Requests (samples, aggregations, gradients) the actor still owes the driver."""
+        return 0
+
+    def absorb(self, fragments: list[Fragment]) -> None:
+        """Take fragments a released aggregator still held (membership's drain hand-over)."""
+        if fragments:
+            raise NotImplementedError(f"{type(self).__name__} has no aggregation")
 
     # -- subclass hooks -------------------------------------------------------------------------
-
-    def _start(self) -> None:
-        """Build the learner (and its thread); runs before the checkpoint is restored."""
-        raise NotImplementedError
 
     def _begin(self) -> None:
         """Start learning and sampling after the actors were created."""
@@ -210,22 +230,6 @@ class Driver:
         """One loop iteration; blocks at most about WAIT_SECONDS."""
         raise NotImplementedError
 
-    def _on_new_actor(self, actor: ManagedActor) -> None:
-        """Give a new actor weights and work."""
-        raise NotImplementedError
-
-    def _forget(self, actor_id: str) -> None:
-        """Drop the in-flight requests of a failed actor."""
-
-    def _in_flight(self, actor_id: str) -> int:
-        """Requests (samples, aggregations, gradients) the actor still owes the driver."""
-        return 0
-
-    def _absorb(self, fragments: list[Any]) -> None:
-        """Take fragments a released aggregator still held (membership's drain hand-over)."""
-        if fragments:
-            raise NotImplementedError(f"{type(self).__name__} has no aggregation")
-
     def _update_learner_stats(self) -> None:
         """Copy learner/queue stats into self.stats before a snapshot."""
 
@@ -233,7 +237,7 @@ class Driver:
         """Stop the learner side (thread) at the end of the run."""
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return lines[-1] if lines else type(exc).__name__

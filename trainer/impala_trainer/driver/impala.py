@@ -1,8 +1,8 @@
-"""The IMPALA driver loop (RLlib's IMPALA training step, seeds/002), on Ray.
+"""The IMPALA driver loop (RLlib's IMPALA training step, seeds/002).
 
 Each iteration: take the learner's results (counters, stats) and broadcast weights every
 `broadcastInterval` updates if a rollout actor sent samples since the last broadcast (inline
-when small, else one `ray.put`); move finished train batches into the learner thread's bounded
+when small, else one `Backend.put`); move finished train batches into the learner thread's bounded
 inqueue; wait up to WAIT_SECONDS for sample (or aggregator) results and route them: fragment ->
 aggregator (an actor, by reference, or the local Aggregator) -> train batches. Each rollout actor
 keeps `maxRequestsInFlightPerWorker` sample requests outstanding, and the newest broadcast rides
@@ -23,13 +23,15 @@ from collections import Counter, deque
 from typing import Any
 
 import numpy as np
-import ray
 
 from impala_trainer.driver.actor_manager import ManagedActor
+from impala_trainer.driver.backend import Ref, Weights
 from impala_trainer.driver.base import WAIT_SECONDS, Driver
+from impala_trainer.job.spec import ImpalaJob
 from impala_trainer.learning.threads import make_learner_thread
 from impala_trainer.rollouts.aggregation import Aggregator
-from impala_trainer.rollouts.batches import TrainBatch
+from impala_trainer.rollouts.batches import Fragment, FragmentMeta, TrainBatch
+from impala_trainer.rundir.writer import RunDir
 
 # Below Ray's max_direct_call_object_size (100 KiB), with room for the pickled dict around them.
 INLINE_WEIGHTS_BYTES = 64 * 1024
@@ -38,14 +40,15 @@ INLINE_WEIGHTS_BYTES = 64 * 1024
 class ImpalaDriver(Driver):
     """V-trace mode: asynchronous sampling feeding a learner thread."""
 
-    def _start(self) -> None:
+    def __init__(self, job: ImpalaJob, run_dir: RunDir, **collaborators: Any) -> None:
+        super().__init__(job, run_dir, **collaborators)
         self.thread = make_learner_thread(self.spec, self.obs_shape, self.num_actions)
         self.learner = self.thread.learner
         self.local_aggregator = Aggregator.from_spec(self.spec, self.seed)
         self.max_in_flight = self.spec.training.max_requests_in_flight_per_worker
-        self.sample_refs: dict[Any, tuple[str, Any]] = {}  # meta ref -> (actor id, fragment ref)
-        self.agg_refs: dict[Any, str] = {}  # train-batch list ref -> aggregator id
-        self.in_flight: Counter[str] = Counter()
+        self.sample_refs: dict[Ref, tuple[str, Ref]] = {}  # meta ref -> (actor id, fragment ref)
+        self.agg_refs: dict[Ref, str] = {}  # train-batch list ref -> aggregator id
+        self.samples_in_flight: Counter[str] = Counter()
         self.parked: set[str] = set()
         # The broadcast is skipped while no actor has sampled since the last one (as RLlib).
         self.sampled_since_broadcast = False
@@ -54,7 +57,7 @@ class ImpalaDriver(Driver):
         self._head_counted_full = False
         self.updates_since_broadcast = 0
         self._timers: dict[str, deque[float]] = {}
-        self.weights_ref: Any = None  # the latest broadcast: a weights dict, or its object ref
+        self.weights_ref: Weights | None = None  # the latest broadcast: weights, or their ref
         self.weights_version = -1
 
     def _begin(self) -> None:
@@ -143,9 +146,9 @@ class ImpalaDriver(Driver):
             time.sleep(WAIT_SECONDS)  # every actor is still starting (or being replaced)
             return
         start = time.perf_counter()
-        ready, rest = ray.wait(refs, num_returns=1, timeout=WAIT_SECONDS)
+        ready, rest = self.backend.wait(refs, num_returns=1, timeout=WAIT_SECONDS)
         if ready and rest:
-            more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+            more, _ = self.backend.wait(rest, num_returns=len(rest), timeout=0)
             ready += more
         self._time("sample_wait", start)
         for ref in ready:
@@ -154,27 +157,28 @@ class ImpalaDriver(Driver):
             elif ref in self.agg_refs:
                 self._on_aggregated(ref)
 
-    def _on_sample(self, meta_ref: Any) -> None:
+    def _on_sample(self, meta_ref: Ref) -> None:
         actor_id, fragment_ref = self.sample_refs.pop(meta_ref)
-        self.in_flight[actor_id] -= 1
+        self.samples_in_flight[actor_id] -= 1
         try:
-            meta = ray.get(meta_ref)
-        except ray.exceptions.RayError as err:
+            meta: FragmentMeta = self.backend.get(meta_ref)
+        except self.backend.failure as err:
             self._actor_failed(actor_id, err)
             return
         c = self.stats.counters
-        c.env_steps_sampled += meta["env_steps"]
+        c.env_steps_sampled += meta.env_steps
         self.learner.global_timestep = c.env_steps_sampled
-        self.stats.add_episodes(meta["episode_returns"], meta["episode_lengths"])
+        self.stats.add_episodes(meta.episode_returns, meta.episode_lengths)
         actor = self.manager.actors.get(actor_id)
         if actor is not None:
-            actor.env_steps += meta["env_steps"]
+            actor.env_steps += meta.env_steps
             self.sampled_since_broadcast = True
         aggregator = self.manager.next_aggregator()
         if aggregator is not None:
-            self.agg_refs[aggregator.handle.process.remote(fragment_ref)] = aggregator.actor_id
+            ref = self.backend.aggregate(aggregator.handle, fragment_ref)
+            self.agg_refs[ref] = aggregator.actor_id
         else:
-            self.pending.extend(self.local_aggregator.add(ray.get(fragment_ref)))
+            self.pending.extend(self.local_aggregator.add(self.backend.get(fragment_ref)))
             self._feed_learner()  # room in the learner queue: the actor need not park
         if actor is not None:
             if self.pending:
@@ -182,11 +186,11 @@ class ImpalaDriver(Driver):
             else:
                 self._submit(actor)
 
-    def _on_aggregated(self, ref: Any) -> None:
+    def _on_aggregated(self, ref: Ref) -> None:
         aggregator_id = self.agg_refs.pop(ref)
         try:
-            batches = ray.get(ref)
-        except ray.exceptions.RayError as err:
+            batches: list[TrainBatch] = self.backend.get(ref)
+        except self.backend.failure as err:
             self._actor_failed(aggregator_id, err)
             return
         self.pending.extend(batches)
@@ -199,18 +203,19 @@ class ImpalaDriver(Driver):
     def _submit(self, actor: ManagedActor) -> None:
         if actor.state == "draining":  # its node is leaving: collect what it owes, ask no more
             return
-        while self.in_flight[actor.actor_id] < self.max_in_flight:
+        while self.samples_in_flight[actor.actor_id] < self.max_in_flight:
             if self.weights_sent.get(actor.actor_id) == self.weights_version:
-                fragment_ref, meta_ref = actor.handle.sample.remote()
+                weights = None
             else:
                 self.weights_sent[actor.actor_id] = self.weights_version
-                fragment_ref, meta_ref = actor.handle.sample.remote(
-                    self.weights_ref, self.weights_version
-                )
+                weights = self.weights_ref
+            fragment_ref, meta_ref = self.backend.sample(
+                actor.handle, weights, self.weights_version
+            )
             self.sample_refs[meta_ref] = (actor.actor_id, fragment_ref)
-            self.in_flight[actor.actor_id] += 1
+            self.samples_in_flight[actor.actor_id] += 1
 
-    def _on_new_actor(self, actor: ManagedActor) -> None:
+    def on_new_actor(self, actor: ManagedActor) -> None:
         if actor.role != "rollout":
             return
         if self.weights_ref is None:
@@ -224,20 +229,21 @@ class ImpalaDriver(Driver):
         # arguments under its direct-call limit, so no object-store put per broadcast and no
         # fetch per actor. Large ones (the CNN's MiBs) are put once and shared by reference.
         small = sum(a.nbytes for a in weights.values()) <= INLINE_WEIGHTS_BYTES
-        self.weights_ref = weights if small else ray.put(weights)
+        self.weights_ref = weights if small else self.backend.put(weights)
 
-    def _in_flight(self, actor_id: str) -> int:
-        return self.in_flight[actor_id] + sum(1 for a in self.agg_refs.values() if a == actor_id)
+    def in_flight(self, actor_id: str) -> int:
+        aggregations = sum(1 for a in self.agg_refs.values() if a == actor_id)
+        return self.samples_in_flight[actor_id] + aggregations
 
-    def _absorb(self, fragments: list[Any]) -> None:
+    def absorb(self, fragments: list[Fragment]) -> None:
         self.pending.extend(self.local_aggregator.add_many(fragments))
 
-    def _forget(self, actor_id: str) -> None:
+    def forget(self, actor_id: str) -> None:
         for ref in [r for r, (a, _) in self.sample_refs.items() if a == actor_id]:
             del self.sample_refs[ref]
         for ref in [r for r, a in self.agg_refs.items() if a == actor_id]:
             del self.agg_refs[ref]
-        self.in_flight.pop(actor_id, None)
+        self.samples_in_flight.pop(actor_id, None)
         self.parked.discard(actor_id)
         self.weights_sent.pop(actor_id, None)
 
@@ -248,8 +254,6 @@ class ImpalaDriver(Driver):
         window.append(time.perf_counter() - start)
 
     def _update_learner_stats(self) -> None:
-        if getattr(self, "thread", None) is None:  # failed before the learner was built
-            return
         thread_stats = self.thread.stats()
         capacity = self.spec.training.learner_queue_size
         self.stats.set_learner_queue(thread_stats, capacity)
@@ -259,12 +263,9 @@ class ImpalaDriver(Driver):
         self.stats.timing = timing
 
     def _close(self) -> None:
-        thread = getattr(self, "thread", None)
-        if thread is None:
-            return
-        thread.stop()
-        if thread.is_alive():
-            thread.join(timeout=30)
+        self.thread.stop()
+        if self.thread.is_alive():
+            self.thread.join(timeout=30)
         self._drain_learner_counts()
 
     def _drain_learner_counts(self) -> int:
@@ -285,12 +286,3 @@ class ImpalaDriver(Driver):
             self.stats.learner = stats
         c.policy_version = self.learner.policy_version
         return updates
-
-
-def make_driver(job: Any, run_dir: Any, **kwargs: Any) -> Driver:
-    """The driver for the job's training mode."""
-    if job.spec.training.mode == "async-gradients":
-        from impala_trainer.driver.async_gradients import AsyncGradientsDriver
-
-        return AsyncGradientsDriver(job, run_dir, **kwargs)
-    return ImpalaDriver(job, run_dir, **kwargs)

@@ -15,7 +15,8 @@ node table and drain list and:
   as RLlib's FaultTolerantActorManager does for unhealthy actors;
 * cancels actors that wait for capacity no node offers any more.
 
-`plan()` holds the decisions as a pure function; `ElasticMembership` does the Ray I/O.
+`plan()` holds the decisions as a pure function; `ElasticMembership` does the I/O, through the
+driver's `Backend`.
 """
 
 from __future__ import annotations
@@ -25,28 +26,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import ray
-
-from impala_trainer.driver.actor_manager import ActorManager, ManagedActor, Role
-from impala_trainer.rollouts.actors import AGGREGATOR_RESOURCE, ROLLOUT_RESOURCE
-from impala_trainer.rollouts.batches import Fragment
+from impala_trainer.driver.actor_manager import ActorManager, ManagedActor
+from impala_trainer.driver.backend import ROLES, NodeView, Ref, Role
+from impala_trainer.rollouts.batches import Fragment, Handover
 from impala_trainer.rundir.snapshot import Membership
 
 logger = logging.getLogger(__name__)
 POLL_SECONDS = 1.0
-ROLES: tuple[Role, ...] = ("rollout", "aggregator")
-RESOURCE: dict[Role, str] = {"rollout": ROLLOUT_RESOURCE, "aggregator": AGGREGATOR_RESOURCE}
-
-
-@dataclass(frozen=True)
-class NodeView:
-    """What membership needs to know about one Ray node."""
-
-    node_id: str
-    alive: bool
-    draining: bool
-    units: dict[Role, int]
-    """Units of the rollout/aggregator resource the node offers (0 for the head)."""
 
 
 @dataclass(frozen=True)
@@ -107,29 +93,12 @@ def plan(nodes: list[NodeView], actors: list[ActorView]) -> Plan:
 
 
 class DriverHooks(Protocol):
-    """What membership needs from the driver (driver_base.Driver implements it)."""
+    """What membership needs from the driver (driver.base.Driver implements it)."""
 
-    def _on_new_actor(self, actor: ManagedActor) -> None: ...
-    def _forget(self, actor_id: str) -> None: ...
-    def _in_flight(self, actor_id: str) -> int: ...
-    def _absorb(self, fragments: list[Fragment]) -> None: ...
-
-
-def _handover(actor: Any) -> dict[str, Any]:
-    """Runs inside a draining actor after its last request: what it still holds.
-
-    Through `__ray_call__`, so the actor classes stay plain shells: an AggregatorActor gives back
-    the fragments that did not yet fill a batch, a RolloutActor its own env-step count (the
-    driver's count for it must match: otherwise a fragment was lost).
-    """
-    out: dict[str, Any] = {"fragments": [], "env_steps": None}
-    aggregator = getattr(actor, "aggregator", None)
-    if aggregator is not None:
-        out["fragments"] = aggregator.take_pending()
-    worker = getattr(actor, "worker", None)
-    if worker is not None:
-        out["env_steps"] = int(worker.env_steps)
-    return out
+    def on_new_actor(self, actor: ManagedActor) -> None: ...
+    def forget(self, actor_id: str) -> None: ...
+    def in_flight(self, actor_id: str) -> int: ...
+    def absorb(self, fragments: list[Fragment]) -> None: ...
 
 
 class ElasticActorManager(ActorManager):
@@ -170,7 +139,7 @@ class ElasticActorManager(ActorManager):
         if (
             actor is not None
             and actor.state == "starting"
-            and not getattr(error, "actor_init_failed", False)
+            and not self.backend.init_failed(error)
         ):
             actor.state = "healthy"
         return super().on_failure(actor_id, error)
@@ -191,18 +160,19 @@ class ElasticActorManager(ActorManager):
         if produced is not None:
             self.produced[actor_id] = produced
         self.dead = [*self.dead, actor][-50:]
-        ray.kill(actor.handle, no_restart=True)
+        self.backend.kill(actor.handle)
         return actor
 
 
 class ElasticMembership:
-    """Drives an ElasticActorManager from the GCS node table; call `tick` from the driver loop."""
+    """Drives an ElasticActorManager from the cluster's node table; `tick` from the driver loop."""
 
     def __init__(self, manager: ElasticActorManager, poll_seconds: float = POLL_SECONDS) -> None:
         self.manager = manager
+        self.backend = manager.backend
         self.poll_seconds = poll_seconds
         self._last_poll = float("-inf")
-        self._handovers: dict[Any, str] = {}  # __ray_call__ ref -> actor id
+        self._handovers: dict[Ref, str] = {}  # handover ref -> actor id
         self.lost_env_steps = 0
         """Env steps released rollout actors sampled that never reached the driver."""
 
@@ -215,84 +185,50 @@ class ElasticMembership:
         self._progress_drains(driver)
 
     def _poll(self, driver: DriverHooks) -> None:
-        p = plan(read_nodes(), [self._view(a) for a in self.manager.actors.values()])
+        p = plan(self.backend.nodes(), [self._view(a) for a in self.manager.actors.values()])
         self.manager.apply(p)
         for actor_id in p.drain:
             logger.info("actor %s: node draining, finishing in-flight work", actor_id)
             self.manager.actors[actor_id].state = "draining"
         for actor_id in [*p.lost, *p.cancel]:
             logger.warning("actor %s: dropped (node gone or no capacity left)", actor_id)
-            driver._forget(actor_id)
+            driver.forget(actor_id)
             self.manager.retire(actor_id)
         for actor in self.manager.ensure_targets():
-            driver._on_new_actor(actor)
+            driver.on_new_actor(actor)
 
     def _progress_drains(self, driver: DriverHooks) -> None:
         waiting = set(self._handovers.values())
         for actor in list(self.manager.actors.values()):
             if actor.state != "draining" or actor.actor_id in waiting:
                 continue
-            if driver._in_flight(actor.actor_id) == 0:
-                ref = actor.handle.__ray_call__.remote(_handover)
-                self._handovers[ref] = actor.actor_id
+            if driver.in_flight(actor.actor_id) == 0:
+                self._handovers[self.backend.handover(actor.handle)] = actor.actor_id
         if not self._handovers:
             return
-        ready, _ = ray.wait(list(self._handovers), num_returns=len(self._handovers), timeout=0)
+        refs = list(self._handovers)
+        ready, _ = self.backend.wait(refs, num_returns=len(refs), timeout=0)
         for ref in ready:
             actor_id = self._handovers.pop(ref)
             actor = self.manager.actors.get(actor_id)
             try:
-                got = ray.get(ref)
-            except ray.exceptions.RayError as err:  # the node went before the hand-over
+                got: Handover = self.backend.get(ref)
+            except self.backend.failure as err:  # the node went before the hand-over
                 logger.warning("actor %s: hand-over failed: %s", actor_id, err)
-                driver._forget(actor_id)
+                driver.forget(actor_id)
                 self.manager.retire(actor_id)
                 continue
-            if got["fragments"]:
-                driver._absorb(got["fragments"])
-            if got["env_steps"] is not None and actor is not None:
-                lost = max(0, got["env_steps"] - actor.env_steps)
+            if got.fragments:
+                driver.absorb(got.fragments)
+            if got.env_steps is not None and actor is not None:
+                lost = max(0, got.env_steps - actor.env_steps)
                 if lost:
                     logger.warning("actor %s: %d env steps lost in its drain", actor_id, lost)
                 self.lost_env_steps += lost
-            driver._forget(actor_id)
-            self.manager.retire(actor_id, got["env_steps"])
+            driver.forget(actor_id)
+            self.manager.retire(actor_id, got.env_steps)
             logger.info("actor %s: drained and released", actor_id)
 
     def _view(self, a: ManagedActor) -> ActorView:
-        node_id = a.node_id or (placed_on(a.handle) if a.state == "starting" else "")
+        node_id = a.node_id or (self.backend.placed_on(a.handle) if a.state == "starting" else "")
         return ActorView(a.actor_id, a.role, node_id, a.state)
-
-
-def placed_on(handle: Any) -> str:
-    """Node a not-yet-answering actor was placed on ("" while it waits for a node).
-
-    Its constructor may still be running (torch import, env construction): the GCS actor table
-    knows the node before the actor can say so itself.
-    """
-    try:
-        info = ray._private.state.actors(actor_id=handle._actor_id.hex())
-    except Exception:
-        return ""
-    node_id = str(info.get("Address", {}).get("NodeID", "")) if info else ""
-    return "" if node_id.strip("f0") == "" else node_id
-
-
-def read_nodes() -> list[NodeView]:
-    """The GCS's view of the nodes (one node-table read plus the drain list)."""
-    try:
-        draining = set(ray._private.state.state.get_draining_nodes())
-    except Exception:  # an older GCS without drain info: nodes only leave by dying then
-        draining = set()
-    out = []
-    for n in ray.nodes():
-        resources = n.get("Resources", {})
-        out.append(
-            NodeView(
-                node_id=n["NodeID"],
-                alive=bool(n.get("Alive")),
-                draining=n["NodeID"] in draining,
-                units={r: int(resources.get(RESOURCE[r], 0)) for r in ROLES},
-            )
-        )
-    return out

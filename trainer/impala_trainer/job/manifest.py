@@ -80,7 +80,9 @@ def format_validation_error(err: ValidationError) -> list[str]:
             continue
         msg = str(e["msg"]).removeprefix("Value error, ")
         got = "" if e["type"] == "missing" else f" (got {e.get('input')!r})"
-        lines.append(f"{path}: {msg}{got}{_bounds(loc)}")
+        # A message that names its own field (as the CRD's CEL messages do) is not prefixed.
+        where = "" if msg.startswith(f"{path} ") else f"{path}: "
+        lines.append(f"{where}{msg}{got}{_bounds(loc)}")
     return lines
 
 

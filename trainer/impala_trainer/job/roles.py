@@ -102,10 +102,10 @@ def role_command(
 ) -> list[str]:
     """The argv a role runs.
 
-    learner:    `impalajob learner -f CONFIG --run-dir DIR --port GCS <node ports> [--resume]`
+    learner:    `impalajob learner -f CONFIG --run-dir DIR --gcs-port GCS <node ports> [--resume]`
     rollout:    `impalajob rollout-node --address HOST:GCS --workers N <node ports>`
     aggregator: `impalajob aggregator-node --address HOST:GCS <node ports>`
-    status:     `impalajob status-server --run-dir DIR --port 8080`
+    status:     `impalajob status-server --run-dir DIR --status-port 8080`
 
     `learner_host` is where rollout/aggregator nodes find the learner's GCS (the headless Service
     in a pod, 127.0.0.1 locally) and `learner_gcs_port` its port (default: `ports.gcs`, which a
@@ -123,7 +123,7 @@ def role_command(
     if role == "learner":
         if not config_path:
             raise ValueError("role 'learner' needs config_path")
-        argv += ["-f", config_path, f"--run-dir={run_dir}", f"--port={ports.gcs}"]
+        argv += ["-f", config_path, f"--run-dir={run_dir}", f"--gcs-port={ports.gcs}"]
         argv += ports.node_flags() + ip
         if resume:
             argv.append("--resume")
@@ -136,7 +136,7 @@ def role_command(
             argv.append(f"--workers={job.spec.rollouts.workers_per_pod}")
         argv += ports.node_flags() + ip
     elif role == "status":
-        argv += [f"--run-dir={run_dir}", f"--port={status_port}"]
+        argv += [f"--run-dir={run_dir}", f"--status-port={status_port}"]
         if status_host:
             argv.append(f"--host={status_host}")
     else:  # pragma: no cover - Literal exhausts the roles

@@ -44,8 +44,6 @@ class SpecModel(BaseModel):
     )
 
 
-PositiveInt = Annotated[int, Field(ge=1)]
-NonNegFloat = Annotated[float, Field(ge=0.0)]
 # A schedule's points are bounded so the CRD's CEL rule on their order stays within the API
 # server's cost budget (an unbounded list is estimated at megabytes of points).
 MAX_SCHEDULE_POINTS = 1000
@@ -367,8 +365,15 @@ class AggregatorsSpec(ReplicaGroupSpec):
     """Most aggregator pods."""
 
 
+NO_STOP_CRITERION = (
+    "spec.stop must set at least one of timesteps, episodeReturnMean, timeLimitSeconds "
+    "(without one the job would train forever)"
+)
+"""The message for an empty `spec.stop`, from the model and from the CRD's CEL rule alike."""
+
+
 class StopSpec(SpecModel):
-    """When training ends successfully; the first criterion met stops it."""
+    """When training ends successfully; the first criterion met stops it. At least one is set."""
 
     timesteps: int | None = Field(default=None, ge=1)
     """Env steps sampled."""
@@ -378,6 +383,14 @@ class StopSpec(SpecModel):
 
     time_limit_seconds: float | None = Field(default=None, gt=0.0)
     """Wall-clock seconds of training."""
+
+    @model_validator(mode="after")
+    def _some_criterion(self) -> StopSpec:
+        if self.timesteps is None and self.episode_return_mean is None and (
+            self.time_limit_seconds is None
+        ):
+            raise ValueError(NO_STOP_CRITERION)
+        return self
 
 
 class CheckpointSpec(SpecModel):
@@ -439,8 +452,8 @@ class ImpalaJobSpec(SpecModel):
     aggregators: AggregatorsSpec = Field(default_factory=AggregatorsSpec)
     """Aggregator pods."""
 
-    stop: StopSpec = Field(default_factory=StopSpec)
-    """Stop criteria."""
+    stop: StopSpec
+    """Stop criteria (required: a job ends when one is met)."""
 
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     """Checkpointing."""
@@ -487,7 +500,7 @@ class ImpalaJob(BaseModel):
     )
     kind: Literal["ImpalaJob"] = "ImpalaJob"
     metadata: ObjectMeta
-    spec: ImpalaJobSpec = Field(default_factory=ImpalaJobSpec)
+    spec: ImpalaJobSpec
     # Status is written by the operator; a manifest read back from the cluster may carry it.
     status: dict[str, Any] | None = None
 

@@ -1,37 +1,37 @@
 """Thin Ray actors around the plain RolloutWorker and Aggregator.
 
-They hold no logic of their own, so every behaviour is tested on the plain classes. Placement is
-by Ray custom resource: `{"rollout": 1}` / `{"aggregator": 1}` with `num_cpus=0`, so an actor
-lands on whatever node (rollout pod, or the local machine) offers the resource, and one actor
-takes one unit. Ray does not restart them (`max_restarts=0`): the driver's ActorManager replaces
-a dead actor itself, because a replacement needs fresh weights and a new seed anyway.
+They hold no logic of their own, so every behaviour is tested on the plain classes (and, through
+`driver.local_backend`, with the driver). Placement is by Ray custom resource: `{"rollout": 1}` /
+`{"aggregator": 1}` with `num_cpus=0`, so an actor lands on whatever node (rollout pod, or the
+local machine) offers the resource, and one actor takes one unit. Ray does not restart them
+(`max_restarts=0`): the driver's ActorManager replaces a dead actor itself, because a replacement
+needs fresh weights and a new seed anyway.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 from typing import Any
 
 import ray
 
 from impala_trainer.job.spec import ImpalaJobSpec
 from impala_trainer.rollouts.aggregation import Aggregator
-from impala_trainer.rollouts.batches import Fragment, TrainBatch
+from impala_trainer.rollouts.batches import (
+    Fragment,
+    FragmentMeta,
+    Gradients,
+    Handover,
+    NodeInfo,
+    TrainBatch,
+)
 from impala_trainer.rollouts.worker import RolloutWorker
 
 ROLLOUT_RESOURCE = "rollout"
 AGGREGATOR_RESOURCE = "aggregator"
 
 
-def _node_info() -> dict[str, Any]:
-    ctx = ray.get_runtime_context()
-    return {
-        "node_id": ctx.get_node_id(),
-        "node_ip": ray.util.get_node_ip_address(),
-        "hostname": socket.gethostname(),
-        "pid": os.getpid(),
-    }
+def _node_info() -> NodeInfo:
+    return NodeInfo(ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -41,15 +41,14 @@ class RolloutActor:
     def __init__(self, spec: ImpalaJobSpec, worker_id: str, seed: int) -> None:
         self.worker = RolloutWorker(spec, worker_id, seed)
 
-    def node_info(self) -> dict[str, Any]:
-        """Where this actor runs; answering it also means the worker finished building."""
-        return {**_node_info(), "obs_shape": self.worker.obs_shape}
+    def node_info(self) -> NodeInfo:
+        return _node_info()
 
     @ray.method(num_returns=2)
     def sample(
         self, weights: dict[str, Any] | None = None, policy_version: int = 0
-    ) -> tuple[Fragment, dict[str, Any]]:
-        """(fragment, small metadata), sampled after loading `weights` when given (the driver
+    ) -> tuple[Fragment, FragmentMeta]:
+        """(fragment, its metadata), sampled after loading `weights` when given (the driver
         sends a broadcast with the next request instead of in a call of its own).
 
         The driver reads the metadata without pulling the fragment, which can go by reference
@@ -61,11 +60,16 @@ class RolloutActor:
 
     def compute_gradients(
         self, weights: dict[str, Any] | None, policy_version: int, global_timestep: int
-    ) -> tuple[list[Any], dict[str, Any]]:
+    ) -> Gradients:
         """A3C: optionally load weights, then sample and return gradients on the sample."""
         if weights is not None:
             self.worker.set_weights(weights, policy_version)
         return self.worker.compute_gradients(global_timestep)
+
+    def handover(self) -> Handover:
+        """Its own env-step count: the driver's count for it must match, else a fragment was
+        lost in the drain."""
+        return Handover(fragments=[], env_steps=int(self.worker.env_steps))
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -76,11 +80,13 @@ class AggregatorActor:
         self.actor_id = actor_id
         self.aggregator = Aggregator.from_spec(spec, seed)
 
-    def node_info(self) -> dict[str, Any]:
-        """Where this actor runs."""
+    def node_info(self) -> NodeInfo:
         return _node_info()
 
     def process(self, fragment: Fragment) -> list[TrainBatch]:
         """Add one fragment (Ray resolves the reference); return completed train batches."""
         return self.aggregator.add(fragment)
 
+    def handover(self) -> Handover:
+        """The fragments that did not yet fill a batch: the driver trains on them."""
+        return Handover(fragments=self.aggregator.take_pending(), env_steps=None)

@@ -8,7 +8,6 @@ reader zero-copy; the learner turns them into tensors with `torch.from_numpy`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -48,15 +47,55 @@ class Fragment:
     def env_steps(self) -> int:
         return int(self.actions.shape[0] * self.actions.shape[1])
 
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> FragmentMeta:
         """The small part the driver reads without pulling the arrays (counters, episodes)."""
-        return {
-            "worker_id": self.worker_id,
-            "env_steps": self.env_steps,
-            "episode_returns": self.episode_returns,
-            "episode_lengths": self.episode_lengths,
-            "policy_version": self.policy_version,
-        }
+        return FragmentMeta(
+            worker_id=self.worker_id,
+            env_steps=self.env_steps,
+            episode_returns=list(self.episode_returns),
+            episode_lengths=list(self.episode_lengths),
+            policy_version=self.policy_version,
+        )
+
+
+@dataclass(frozen=True)
+class FragmentMeta:
+    """What the driver learns from a sample request without pulling the fragment itself: the
+    fragment can go by reference straight to an aggregator."""
+
+    worker_id: str
+    env_steps: int
+    episode_returns: list[float]
+    episode_lengths: list[int]
+    policy_version: int
+
+
+@dataclass(frozen=True)
+class Gradients:
+    """A3C mode: a rollout worker's loss gradients on one fragment it sampled on-policy."""
+
+    grads: list[np.ndarray]
+    meta: FragmentMeta
+    stats: dict[str, float]
+    """The learner stats of the gradient computation (loss terms, entropy...)."""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """Where an actor runs; its answer also means the actor finished building."""
+
+    node_id: str
+    node_ip: str
+
+
+@dataclass(frozen=True)
+class Handover:
+    """What a draining actor still held when released (membership's drain)."""
+
+    fragments: list[Fragment]
+    """Fragments an aggregator had not yet made into a batch."""
+    env_steps: int | None
+    """A rollout worker's own count of the env steps it sampled (None for an aggregator)."""
 
 
 @dataclass

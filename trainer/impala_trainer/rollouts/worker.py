@@ -5,15 +5,13 @@ No Ray here: `actors.RolloutActor` is a thin shell around it, and tests drive it
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
 from impala_trainer.job.spec import ImpalaJobSpec
 from impala_trainer.learning.learner import Learner
 from impala_trainer.learning.models import acting_policy, build_model
-from impala_trainer.rollouts.batches import Fragment, concat_fragments
+from impala_trainer.rollouts.batches import Fragment, Gradients, concat_fragments
 from impala_trainer.rollouts.envs import final_observations, make_vector_env
 
 
@@ -132,9 +130,7 @@ class RolloutWorker:
             worker_id=self.worker_id,
         )
 
-    def compute_gradients(
-        self, global_timestep: int = 0
-    ) -> tuple[list[np.ndarray], dict[str, Any]]:
+    def compute_gradients(self, global_timestep: int = 0) -> Gradients:
         """A3C mode: sample one fragment on-policy and return the loss gradients on it.
 
         The gradients come from a Learner copy holding this worker's weights, so they are the
@@ -146,4 +142,4 @@ class RolloutWorker:
         self._learner.global_timestep = global_timestep
         with torch.enable_grad():
             grads, stats = self._learner.compute_gradients(concat_fragments([fragment]))
-        return grads, {**fragment.meta(), "stats": stats}
+        return Gradients(grads, fragment.meta(), stats)

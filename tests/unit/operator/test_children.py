@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from impala_operator import children as b
-from impala_operator import names as L
+from impala_operator import children, names, plan
+from impala_operator.job_status import DeploymentView
 from impala_trainer.job.manifest import parse_manifest
 from impala_trainer.job.roles import DEFAULT_PORTS, POD_IP, SUBCOMMAND, RayPorts, role_command
 from impala_trainer.job.spec import ImpalaJob
@@ -23,21 +23,25 @@ def _job(name: str = "cartpole", labels: dict[str, str] | None = None, **spec: A
             "apiVersion": "impala.dev/v1alpha1",
             "kind": "ImpalaJob",
             "metadata": {"name": name, "namespace": "team-a", "labels": labels or {}},
-            "spec": {"rollouts": {"minReplicas": 2, "maxReplicas": 5, "workersPerPod": 3}, **spec},
+            "spec": {
+                "rollouts": {"minReplicas": 2, "maxReplicas": 5, "workersPerPod": 3},
+                "stop": {"timesteps": 1_000_000},
+                **spec,
+            },
         }
     )
 
 
-def _by_kind(children: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def _by_kind(manifests: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
-    for child in children:
+    for child in manifests:
         out.setdefault(child["kind"], []).append(child)
     return out
 
 
-def _pod_specs(children: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _pod_specs(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     specs = []
-    for child in children:
+    for child in manifests:
         if child["kind"] == "Pod":
             specs.append(child["spec"])
         elif child["kind"] == "Deployment":
@@ -49,8 +53,14 @@ def _containers(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [*pod_spec.get("initContainers", []), *pod_spec["containers"]]
 
 
-def _learner(children: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(c for c in children if c["kind"] == "Pod")
+def _learner(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(c for c in manifests if c["kind"] == "Pod")
+
+
+def _all_children(job: ImpalaJob, attempt: int = 0) -> list[dict[str, Any]]:
+    """Every child of a fresh job: what the create handler applies (`plan.plan_children`) and
+    the learner pod of `attempt` that the timer creates."""
+    return [*plan.plan_children(job, UID, {}), plan.learner_pod(job, UID, attempt)]
 
 
 def _container(pod_spec: dict[str, Any], name: str) -> dict[str, Any]:
@@ -58,11 +68,11 @@ def _container(pod_spec: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def test_all_children_exist_with_owner_labels_and_short_names() -> None:
-    job = _job("j" + "x" * 39, labels={"team": "rl", L.COMPONENT: "hijack"})  # 40 characters
-    children = b.build_children(job, UID, restart_count=999)
-    kinds = {c["kind"] for c in children}
+    job = _job("j" + "x" * 39, labels={"team": "rl", names.COMPONENT: "hijack"})  # 40 characters
+    manifests = _all_children(job, attempt=999)
+    kinds = {c["kind"] for c in manifests}
     assert kinds == {"ConfigMap", "Pod", "Service", "Deployment", "NetworkPolicy"}
-    for child in children:
+    for child in manifests:
         meta = child["metadata"]
         assert len(meta["name"]) <= 63, meta["name"]
         assert meta["namespace"] == "team-a"
@@ -77,54 +87,67 @@ def test_all_children_exist_with_owner_labels_and_short_names() -> None:
         }
         labels = meta["labels"]
         assert labels["team"] == "rl"  # the job's own labels are copied ...
-        assert labels[L.COMPONENT] != "hijack"  # ... but never override the operator's
-        for key in (L.NAME, L.INSTANCE, L.COMPONENT, L.PART_OF_KEY, L.MANAGED_BY_KEY):
+        assert labels[names.COMPONENT] != "hijack"  # ... but never override the operator's
+        for key in (
+            names.NAME,
+            names.INSTANCE,
+            names.COMPONENT,
+            names.PART_OF_KEY,
+            names.MANAGED_BY_KEY,
+        ):
             assert labels[key] and len(labels[key]) <= 63
-        assert labels[L.INSTANCE] == job.name
+        assert labels[names.INSTANCE] == job.name
 
 
 def test_deployment_selectors_match_their_pod_templates() -> None:
     job = _job(labels={"team": "rl"})
-    for dep in _by_kind(b.build_children(job, UID))["Deployment"]:
+    for dep in _by_kind(_all_children(job))["Deployment"]:
         selector = dep["spec"]["selector"]["matchLabels"]
         template_labels = dep["spec"]["template"]["metadata"]["labels"]
         assert selector.items() <= template_labels.items()
         assert "team" not in selector  # mutable labels must stay out of an immutable selector
-        component = selector[L.COMPONENT]
-        text = L.selector_string(job.name, component)
+        component = selector[names.COMPONENT]
+        text = names.selector_string(job.name, component)
         assert dict(kv.split("=") for kv in text.split(",")) == selector
 
 
 def test_learner_pod_runs_trainer_and_status_sidecar() -> None:
     job = _job()
-    pod = _learner(b.build_children(job, UID))
+    pod = _learner(_all_children(job))
     spec = pod["spec"]
     assert pod["metadata"]["name"] == "cartpole-learner-0"
     assert spec["restartPolicy"] == "Never"
     trainer = _container(spec, "learner")
     assert trainer["command"] == role_command(
-        "learner", job, run_dir=b.RUN_DIR, config_path=b.CONFIG_PATH, node_ip=POD_IP, resume=True
+        "learner",
+        job,
+        run_dir=children.RUN_DIR,
+        config_path=children.CONFIG_PATH,
+        node_ip=POD_IP,
+        resume=True,
     )
     (sidecar,) = spec["initContainers"]
     assert sidecar["restartPolicy"] == "Always"  # native sidecar: pod phase = learner outcome
     assert sidecar["command"][:2] == ["impalajob", "status-server"]
-    assert f"--run-dir={b.RUN_DIR}" in sidecar["command"]
+    assert f"--run-dir={children.RUN_DIR}" in sidecar["command"]
     assert sidecar["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8080}
     assert sidecar["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 8080}
     # both containers share the run directory; the config map is mounted where -f points
     run_volume = next(v for v in spec["volumes"] if v["name"] == "run")
     assert run_volume == {"name": "run", "emptyDir": {}}
     for c in (trainer, sidecar):
-        assert any(m["name"] == "run" and m["mountPath"] == b.RUN_DIR for m in c["volumeMounts"])
+        assert any(
+            m["name"] == "run" and m["mountPath"] == children.RUN_DIR for m in c["volumeMounts"]
+        )
     assert any(m["mountPath"] == "/etc/impalajob" for m in trainer["volumeMounts"])
 
 
 def test_gpu_request_only_with_gpus() -> None:
-    cpu = _container(_learner(b.build_children(_job(), UID))["spec"], "learner")
+    cpu = _container(_learner(_all_children(_job()))["spec"], "learner")
     assert "nvidia.com/gpu" not in str(cpu["resources"])
     resources = {"requests": {"cpu": "4"}, "limits": {"memory": "8Gi"}}
     job = _job(learner={"gpus": 2, "resources": resources})
-    spec = _learner(b.build_children(job, UID))["spec"]
+    spec = _learner(_all_children(job))["spec"]
     res = _container(spec, "learner")["resources"]
     assert res["limits"] == {"memory": "8Gi", "nvidia.com/gpu": "2"}
     assert res["requests"] == {"cpu": "4", "nvidia.com/gpu": "2"}
@@ -134,22 +157,22 @@ def test_gpu_request_only_with_gpus() -> None:
 
 
 def test_checkpoint_claim_or_empty_dir() -> None:
-    spec = _learner(b.build_children(_job(), UID))["spec"]
+    spec = _learner(_all_children(_job()))["spec"]
     assert not any("persistentVolumeClaim" in v for v in spec["volumes"])
     job = _job(checkpoint={"volumeClaim": "ckpt"})
-    spec = _learner(b.build_children(job, UID))["spec"]
+    spec = _learner(_all_children(job))["spec"]
     assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}} in spec[
         "volumes"
     ]
     mounts = _container(spec, "learner")["volumeMounts"]
-    assert {"name": "checkpoints", "mountPath": b.CHECKPOINT_DIR} in mounts
+    assert {"name": "checkpoints", "mountPath": children.CHECKPOINT_DIR} in mounts
     # the sidecar never mounts checkpoints (a nested mount under a read-only mount cannot start)
     assert all(m["name"] != "checkpoints" for m in _container(spec, "status")["volumeMounts"])
 
 
 def test_every_container_is_non_root_and_locked_down() -> None:
     job = _job(aggregators={"minReplicas": 1, "maxReplicas": 2})
-    for pod_spec in _pod_specs(b.build_children(job, UID)):
+    for pod_spec in _pod_specs(_all_children(job)):
         assert pod_spec["securityContext"]["runAsNonRoot"] is True
         assert pod_spec["securityContext"]["runAsUser"] == 1000
         assert pod_spec["automountServiceAccountToken"] is False
@@ -168,7 +191,7 @@ def test_every_container_is_non_root_and_locked_down() -> None:
 
 def test_node_deployments_join_the_learner_service() -> None:
     job = _job(aggregators={"minReplicas": 1, "maxReplicas": 2})
-    deps = {d["metadata"]["name"]: d for d in _by_kind(b.build_children(job, UID))["Deployment"]}
+    deps = {d["metadata"]["name"]: d for d in _by_kind(_all_children(job))["Deployment"]}
     rollout = deps["cartpole-rollout"]["spec"]["template"]["spec"]
     cmd = rollout["containers"][0]["command"]
     assert cmd == role_command(
@@ -176,7 +199,7 @@ def test_node_deployments_join_the_learner_service() -> None:
     )
     assert "--address=cartpole-learner.team-a.svc:6379" in cmd and "--workers=3" in cmd
     assert "--node-ip-address=$(POD_IP)" in cmd
-    assert rollout["terminationGracePeriodSeconds"] == b.NODE_GRACE_SECONDS
+    assert rollout["terminationGracePeriodSeconds"] == children.NODE_GRACE_SECONDS
     agg = deps["cartpole-aggregator"]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert agg[:2] == ["impalajob", "aggregator-node"] and not any("--workers" in a for a in agg)
 
@@ -184,47 +207,45 @@ def test_node_deployments_join_the_learner_service() -> None:
 def test_replicas_follow_the_decision_and_suspend() -> None:
     job = _job(aggregators={"minReplicas": 1, "maxReplicas": 2})
 
-    def replicas(**kw: Any) -> dict[str, int]:
-        children = b.build_children(job, UID, **kw)
+    def replicas(manifests: list[dict[str, Any]]) -> dict[str, int]:
         return {
             d["metadata"]["name"].rsplit("-", 1)[1]: d["spec"]["replicas"]
-            for d in _by_kind(children)["Deployment"]
+            for d in _by_kind(manifests)["Deployment"]
         }
 
-    assert replicas() == {"rollout": 2, "aggregator": 1}  # initial: min (replicas unset)
-    assert replicas(rollout_replicas=4, aggregator_replicas=2) == {"rollout": 4, "aggregator": 2}
-    assert replicas(rollout_replicas=4, suspended=True) == {"rollout": 0, "aggregator": 0}
-    assert "Pod" not in _by_kind(b.build_children(job, UID, suspended=True))
-    suspended_job = _job(runPolicy={"suspend": True})
-    children = b.build_children(suspended_job, UID)
-    assert "Pod" not in _by_kind(children)
-    assert all(d["spec"]["replicas"] == 0 for d in _by_kind(children)["Deployment"])
-    assert "ConfigMap" in _by_kind(children)  # the job's config survives a suspend
-    assert "Pod" not in _by_kind(b.build_children(job, UID, include_learner=False))
+    assert replicas(_all_children(job)) == {"rollout": 2, "aggregator": 1}  # initial: min
+    rollout = children.build_node_deployment(job, UID, "rollout", 4)  # the autoscaler's decision
+    assert rollout["spec"]["replicas"] == 4
+    live = {"rollout": DeploymentView("r", 4, 4, ""), "aggregator": DeploymentView("a", 2, 2, "")}
+    assert replicas(plan.plan_children(job, UID, live)) == {"rollout": 4, "aggregator": 2}
+    manifests = plan.plan_children(_job(runPolicy={"suspend": True}), UID, {})
+    assert "Pod" not in _by_kind(manifests)
+    assert replicas(manifests) == {"rollout": 0, "aggregator": 0}
+    assert "ConfigMap" in _by_kind(manifests)  # the job's config survives a suspend
 
 
 def test_restart_gets_a_new_learner_pod_that_resumes() -> None:
-    pod = _learner(b.build_children(_job(), UID, restart_count=3))
+    pod = _learner(_all_children(_job(), attempt=3))
     assert pod["metadata"]["name"] == "cartpole-learner-3"
-    assert pod["metadata"]["labels"][L.RESTART_KEY] == "3"
+    assert pod["metadata"]["labels"][names.RESTART_KEY] == "3"
     assert "--resume" in _container(pod["spec"], "learner")["command"]
 
 
 def test_services_and_network_policy() -> None:
     job = _job()
-    children = b.build_children(job, UID)
-    services = {s["metadata"]["name"]: s["spec"] for s in _by_kind(children)["Service"]}
+    manifests = _all_children(job)
+    services = {s["metadata"]["name"]: s["spec"] for s in _by_kind(manifests)["Service"]}
     learner_svc = services["cartpole-learner"]
     assert learner_svc["clusterIP"] == "None" and learner_svc["publishNotReadyAddresses"]
     assert {p["port"] for p in learner_svc["ports"]} == {6379, 8080}
     status_svc = services["cartpole-status"]
     assert status_svc["ports"] == [{"name": "http", "port": 8080, "targetPort": 8080}]
-    pod_labels = _learner(children)["metadata"]["labels"]
+    pod_labels = _learner(manifests)["metadata"]["labels"]
     for svc in services.values():
         assert svc["selector"].items() <= pod_labels.items()
-    assert L.status_url(job.name, "team-a", 8080) == "http://cartpole-status.team-a.svc:8080"
-    (policy,) = _by_kind(children)["NetworkPolicy"]
-    job_pods = {"matchLabels": L.selector_labels(job.name)}
+    assert names.status_url(job.name, "team-a", 8080) == "http://cartpole-status.team-a.svc:8080"
+    (policy,) = _by_kind(manifests)["NetworkPolicy"]
+    job_pods = {"matchLabels": names.selector_labels(job.name)}
     assert policy["spec"]["podSelector"] == job_pods
     ray_rule, status_rule = policy["spec"]["ingress"]
     assert ray_rule == {"from": [{"podSelector": job_pods}]}  # Ray: the job's own pods only
@@ -235,7 +256,7 @@ def test_config_map_round_trips_the_job() -> None:
     raw = _job(training={"lr": 0.002, "lrSchedule": [[0, 0.002], [1000, 0.001]]}).to_manifest()
     raw["metadata"].update(resourceVersion="123", uid=UID, managedFields=[{"manager": "kubectl"}])
     job = parse_manifest(raw)  # as read back from the cluster
-    cm = b.build_config_map(job, UID)
+    cm = children.build_config_map(job, UID)
     parsed = parse_manifest(yaml.safe_load(cm["data"]["job.yaml"]))
     assert parsed.spec == job.spec and parsed.name == job.name
     # only what the trainer needs: server-side metadata would change the hash on every update
@@ -243,9 +264,9 @@ def test_config_map_round_trips_the_job() -> None:
         "resourceVersion" not in cm["data"]["job.yaml"]
         and "managedFields" not in cm["data"]["job.yaml"]
     )
-    pod = _learner(b.build_children(job, UID))
-    assert pod["metadata"]["annotations"][L.CONFIG_HASH_KEY] == b.config_hash(job)
-    assert b.config_hash(_job(training={"lr": 0.003})) != b.config_hash(job)
+    pod = _learner(_all_children(job))
+    assert pod["metadata"]["annotations"][names.CONFIG_HASH_KEY] == children.config_hash(job)
+    assert children.config_hash(_job(training={"lr": 0.003})) != children.config_hash(job)
 
 
 def test_placement_is_copied_and_empty_placement_left_out() -> None:
@@ -259,20 +280,20 @@ def test_placement_is_copied_and_empty_placement_left_out() -> None:
     )
     dep = next(
         d
-        for d in _by_kind(b.build_children(job, UID))["Deployment"]
+        for d in _by_kind(_all_children(job))["Deployment"]
         if d["metadata"]["name"].endswith("rollout")
     )
     spec = dep["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == {"pool": "cpu"} and spec["tolerations"] == [tol]
     assert spec["containers"][0]["resources"] == {"requests": {"cpu": "500m"}}
-    assert "nodeSelector" not in _learner(b.build_children(job, UID))["spec"]
+    assert "nodeSelector" not in _learner(_all_children(job))["spec"]
 
 
 def test_a_job_without_namespace_is_refused() -> None:
     job = _job()
     job.metadata.namespace = None
     with pytest.raises(ValueError, match="namespace"):
-        b.build_children(job, UID)
+        _all_children(job)
 
 
 def test_role_command_for_local_processes() -> None:
@@ -295,10 +316,10 @@ def test_role_command_for_local_processes() -> None:
     learner = role_command(
         "learner", job, run_dir="/r", config_path="/c.yaml", resume=False, ports=RayPorts(gcs=7000)
     )
-    assert "--port=7000" in learner and "--resume" not in learner
+    assert "--gcs-port=7000" in learner and "--resume" not in learner
     assert not any(a.startswith("--node-ip-address") for a in learner)
     status = role_command("status", job, run_dir="/r", status_port=9000)
-    assert status == ["impalajob", "status-server", "--run-dir=/r", "--port=9000"]
+    assert status == ["impalajob", "status-server", "--run-dir=/r", "--status-port=9000"]
     with pytest.raises(ValueError, match="learner_host"):
         role_command("aggregator", job)
     with pytest.raises(ValueError, match="run_dir"):
@@ -314,7 +335,7 @@ def test_rendered_commands_parse_with_the_role_entrypoints(role: str) -> None:
     from impala_trainer.cli import command_module
 
     job = _job(aggregators={"minReplicas": 1, "maxReplicas": 2})
-    pod_specs = _pod_specs(b.build_children(job, UID))
+    pod_specs = _pod_specs(_all_children(job))
     commands = [c["command"] for spec in pod_specs for c in _containers(spec)]
     (argv,) = [c for c in commands if c[1] == SUBCOMMAND[role]]  # type: ignore[index]
     parser = argparse.ArgumentParser(prog="impalajob")
@@ -327,7 +348,7 @@ def test_rendered_commands_parse_with_the_role_entrypoints(role: str) -> None:
     if role == "rollout":
         assert args.workers == 3
     if role == "learner":
-        assert args.file == b.CONFIG_PATH and str(args.run_dir) == b.RUN_DIR
-        assert args.resume == "auto"
+        assert str(args.file) == children.CONFIG_PATH and str(args.run_dir) == children.RUN_DIR
+        assert args.resume is True
     if role == "status":
-        assert args.port == 8080 and args.host == "0.0.0.0"
+        assert args.status_port == 8080 and args.host == "0.0.0.0"

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-from impala_operator import job_status as st
+from impala_operator import job_status
 from impala_operator.autoscaler import MetricSample
-from impala_operator.handlers import parse_job
 from impala_operator.plan import TickPlan, plan_children, plan_tick
 from impala_operator.run_policy import LearnerPod
 from impala_operator.settings import Settings
-from impala_trainer.job.manifest import ManifestError
 from impala_trainer.job.spec import ImpalaJob
 
 T0 = 1_700_000_000.0
@@ -29,13 +25,14 @@ def _job(**spec: Any) -> ImpalaJob:
             "autoscaling": {"cooldownSeconds": 0, "stabilizationWindowSeconds": 10},
         },
         "aggregators": {"minReplicas": 0, "maxReplicas": 4},
+        "stop": {"timesteps": 1_000_000},
     }
     base.update(spec)
     return ImpalaJob.model_validate({"metadata": {"name": "cp", "namespace": "ns"}, "spec": base})
 
 
-def _dep(replicas: int, requested: str = "", ready: int | None = None) -> st.DeploymentView:
-    return st.DeploymentView("x", replicas, replicas if ready is None else ready, requested)
+def _dep(replicas: int, requested: str = "", ready: int | None = None) -> job_status.DeploymentView:
+    return job_status.DeploymentView("x", replicas, replicas if ready is None else ready, requested)
 
 
 def _plan(job: ImpalaJob, **kw: Any) -> TickPlan:
@@ -64,7 +61,7 @@ def _running(attempt: int = 0) -> LearnerPod:
 def _converge(job: ImpalaJob, plan: TickPlan, now: float, **kw: Any) -> TickPlan:
     """The next tick after `plan` was executed and the cluster caught up."""
     views = {
-        m["metadata"]["labels"]["app.kubernetes.io/component"]: st.deployment_view(
+        m["metadata"]["labels"]["app.kubernetes.io/component"]: job_status.deployment_view(
             {**m, "status": {"readyReplicas": m["spec"]["replicas"]}}
         )
         for m in plan.apply
@@ -83,7 +80,7 @@ def test_first_tick_creates_everything_then_converges() -> None:
     assert [m["metadata"]["name"] for m in plan.create] == ["cp-learner-0"]
     assert first.status["phase"] == "Pending" and [e.reason for e in first.events] == ["Created"]
     annotations = plan.apply[0]["metadata"]["annotations"]
-    assert annotations[st.REQUESTED_ANNOTATION] == ""
+    assert annotations[job_status.REQUESTED_ANNOTATION] == ""
     assert plan.apply[0]["metadata"]["ownerReferences"][0]["uid"] == UID
 
     # The learner runs, Deployments exist as applied: nothing more to write (no duplicates).
@@ -98,7 +95,7 @@ def test_first_tick_creates_everything_then_converges() -> None:
         deployments={"rollout": _dep(1), "aggregator": _dep(1)},
     )
     assert steady.apply == [] and steady.create == [] and steady.events == []
-    assert st.status_patch(again.status, steady.status) == {}
+    assert job_status.status_patch(again.status, steady.status) == {}
 
 
 def test_starved_learner_scales_rollouts_and_aggregators_up() -> None:
@@ -124,7 +121,7 @@ def test_kubectl_scale_request_is_honoured_once() -> None:
     plan = _plan(job, status={"phase": "Running"}, pods=[_running()], deployments=deps)
     assert _replicas(plan) == {"cp-rollout": 4, "cp-aggregator": 2}  # 4 workers / 2
     assert plan.events[0].reason == "ManualScale"
-    assert plan.apply[0]["metadata"]["annotations"][st.REQUESTED_ANNOTATION] == "4"
+    assert plan.apply[0]["metadata"]["annotations"][job_status.REQUESTED_ANNOTATION] == "4"
     # Once recorded, the autoscaler owns the count again (here: holds, no metrics).
     later = _plan(
         job,
@@ -200,7 +197,7 @@ def test_plan_children_keeps_live_replicas() -> None:
 def test_changed_learner_spec_recreates_the_pod_without_counting_a_failure() -> None:
     deps = {"rollout": _dep(1), "aggregator": _dep(1)}
     first = _plan(_job(), pods=[], deployments=deps)
-    created = first.create[0]["metadata"]["annotations"][st.SPEC_HASH_ANNOTATION]
+    created = first.create[0]["metadata"]["annotations"][job_status.SPEC_HASH_ANNOTATION]
     same = LearnerPod("cp-learner-0", 0, phase="Running", ready=True, spec_hash=created)
     assert _plan(_job(), status=first.status, pods=[same], deployments=deps).delete_pods == []
 
@@ -211,18 +208,3 @@ def test_changed_learner_spec_recreates_the_pod_without_counting_a_failure() -> 
     assert plan.status["learner"]["restarts"] == 0
     unknown = LearnerPod("cp-learner-0", 0, phase="Running", ready=True, spec_hash=None)
     assert _plan(bigger, status=first.status, pods=[unknown], deployments=deps).delete_pods == []
-
-
-def test_parse_job_names_the_bad_field() -> None:
-    body = {
-        "apiVersion": "impala.dev/v1alpha1",
-        "kind": "ImpalaJob",
-        "metadata": {"name": "cp", "namespace": "ns", "uid": "u", "resourceVersion": "7"},
-        "spec": {"rollouts": {"minReplicas": 5, "maxReplicas": 2}},
-        "status": {"phase": "Running"},
-    }
-    with pytest.raises(ManifestError) as err:
-        parse_job(body)
-    assert any("spec.rollouts" in p and "minReplicas" in p for p in err.value.problems)
-    body["spec"] = {"rollouts": {"minReplicas": 1, "maxReplicas": 2}}
-    assert parse_job(body).spec.rollouts.max_replicas == 2

@@ -1,0 +1,407 @@
+"""The kopf handlers, called as kopf calls them (keyword arguments, a memo, the indexes), against
+an in-memory Api that records every write: what a job's create/update and its timer ticks write."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import kopf
+import pytest
+
+from impala_operator import handlers, job_status, metrics, plan
+from impala_operator.autoscaler import MetricSample
+from impala_operator.kube import ApiError
+from impala_operator.run_policy import Event, LearnerPod, rfc3339
+from impala_operator.settings import STATUS_URL_ANNOTATION, Settings
+from impala_trainer.job.manifest import ManifestError
+from impala_trainer.rundir.snapshot import Counters, LearnerQueue, StatusSnapshot, Throughput
+
+UID = "0f9a5a3c-1111-2222-3333-444455556666"
+SETTINGS = Settings(restart_backoff_seconds=0.0, rollout_workers_per_aggregator=2)
+SPEC: dict[str, Any] = {
+    "rollouts": {
+        "minReplicas": 1,
+        "maxReplicas": 5,
+        "workersPerPod": 2,
+        "autoscaling": {"cooldownSeconds": 0, "stabilizationWindowSeconds": 10},
+    },
+    "aggregators": {"minReplicas": 0, "maxReplicas": 4},
+    "stop": {"timesteps": 1_000_000},
+}
+SIDECAR = "http://127.0.0.1:18080/status"
+RUNNING = LearnerPod(name="cp-learner-0", attempt=0, phase="Running", ready=True)
+
+
+class FakeApi:
+    """`kube.Api` in memory: records each write as ("verb", "Kind/name" or event reason)."""
+
+    def __init__(self, fail_on: str | None = None) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.written: dict[str, dict[str, Any]] = {}
+        self.events: list[Event] = []
+        self.fail_on = fail_on
+
+    def _record(self, verb: str, what: str) -> None:
+        if verb == self.fail_on:
+            raise ApiError(500, "InternalError", f"{verb} {what} failed")
+        self.calls.append((verb, what))
+
+    async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        key = f"{manifest['kind']}/{manifest['metadata']['name']}"
+        self._record("apply", key)
+        self.written[key] = manifest
+        return manifest
+
+    async def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        key = f"{manifest['kind']}/{manifest['metadata']['name']}"
+        self._record("create", key)
+        self.written[key] = manifest
+        return manifest
+
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        assert namespace == "ns"
+        self._record("delete", f"{kind}/{name}")
+        return True
+
+    async def post_event(self, job: dict[str, Any], event: Event, now: float) -> None:
+        assert job["metadata"]["uid"] == UID
+        self._record("event", event.reason)
+        self.events.append(event)
+
+
+class FakeSidecar:
+    """`SidecarClient` returning a fixed snapshot; remembers the URLs it was asked for."""
+
+    def __init__(self, snapshot: StatusSnapshot | None = None) -> None:
+        self.snapshot = snapshot
+        self.urls: list[str] = []
+
+    async def fetch_status(self, url: str) -> StatusSnapshot | None:
+        self.urls.append(url)
+        return self.snapshot
+
+
+def _memo(api: FakeApi, sidecar: FakeSidecar | None = None, **extra: Any) -> kopf.Memo:
+    return kopf.Memo(settings=SETTINGS, api=api, sidecar=sidecar or FakeSidecar(), **extra)
+
+
+def _body(spec: dict[str, Any] | None = None, **status: Any) -> kopf.Body:
+    return kopf.Body(
+        {
+            "apiVersion": "impala.dev/v1alpha1",
+            "kind": "ImpalaJob",
+            "metadata": {
+                "name": "cp",
+                "namespace": "ns",
+                "uid": UID,
+                "generation": 3,
+                "annotations": {STATUS_URL_ANNOTATION: SIDECAR},
+            },
+            "spec": SPEC if spec is None else spec,
+            "status": status,
+        }
+    )
+
+
+def _view(replicas: int, requested: str = "") -> job_status.DeploymentView:
+    return job_status.DeploymentView("x", replicas, replicas, requested)
+
+
+def _tick(
+    body: kopf.Body,
+    memo: kopf.Memo,
+    pods: Iterable[LearnerPod] = (),
+    deployments: Iterable[tuple[str, job_status.DeploymentView]] = (),
+) -> dict[str, Any]:
+    """Run one timer tick; the status patch it leaves for kopf to write."""
+    patch = kopf.Patch()
+    asyncio.run(
+        handlers.tick(
+            body=body,
+            uid=UID,
+            meta=body.meta,
+            status=body.status,
+            patch=patch,
+            memo=memo,
+            learner_pods={UID: list(pods)},
+            node_deployments={UID: list(deployments)},
+        )
+    )
+    return dict(patch.get("status", {}))
+
+
+def _apply_children(
+    body: kopf.Body, memo: kopf.Memo, deployments: Iterable[tuple[str, Any]] = ()
+) -> None:
+    asyncio.run(
+        handlers.apply_children(
+            body=body, uid=UID, memo=memo, node_deployments={UID: list(deployments)}
+        )
+    )
+
+
+def _snapshot(fill: float, idle: float) -> StatusSnapshot:
+    return StatusSnapshot(
+        job="cp",
+        phase="Running",
+        updated_at=time.time(),
+        counters=Counters(env_steps_sampled=12_000, episodes=300, policy_version=24),
+        episode_return_mean=87.5,
+        throughput=Throughput(env_steps_per_s=650.0),
+        learner_queue=LearnerQueue(capacity=16, fill=fill, learner_idle_fraction=idle),
+    )
+
+
+def _errors(kind: str) -> float:
+    value = metrics.REGISTRY.get_sample_value(
+        "impala_operator_reconcile_errors_total", {"kind": kind}
+    )
+    return value or 0.0
+
+
+# --- apply_children (create/update/resume) ---
+
+
+def test_apply_children_applies_the_spec_children_of_a_new_job() -> None:
+    api = FakeApi()
+    _apply_children(_body(), _memo(api))
+    assert sorted(api.calls) == [
+        ("apply", "ConfigMap/cp-config"),
+        ("apply", "Deployment/cp-aggregator"),
+        ("apply", "Deployment/cp-rollout"),
+        ("apply", "NetworkPolicy/cp-network"),
+        ("apply", "Service/cp-learner"),
+        ("apply", "Service/cp-status"),
+    ]  # no learner pod: the timer creates it
+    assert api.written["Deployment/cp-rollout"]["spec"]["replicas"] == 1  # minReplicas
+    assert api.written["Deployment/cp-aggregator"]["spec"]["replicas"] == 0
+    for manifest in api.written.values():
+        assert manifest["metadata"]["ownerReferences"][0]["uid"] == UID
+
+
+def test_apply_children_keeps_the_replicas_the_timer_decided() -> None:
+    api = FakeApi()
+    _apply_children(_body(), _memo(api), [("rollout", _view(4)), ("aggregator", _view(2))])
+    assert api.written["Deployment/cp-rollout"]["spec"]["replicas"] == 4
+    assert api.written["Deployment/cp-aggregator"]["spec"]["replicas"] == 2
+
+
+def test_apply_children_rejects_an_invalid_spec_with_an_event() -> None:
+    api = FakeApi()
+    bad = {"rollouts": {"minReplicas": 5, "maxReplicas": 2}}
+    with pytest.raises(kopf.PermanentError, match="invalid spec"):
+        _apply_children(_body(bad), _memo(api))
+    assert api.calls == [("event", "InvalidSpec")]  # and nothing applied
+    assert api.events[0].type == "Warning" and "minReplicas" in api.events[0].message
+
+
+def test_apply_children_retries_when_the_api_fails() -> None:
+    before = _errors("children")
+    with pytest.raises(kopf.TemporaryError, match="applying children"):
+        _apply_children(_body(), _memo(FakeApi(fail_on="apply")))
+    assert _errors("children") == before + 1
+
+
+# --- tick (the timer) ---
+
+
+def test_first_tick_creates_the_learner_and_reports_pending() -> None:
+    api, sidecar = FakeApi(), FakeSidecar()
+    memo = _memo(api, sidecar)
+    status = _tick(_body(), memo)
+    # First sight: the create handler applies the Deployments; the tick adds the learner pod.
+    assert api.calls == [("create", "Pod/cp-learner-0"), ("event", "Created")]
+    pod = api.written["Pod/cp-learner-0"]
+    assert job_status.SPEC_HASH_ANNOTATION in pod["metadata"]["annotations"]
+    assert status["phase"] == "Pending" and status["observedGeneration"] == 3
+    assert sidecar.urls == [SIDECAR]  # the status-url annotation overrides the Service
+    assert [s.available for s in memo.samples] == [False]  # no snapshot: metrics unavailable
+
+
+def test_tick_with_converged_children_writes_nothing() -> None:
+    api = FakeApi()
+    memo = _memo(api)
+    first = _tick(_body(), memo, deployments=[("rollout", _view(1)), ("aggregator", _view(1))])
+    api.calls.clear()
+    status = _tick(
+        _body(**first),
+        memo,
+        pods=[RUNNING],
+        deployments=[("rollout", _view(1)), ("aggregator", _view(1))],
+    )
+    assert api.calls == [("event", "Running")]
+    assert status["phase"] == "Running" and "rollouts" not in status  # the patch: changes only
+    assert first["rollouts"]["summary"] == "1/1"
+    api.calls.clear()
+    again = _tick(
+        _body(**{**first, **status}),
+        memo,
+        pods=[RUNNING],
+        deployments=[("rollout", _view(1)), ("aggregator", _view(1))],
+    )
+    assert api.calls == [] and again == {}  # nothing changed: no writes, an empty patch
+
+
+def test_starved_learner_over_the_window_scales_up() -> None:
+    api, now = FakeApi(), time.time()
+    history = [
+        MetricSample(time=now - 20_000, available=False),  # beyond any window: dropped
+        *(
+            MetricSample(time=now - age, available=True, queue_fill=0.0, idle_fraction=0.9)
+            for age in (15, 10, 5)
+        ),
+    ]
+    sidecar = FakeSidecar(_snapshot(fill=0.0, idle=0.9))
+    memo = _memo(api, sidecar, samples=history)
+    status = _tick(
+        _body(phase="Running", startTime=rfc3339(now - 60)),
+        memo,
+        pods=[RUNNING],
+        deployments=[("rollout", _view(1)), ("aggregator", _view(1))],
+    )
+    assert api.calls == [
+        ("apply", "Deployment/cp-rollout"),
+        ("apply", "Deployment/cp-aggregator"),
+        ("event", "LearnerStarved"),
+        ("event", "AggregatorsScaled"),
+    ]
+    assert api.written["Deployment/cp-rollout"]["spec"]["replicas"] == 2
+    assert api.written["Deployment/cp-aggregator"]["spec"]["replicas"] == 2  # 2 pods x 2 / 2
+    assert status["rollouts"]["desired"] == 2 and status["lastScaleTime"]
+    assert status["progress"]["timesteps"] == 12_000
+    assert len(memo.samples) == 4 and all(s.available for s in memo.samples)
+
+
+def test_finished_job_is_deleted_after_its_ttl_without_reading_the_sidecar() -> None:
+    api, sidecar = FakeApi(), FakeSidecar()
+    spec = {**SPEC, "runPolicy": {"ttlSecondsAfterFinished": 5}}
+    done = rfc3339(time.time() - 60)
+    body = _body(spec, phase="Succeeded", startTime=done, completionTime=done)
+    _tick(body, _memo(api, sidecar), deployments=[("rollout", _view(0)), ("aggregator", _view(0))])
+    assert api.calls == [("event", "TTLExpired"), ("delete", "ImpalaJob/cp")]
+    assert sidecar.urls == []  # a finished job has no metrics to read
+
+
+def test_tick_marks_an_invalid_spec_failed_without_writing_children() -> None:
+    api, sidecar = FakeApi(), FakeSidecar()
+    status = _tick(_body({"rollouts": {"minReplicas": 5, "maxReplicas": 2}}), _memo(api, sidecar))
+    assert api.calls == [] and sidecar.urls == []
+    assert status["phase"] == "Failed" and "minReplicas" in status["message"]
+    assert status["conditions"][0]["reason"] == "InvalidSpec"
+
+
+def test_tick_failing_api_is_retried_and_patches_no_status() -> None:
+    before = _errors("tick")
+    patch = kopf.Patch()
+    body = _body()
+    with pytest.raises(kopf.TemporaryError) as err:
+        asyncio.run(
+            handlers.tick(
+                body=body,
+                uid=UID,
+                meta=body.meta,
+                status=body.status,
+                patch=patch,
+                memo=_memo(FakeApi(fail_on="create")),
+                learner_pods={},
+                node_deployments={},
+            )
+        )
+    assert err.value.delay == SETTINGS.reconcile_interval
+    assert "status" not in patch and _errors("tick") == before + 1
+
+
+# --- execute, indexes, phase gauge, registration ---
+
+
+def test_execute_writes_a_plan_in_order() -> None:
+    api = FakeApi()
+    tick_plan = plan.TickPlan(
+        status={},
+        apply=[{"kind": "Deployment", "metadata": {"name": "cp-rollout"}}],
+        create=[{"kind": "Pod", "metadata": {"name": "cp-learner-1"}}],
+        delete_pods=["cp-learner-0"],
+        delete_job=True,
+        events=[Event("Normal", "Restarting", "attempt 1")],
+    )
+    asyncio.run(handlers.execute(api, _body(), tick_plan, time.time()))
+    assert api.calls == [
+        ("apply", "Deployment/cp-rollout"),
+        ("create", "Pod/cp-learner-1"),
+        ("delete", "Pod/cp-learner-0"),
+        ("event", "Restarting"),
+        ("delete", "ImpalaJob/cp"),
+    ]
+
+
+def _owned(kind: str = "ImpalaJob", controller: bool = True) -> list[dict[str, Any]]:
+    return [{"kind": kind, "uid": UID, "controller": controller, "name": "cp"}]
+
+
+def test_indexes_key_children_by_their_controlling_job() -> None:
+    pod = kopf.Body(
+        {
+            "metadata": {
+                "name": "cp-learner-1",
+                "labels": {"impala.dev/restart": "1"},
+                "ownerReferences": _owned(),
+            },
+            "status": {"phase": "Running"},
+        }
+    )
+    (view,) = handlers.index_learner_pod(body=pod, meta=pod.meta).values()
+    assert (view.name, view.attempt, view.phase) == ("cp-learner-1", 1, "Running")
+    stray = kopf.Body({"metadata": {"name": "p", "ownerReferences": _owned(controller=False)}})
+    assert handlers.index_learner_pod(body=stray, meta=stray.meta) is None
+
+    def deployment(component: str, owners: list[dict[str, Any]]) -> kopf.Body:
+        labels = {"app.kubernetes.io/component": component}
+        meta = {"name": f"cp-{component}", "labels": labels, "ownerReferences": owners}
+        return kopf.Body({"metadata": meta, "spec": {"replicas": 3}, "status": {}})
+
+    rollout = deployment("rollout", _owned())
+    assert handlers.index_node_deployment(body=rollout, meta=rollout.meta) == {
+        UID: ("rollout", job_status.DeploymentView("cp-rollout", 3, 0, None))
+    }
+    for other in (deployment("learner", _owned()), deployment("rollout", _owned("ReplicaSet"))):
+        assert handlers.index_node_deployment(body=other, meta=other.meta) is None
+
+
+def test_track_phase_counts_jobs_until_deleted() -> None:
+    status = {"phase": "Running"}
+    handlers.track_phase(event={"type": "MODIFIED"}, uid="job-x", status=status)
+    assert metrics.JOBS.phases["job-x"] == "Running"
+    handlers.track_phase(event={"type": "DELETED"}, uid="job-x", status=status)
+    assert "job-x" not in metrics.JOBS.phases
+
+
+def test_register_attaches_every_handler_with_the_timer_interval() -> None:
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, Settings(reconcile_interval=7.0))
+    (timer,) = registry._spawning.get_all_handlers()
+    assert (timer.id, timer.fn, timer.interval) == ("tick", handlers.tick, 7.0)
+    changing = registry._changing.get_all_handlers()
+    assert {h.fn for h in changing} == {handlers.apply_children} and len(changing) == 3
+    indexes = {h.id: h.fn for h in registry._indexing.get_all_handlers()}
+    assert indexes == {
+        "learner_pods": handlers.index_learner_pod,
+        "node_deployments": handlers.index_node_deployment,
+    }
+
+
+def test_parse_job_names_the_bad_field() -> None:
+    body = {
+        "apiVersion": "impala.dev/v1alpha1",
+        "kind": "ImpalaJob",
+        "metadata": {"name": "cp", "namespace": "ns", "uid": "u", "resourceVersion": "7"},
+        "spec": {"rollouts": {"minReplicas": 5, "maxReplicas": 2}},
+        "status": {"phase": "Running"},
+    }
+    with pytest.raises(ManifestError) as err:
+        handlers.parse_job(body)
+    assert any("spec.rollouts" in p and "minReplicas" in p for p in err.value.problems)
+    body["spec"] = {"rollouts": {"minReplicas": 1, "maxReplicas": 2}, "stop": {"timesteps": 10}}
+    assert handlers.parse_job(body).spec.rollouts.max_replicas == 2

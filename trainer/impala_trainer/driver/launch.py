@@ -1,0 +1,94 @@
+"""Wiring a driver for a run: its seed, backend, actor manager and (multi-pod) membership.
+
+`impalajob train` runs a fixed number of actors on an embedded Ray; the learner pod's actors
+follow the cluster's rollout and aggregator nodes. Both build their driver here and run it with
+`train`, which also reports a driver that could not be built (an environment that cannot be made,
+a learner that does not fit) as a failed run in the run directory, as a failure inside the loop is.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from impala_trainer.driver.actor_manager import ActorManager
+from impala_trainer.driver.backend import Backend
+from impala_trainer.driver.base import Driver, DriverResult, one_line, resolve_seed
+from impala_trainer.driver.membership import ElasticActorManager, ElasticMembership
+from impala_trainer.job.spec import ImpalaJob
+from impala_trainer.rundir.snapshot import StatusSnapshot
+from impala_trainer.rundir.stats import RunStats
+from impala_trainer.rundir.writer import RunDir
+
+logger = logging.getLogger(__name__)
+
+
+def build_driver(
+    job: ImpalaJob,
+    run_dir: RunDir,
+    backend: Backend,
+    *,
+    elastic: bool = False,
+    rollout_workers: int = 0,
+    aggregator_workers: int = 0,
+    resume: bool = False,
+    on_report: Callable[[StatusSnapshot], None] | None = None,
+) -> Driver:
+    """The driver for the job's training mode. `elastic`: the actors follow the cluster's nodes
+    (the learner pod); otherwise `rollout_workers`/`aggregator_workers` fixed actors."""
+    seed = resolve_seed(job.spec.training.seed)
+    manager: ActorManager
+    membership = None
+    if elastic:
+        manager = ElasticActorManager(job.spec, seed, backend)
+        membership = ElasticMembership(manager)
+    else:
+        manager = ActorManager(job.spec, seed, backend)
+        manager.set_target("rollout", rollout_workers)
+        manager.set_target("aggregator", aggregator_workers)
+    collaborators = {
+        "backend": backend,
+        "manager": manager,
+        "membership": membership,
+        "resume": resume,
+        "on_report": on_report,
+    }
+    if job.spec.training.mode == "async-gradients":
+        from impala_trainer.driver.async_gradients import AsyncGradientsDriver
+
+        return AsyncGradientsDriver(job, run_dir, **collaborators)
+    from impala_trainer.driver.impala import ImpalaDriver
+
+    return ImpalaDriver(job, run_dir, **collaborators)
+
+
+def train(
+    job: ImpalaJob,
+    run_dir: RunDir,
+    backend: Backend,
+    *,
+    elastic: bool = False,
+    rollout_workers: int = 0,
+    aggregator_workers: int = 0,
+    resume: bool = False,
+    on_report: Callable[[StatusSnapshot], None] | None = None,
+) -> tuple[DriverResult, RunStats]:
+    """Build the driver (as `build_driver`) and run it: the result and the run's counters."""
+    try:
+        driver = build_driver(
+            job,
+            run_dir,
+            backend,
+            elastic=elastic,
+            rollout_workers=rollout_workers,
+            aggregator_workers=aggregator_workers,
+            resume=resume,
+            on_report=on_report,
+        )
+    except Exception as exc:  # nothing ran: still a failed run with its reason, like the loop's
+        logger.error("building the driver failed", exc_info=True)
+        result = DriverResult("Failed", None, one_line(exc))
+        stats = RunStats(job.name, job.spec.stop)
+        run_dir.write_summary(stats.summary(result.phase, None, result.message))
+        return result, stats
+    return driver.run(), driver.stats

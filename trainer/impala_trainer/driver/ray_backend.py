@@ -1,0 +1,103 @@
+"""`Backend` on Ray: actors placed by custom resource, results as object refs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from impala_trainer.driver.backend import ROLES, Handle, NodeView, Ref, Role, Weights
+from impala_trainer.job.spec import ImpalaJobSpec
+from impala_trainer.rollouts.actors import (
+    AGGREGATOR_RESOURCE,
+    ROLLOUT_RESOURCE,
+    AggregatorActor,
+    RolloutActor,
+)
+
+RESOURCE: dict[Role, str] = {"rollout": ROLLOUT_RESOURCE, "aggregator": AGGREGATOR_RESOURCE}
+
+
+class RayBackend:
+    """The driver's calls as Ray calls, on the Ray this process is connected to."""
+
+    failure = ray.exceptions.RayError
+
+    def start(self, role: Role, spec: ImpalaJobSpec, actor_id: str, seed: int) -> Handle:
+        cls: Any = RolloutActor if role == "rollout" else AggregatorActor
+        # num_cpus=0: one actor per unit of the role's resource is the only placement rule.
+        return cls.options(num_cpus=0, resources={RESOURCE[role]: 1}, max_restarts=0).remote(
+            spec, actor_id, seed
+        )
+
+    def kill(self, handle: Handle) -> None:
+        ray.kill(handle, no_restart=True)
+
+    def node_info(self, handle: Handle) -> Ref:
+        return handle.node_info.remote()
+
+    def sample(self, handle: Handle, weights: Weights | None, version: int) -> tuple[Ref, Ref]:
+        if weights is None:
+            refs: tuple[Ref, Ref] = handle.sample.remote()
+        else:
+            refs = handle.sample.remote(weights, version)
+        return refs
+
+    def aggregate(self, handle: Handle, fragment: Ref) -> Ref:
+        return handle.process.remote(fragment)
+
+    def compute_gradients(
+        self, handle: Handle, weights: Weights | None, version: int, global_timestep: int
+    ) -> Ref:
+        return handle.compute_gradients.remote(weights, version, global_timestep)
+
+    def handover(self, handle: Handle) -> Ref:
+        return handle.handover.remote()
+
+    def wait(
+        self, refs: list[Ref], num_returns: int, timeout: float
+    ) -> tuple[list[Ref], list[Ref]]:
+        ready, rest = ray.wait(refs, num_returns=num_returns, timeout=timeout)
+        return ready, rest
+
+    def get(self, ref: Ref) -> Any:
+        return ray.get(ref)
+
+    def put(self, value: Any) -> Ref:
+        return ray.put(value)
+
+    def units(self) -> dict[Role, int]:
+        total = ray.cluster_resources()
+        return {role: int(total.get(RESOURCE[role], 0)) for role in ROLES}
+
+    def nodes(self) -> list[NodeView]:
+        """The GCS's view of the nodes (one node-table read plus the drain list)."""
+        try:
+            draining = set(ray._private.state.state.get_draining_nodes())
+        except Exception:  # an older GCS without drain info: nodes only leave by dying then
+            draining = set()
+        out = []
+        for n in ray.nodes():
+            resources = n.get("Resources", {})
+            out.append(
+                NodeView(
+                    node_id=n["NodeID"],
+                    alive=bool(n.get("Alive")),
+                    draining=n["NodeID"] in draining,
+                    units={r: int(resources.get(RESOURCE[r], 0)) for r in ROLES},
+                )
+            )
+        return out
+
+    def placed_on(self, handle: Handle) -> str:
+        # The actor's constructor may still be running (torch import, env construction): the
+        # GCS actor table knows the node before the actor can say so itself.
+        try:
+            info = ray._private.state.actors(actor_id=handle._actor_id.hex())
+        except Exception:
+            return ""
+        node_id = str(info.get("Address", {}).get("NodeID", "")) if info else ""
+        return "" if node_id.strip("f0") == "" else node_id
+
+    def init_failed(self, error: BaseException) -> bool:
+        return bool(getattr(error, "actor_init_failed", False))
