@@ -186,7 +186,7 @@ def run_round(
 
 
 def api_floor(kube: Kube, names: list[str], ns: str, threads: int) -> list[float]:
-    """The same children written straight through `apply.Api` with no operator, as fast as
+    """The same children written straight through `kube.Api` with no operator, as fast as
     `threads` concurrent calls go: what this control plane allows at best. Per-job seconds
     from the start until that job's last child was written."""
     from impala_operator.kube import Api, load_api_client

@@ -24,6 +24,10 @@ if [ -n "$image_pid" ] && ! wait "$image_pid"; then
   exit 1
 fi
 
+# Lint and types before the minutes of tests: each names its line (config in pyproject.toml).
+python -m ruff check .
+python -m mypy
+
 # Ray must not try to reach the internet or collect usage stats in tests.
 export RAY_USAGE_STATS_ENABLED=0
 exec python -m pytest "$@"

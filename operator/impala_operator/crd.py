@@ -45,7 +45,7 @@ def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     """Inline a `$ref` (the referring node's description wins: it is the field's docstring)."""
     if "$ref" not in node:
         return node
-    target = copy.deepcopy(defs[node["$ref"].rsplit("/", 1)[-1]])
+    target: dict[str, Any] = copy.deepcopy(defs[node["$ref"].rsplit("/", 1)[-1]])
     target.update({k: v for k, v in node.items() if k != "$ref"})
     return target
 
@@ -63,9 +63,9 @@ def _structural(node: dict[str, Any], defs: dict[str, Any], default: Any) -> dic
             raise ValueError(f"cannot express anyOf {any_of} structurally")
         merged = dict(_resolve(others[0], defs))
         merged.update({k: v for k, v in node.items() if k != "anyOf"})
-        out = _structural(merged, defs, default)
-        out["nullable"] = True
-        return _ordered(out)
+        inner = _structural(merged, defs, default)
+        inner["nullable"] = True
+        return _ordered(inner)
 
     out: dict[str, Any] = {k: v for k, v in node.items() if k not in _DROP}
     for bound, inclusive in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
@@ -82,9 +82,11 @@ def _structural(node: dict[str, Any], defs: dict[str, Any], default: Any) -> dic
             out["properties"] = {
                 name: _structural(prop, defs, sub.get(name)) for name, prop in props.items()
             }
-            if default is not None:
+            if default is not None and not out.get("required"):
                 # Each section defaults to {} so that the API server then fills in its fields:
-                # `spec: {}` comes back fully defaulted, as the pydantic model would have it.
+                # `spec: {stop: ...}` comes back fully defaulted, as the pydantic model would have
+                # it. A section with required fields (`spec` itself: `stop`) has no default; the
+                # API server refuses a default that lacks them.
                 out["default"] = {}
         elif extra is True or extra is None:
             out["x-kubernetes-preserve-unknown-fields"] = True
@@ -183,7 +185,7 @@ def _group_status(what: str) -> dict[str, Any]:
 
 
 def status_schema() -> dict[str, Any]:
-    """`.status`: written only by the operator (see docs/architecture.md for each field)."""
+    """`.status`: written only by the operator; every field is described (`kubectl explain`)."""
     condition = _obj(
         {
             "type": _str("Condition type, e.g. Ready, Suspended, Succeeded, Failed."),

@@ -99,8 +99,9 @@ def _remember(memo: kopf.Memo, sample: MetricSample, job: ImpalaJob) -> list[Met
     window = job.spec.rollouts.autoscaling.stabilization_window_seconds
     keep = max(settings.metrics_history_seconds, window + 4 * settings.reconcile_interval)
     samples: list[MetricSample] = [*getattr(memo, "samples", []), sample]
-    memo.samples = [s for s in samples if s.time >= sample.time - keep]
-    return memo.samples
+    kept = [s for s in samples if s.time >= sample.time - keep]
+    memo.samples = kept
+    return kept
 
 
 def _record(job: ImpalaJob, tick_plan: plan.TickPlan) -> None:

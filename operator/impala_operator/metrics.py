@@ -23,7 +23,7 @@ from impala_operator.run_policy import Phase
 
 PHASES: tuple[Phase, ...] = ("Pending", "Starting", "Running", "Suspended", "Succeeded", "Failed")
 
-disable_created_metrics()  # *_created series only add noise for counters that start with us
+disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created series only add noise for counters that start with us
 REGISTRY = CollectorRegistry()
 ProcessCollector(registry=REGISTRY)
 

@@ -39,7 +39,6 @@ class TickPlan:
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)
     scale: autoscaler.ScaleDecision | None = None
-    requeue_after: float | None = None
 
 
 def requested(job: ImpalaJob, role: NodeRole) -> str:
@@ -140,7 +139,7 @@ def plan_tick(
     outcome = run_policy.step(
         job.spec.run_policy, pods, state, now, restart_backoff=settings.restart_backoff_seconds
     )
-    plan = TickPlan(status={}, events=list(outcome.events), requeue_after=outcome.requeue_after)
+    plan = TickPlan(status={}, events=list(outcome.events))
     last_scale = run_policy.parse_time(status.get("lastScaleTime"))
     rollout_view, aggregator_view = deployments.get("rollout"), deployments.get("aggregator")
 

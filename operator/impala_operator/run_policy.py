@@ -160,7 +160,7 @@ def set_condition(
 
 def restart_delay(restarts: int, base: float) -> float:
     """Wait before attempt `restarts` (>= 1): base, 2 base, 4 base... capped like the Job's."""
-    return min(MAX_RESTART_DELAY, base * 2 ** max(0, restarts - 1))
+    return min(MAX_RESTART_DELAY, base * 2.0 ** max(0, restarts - 1))
 
 
 def _finish(
@@ -245,6 +245,7 @@ def step(
         state = _transition(state, "Pending", "Resumed", "resumed from the checkpoint", now, events)
     if state.start_time is None:
         state = replace(state, start_time=now)
+    started: float = state.start_time if state.start_time is not None else now
 
     current = next((p for p in pods if p.attempt == state.restarts and not p.deleting), None)
     if current is not None and current.succeeded:
@@ -274,12 +275,12 @@ def step(
         current = None
 
     deadline = policy.active_deadline_seconds
-    if deadline is not None and now - state.start_time >= deadline:
+    if deadline is not None and now - started >= deadline:
         msg = f"running longer than activeDeadlineSeconds ({deadline}s)"
         state = _transition(state, "Failed", "DeadlineExceeded", msg, now, events)
         return _finish(replace(state, completion_time=now), pods, policy, now, events)
 
-    waits = [] if deadline is None else [state.start_time + deadline - now]
+    waits = [] if deadline is None else [started + deadline - now]
     run_learner = True
     failed_at = state.last_failure_time or next(
         (p.finished_at for p in pods if p.attempt == state.restarts - 1 and p.finished_at), None

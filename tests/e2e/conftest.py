@@ -21,8 +21,8 @@ from types import FrameType
 
 import pytest
 
-# tests/ is the import root of the harness (ruff's `src` says the same); tests/ has no
-# __init__.py, so put it on the path explicitly rather than relying on pytest's rootdir logic.
+# tests/ is the import root of the harness `cluster` (ruff's `src` says the same: it also runs
+# as `cd tests && python -m cluster`), so put it on the path explicitly.
 _TESTS = Path(__file__).resolve().parents[1]
 if str(_TESTS) not in sys.path:
     sys.path.insert(0, str(_TESTS))

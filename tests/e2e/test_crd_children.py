@@ -1,6 +1,7 @@
-"""The builders' children pass the real API server's validation: strict field validation (no
-misspelt or unknown fields), the `restricted` Pod Security Standard, and ownerReferences to a
-live ImpalaJob. No operator runs here; `tests/e2e/test_operator_*.py` runs it end to end."""
+"""The children `plan.plan_children` builds pass the real API server's validation: strict field
+validation (no misspelt or unknown fields), the `restricted` Pod Security Standard, and
+ownerReferences to a live ImpalaJob. No operator runs here; `tests/e2e/test_operator_*.py` runs
+it end to end."""
 
 from __future__ import annotations
 

@@ -210,7 +210,7 @@ class ElasticMembership:
         ready, _ = self.backend.wait(refs, num_returns=len(refs), timeout=0)
         for ref in ready:
             actor_id = self._handovers.pop(ref)
-            actor = self.manager.actors.get(actor_id)
+            leaving = self.manager.actors.get(actor_id)
             try:
                 got: Handover = self.backend.get(ref)
             except self.backend.failure as err:  # the node went before the hand-over
@@ -220,8 +220,8 @@ class ElasticMembership:
                 continue
             if got.fragments:
                 driver.absorb(got.fragments)
-            if got.env_steps is not None and actor is not None:
-                lost = max(0, got.env_steps - actor.env_steps)
+            if got.env_steps is not None and leaving is not None:
+                lost = max(0, got.env_steps - leaving.env_steps)
                 if lost:
                     logger.warning("actor %s: %d env steps lost in its drain", actor_id, lost)
                 self.lost_env_steps += lost

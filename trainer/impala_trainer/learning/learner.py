@@ -43,6 +43,14 @@ def batch_to_tensors(batch: TrainBatch, device: torch.device) -> BatchTensors:
     )
 
 
+def _grads(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """The parameters' gradients, after a backward pass has given every one of them one."""
+    grads = [p.grad for p in params]
+    if any(g is None for g in grads):
+        raise RuntimeError("a parameter has no gradient: was backward() run on this model?")
+    return grads  # type: ignore[return-value]
+
+
 def _make_optimizer(
     params: Iterable[torch.nn.Parameter], training: TrainingSpec, lr: float
 ) -> torch.optim.Optimizer:
@@ -146,10 +154,12 @@ class Learner:
                 opt.step()
             self.policy_version += 1
 
-    def _stats(self, loss_stats: torch.Tensor, gnorm: torch.Tensor, coeffs: LossCoefficients):
-        values = torch.cat([loss_stats, gnorm.to(loss_stats).view(1)]).tolist()  # one sync
-        stats = dict(zip((*STAT_NAMES, "grad_gnorm"), values, strict=True))
-        stats["cur_lr"] = self.optimizers[0].param_groups[0]["lr"]
+    def _stats(
+        self, loss_stats: torch.Tensor, gnorm: torch.Tensor, coeffs: LossCoefficients
+    ) -> dict[str, float]:
+        values: list[float] = torch.cat([loss_stats, gnorm.to(loss_stats).view(1)]).tolist()
+        stats = dict(zip((*STAT_NAMES, "grad_gnorm"), values, strict=True))  # one sync above
+        stats["cur_lr"] = float(self.optimizers[0].param_groups[0]["lr"])
         stats["entropy_coeff"] = coeffs.entropy_coeff
         return stats
 
@@ -163,7 +173,7 @@ class Learner:
         coeffs = self.coefficients()
         self.zero_grad()
         out = impala_loss(self.model, batch_to_tensors(batch, self.device), coeffs)
-        out.total_loss.backward()
+        out.total_loss.backward()  # type: ignore[no-untyped-call]
         gnorm = self._clip_gradients()
         self._step()
         return self._stats(out.stats, gnorm, coeffs)
@@ -175,7 +185,7 @@ class Learner:
         coeffs = self.coefficients()
         self.zero_grad()
         out = impala_loss(self.model, batch_to_tensors(batch, self.device), coeffs)
-        out.total_loss.backward()
+        out.total_loss.backward()  # type: ignore[no-untyped-call]
         gnorm = self._clip_gradients()
         grads = [
             np.zeros(tuple(p.shape), np.float32) if p.grad is None else p.grad.cpu().numpy()
@@ -293,7 +303,7 @@ class MultiDeviceLearner(Learner):
         )
         stream = streams.get(device.index)
         if stream is None:
-            stream = streams[device.index] = torch.cuda.Stream(device)
+            stream = streams[device.index] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         with torch.cuda.stream(stream):
             tensors = batch_to_tensors(batch, device)
         stream.synchronize()
@@ -305,12 +315,14 @@ class MultiDeviceLearner(Learner):
         """Env steps of the batch last loaded into `buffer_index`."""
         return self._loaded_steps.get(buffer_index, 0)
 
-    def _tower_loss(self, tower_index: int, tensors: BatchTensors, coeffs: LossCoefficients):
+    def _tower_loss(
+        self, tower_index: int, tensors: BatchTensors, coeffs: LossCoefficients
+    ) -> torch.Tensor:
         tower = self.towers[tower_index]
         for p in tower.parameters():
             p.grad = None
         out = impala_loss(tower, tensors, coeffs)
-        out.total_loss.backward()
+        out.total_loss.backward()  # type: ignore[no-untyped-call]
         return out.stats
 
     def learn_on_loaded_batch(self, buffer_index: int) -> dict[str, float]:
@@ -326,22 +338,21 @@ class MultiDeviceLearner(Learner):
         master = self.devices[0]
         with torch.no_grad():
             if shards[0][0] == 0:
-                grads = [p.grad for p in self.params]
+                grads = _grads(self.params)
                 torch._foreach_mul_(grads, shards[0][2])
                 rest = shards[1:]
             else:
                 for p in self.params:
                     p.grad = torch.zeros_like(p)
-                grads = [p.grad for p in self.params]
+                grads = _grads(self.params)
                 rest = shards
             for i, _, weight in rest:
                 tower_grads = [
-                    p.grad.to(master, non_blocking=True) for p in self.towers[i].parameters()
+                    g.to(master, non_blocking=True) for g in _grads(self.towers[i].parameters())
                 ]
                 torch._foreach_add_(grads, tower_grads, alpha=weight)
-            loss_stats = sum(
-                s.to(master) * w for s, (_, _, w) in zip(tower_stats, shards, strict=True)
-            )
+            weighted = [s.to(master) * w for s, (_, _, w) in zip(tower_stats, shards, strict=True)]
+            loss_stats = torch.stack(weighted).sum(0)
 
         gnorm = self._clip_gradients()
         self._step()
@@ -356,9 +367,9 @@ class MultiDeviceLearner(Learner):
     def _sync_towers(self) -> None:
         with torch.no_grad(), self.lock:
             for tower in self.towers[1:]:
-                tower_params = list(tower.parameters())
+                tower_params: list[torch.Tensor] = list(tower.parameters())
                 if tower_params[0].device == self.params[0].device:
-                    torch._foreach_copy_(tower_params, self.params)
+                    torch._foreach_copy_(tower_params, list[torch.Tensor](self.params))
                 else:
                     for dst, src in zip(tower_params, self.params, strict=True):
                         dst.copy_(src, non_blocking=True)

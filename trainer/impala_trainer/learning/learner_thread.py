@@ -124,7 +124,6 @@ class LearnerThread(threading.Thread):
         self.learner_info: dict[str, float] = {}
         """Stats of the latest update."""
         self.num_steps = 0
-        self.weights_updated = False
 
     @property
     def stopped(self) -> bool:
@@ -183,7 +182,6 @@ class LearnerThread(threading.Thread):
         self.grad_timer.push(busy)
         self._busy.append(busy)
         self.learner_info = stats
-        self.weights_updated = True
         self.num_steps += 1
         self.outqueue.put((env_steps, stats))
         self.learner_queue_size.push(self.inqueue.qsize())

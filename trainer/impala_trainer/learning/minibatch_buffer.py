@@ -29,16 +29,15 @@ class MinibatchBuffer(Generic[T]):
         size: int,
         timeout: float | None,
         num_passes: int,
-        init_num_passes: int | None = None,
     ) -> None:
         if size < 1 or num_passes < 1:
             raise ValueError(f"size ({size}) and num_passes ({num_passes}) must be >= 1")
         self.inqueue = inqueue
         self.size = size
         self.timeout = timeout
-        self.max_ttl = num_passes
-        # RLlib can ramp the passes up from init_num_passes; by default every item gets them all.
-        self.cur_max_ttl = num_passes if init_num_passes is None else init_num_passes
+        # RLlib can ramp the passes up from an init_num_passes that IMPALA never sets: every
+        # item gets all its passes here.
+        self.num_passes = num_passes
         self.buffers: list[T | None] = [None] * size
         self.ttl = [0] * size
         self.idx = 0
@@ -50,9 +49,7 @@ class MinibatchBuffer(Generic[T]):
         if self.ttl[self.idx] <= 0:
             wait = self.timeout if timeout is None else timeout
             self.buffers[self.idx] = self.inqueue.get(timeout=wait)
-            self.ttl[self.idx] = self.cur_max_ttl
-            if self.cur_max_ttl < self.max_ttl:
-                self.cur_max_ttl += 1
+            self.ttl[self.idx] = self.num_passes
             first_pass = True
         item = self.buffers[self.idx]
         self.ttl[self.idx] -= 1

@@ -50,7 +50,8 @@ class ActorCritic(nn.Module):
 
     def policy_logits(self, obs: torch.Tensor) -> torch.Tensor:
         """Logits [N, A] only: what acting needs (rollout workers call this every step)."""
-        return self(obs)[0]
+        logits: torch.Tensor = self(obs)[0]
+        return logits
 
     def _prepare(self, obs: torch.Tensor) -> torch.Tensor:
         dtype = self.value_head.weight.dtype
@@ -81,7 +82,8 @@ class MLPActorCritic(ActorCritic):
 
     def policy_logits(self, obs: torch.Tensor) -> torch.Tensor:
         # The value tower is half the acting forward and acting never reads it.
-        return self.policy_head(self.policy_trunk(self._prepare(obs).flatten(1)))
+        logits: torch.Tensor = self.policy_head(self.policy_trunk(self._prepare(obs).flatten(1)))
+        return logits
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self._prepare(obs).flatten(1)  # [N, obs_size]

@@ -185,7 +185,7 @@ def head_ready(address: str) -> bool:
     deadlines) and gains nothing, since the driver connects only once the head is up.
     """
     try:
-        from ray._raylet import GcsClient
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]  # compiled, no stub
 
         nodes = GcsClient(address=address).get_all_node_info(timeout=5)
     except Exception:  # not reachable / not ready: the caller polls again

@@ -44,7 +44,7 @@ class RolloutActor:
     def node_info(self) -> NodeInfo:
         return _node_info()
 
-    @ray.method(num_returns=2)
+    @ray.method(num_returns=2)  # type: ignore[untyped-decorator]  # ray is untyped here
     def sample(
         self, weights: dict[str, Any] | None = None, policy_version: int = 0
     ) -> tuple[Fragment, FragmentMeta]:

@@ -8,6 +8,7 @@ reader zero-copy; the learner turns them into tensors with `torch.from_numpy`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -146,7 +147,7 @@ def concat_fragments(fragments: list[Fragment]) -> TrainBatch:
     lengths = {f.actions.shape[0] for f in fragments}
     if len(lengths) != 1:
         raise ValueError(f"fragments differ in length {sorted(lengths)}; they must share T")
-    arrays = {
+    arrays: dict[str, Any] = {
         name: np.concatenate([getattr(f, name) for f in fragments], axis=1)
         for name in _ARRAY_FIELDS
     }

@@ -19,7 +19,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 from impala_trainer.job.spec import EnvSpec
 
 
-class SameStepCartPole(VectorWrapper):
+class SameStepCartPole(VectorWrapper):  # type: ignore[misc]  # gymnasium is untyped here
     """gymnasium's numpy-vectorised CartPole with same-step autoreset, stepped in one pass.
 
     `CartPoleVectorEnv` (about 10x faster than a SyncVectorEnv of CartPoles) only offers next-step
@@ -39,7 +39,7 @@ class SameStepCartPole(VectorWrapper):
     def __init__(self, env: CartPoleVectorEnv) -> None:
         super().__init__(env)
         self.metadata = {**env.metadata, "autoreset_mode": AutoresetMode.SAME_STEP}
-        self._cartpole: CartPoleVectorEnv = env.unwrapped  # type: ignore[assignment]
+        self._cartpole: CartPoleVectorEnv = env.unwrapped
         e = self._cartpole
         if e.kinematics_integrator != "euler":
             raise ValueError("SameStepCartPole implements CartPole's default euler integrator")
@@ -153,7 +153,7 @@ def make_vector_env(env: EnvSpec, num_envs: int, seed: int) -> VectorEnv:
         inner = gym.make_vec(
             env.id, num_envs=num_envs, vectorization_mode="vector_entry_point", **env.kwargs
         )
-        vec = SameStepCartPole(inner)  # type: ignore[arg-type]
+        vec = SameStepCartPole(inner)
     else:
         vec = gym.vector.SyncVectorEnv(
             [_single_thunk(env) for _ in range(num_envs)],

@@ -36,7 +36,7 @@ class RolloutWorker:
         shape = self.env.single_observation_space.shape
         assert shape is not None
         self.obs_shape: tuple[int, ...] = tuple(shape)
-        self.num_actions: int = int(self.env.single_action_space.n)  # type: ignore[attr-defined]
+        self.num_actions: int = int(self.env.single_action_space.n)
         self.obs_dtype = self.env.single_observation_space.dtype
         self._learner: Learner | None = None
         if spec.training.mode == "async-gradients":

@@ -68,7 +68,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         slug = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return _error(exc.status_code, slug, str(exc.detail), headers=exc.headers)
+        headers = dict(exc.headers) if exc.headers else None
+        return _error(exc.status_code, slug, str(exc.detail), headers=headers)
 
     app.add_exception_handler(SnapshotError, snapshot_error)
     app.add_exception_handler(Unauthorized, unauthorized)
