@@ -1,4 +1,5 @@
-"""The IMPALA loss: gradient directions, truncation handling, mean reduction."""
+"""The IMPALA loss: gradient directions, truncation handling, sum reduction, the separate value
+optimiser's gradients."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ import torch
 
 from impala_trainer.job.spec import ModelSpec
 from impala_trainer.learning.learner import batch_to_tensors
-from impala_trainer.learning.losses import STAT_NAMES, LossCoefficients, impala_loss
+from impala_trainer.learning.losses import (
+    STAT_NAMES,
+    SUMMED_STATS,
+    LossCoefficients,
+    backward,
+    impala_loss,
+)
 from impala_trainer.learning.models import build_model
 from impala_trainer.rollouts.batches import TrainBatch, slice_columns
 from tests.unit.trainer.test_learner import make_batch, single_torch_thread  # noqa: F401
@@ -99,14 +106,53 @@ def test_truncation_bootstraps_from_the_truncation_value() -> None:
     assert not torch.allclose(loss_of(m, truncated, c), loss_of(m, ignored, c))
 
 
-def test_loss_is_the_mean_over_column_shards() -> None:
-    """Mean reduction: the loss (and so the gradient) of the batch = mean over equal shards."""
+def test_loss_is_the_sum_over_column_shards() -> None:
+    """Sum reduction (RLlib's IMPALA policy, the paper): batch loss = sum of its shards' losses."""
     batch = make_batch(T=7, B=6, seed=4)
     m = model()
     c = coeffs()
     whole = loss_of(m, batch, c)
     shards = [loss_of(m, slice_columns(batch, i, i + 2), c) for i in (0, 2, 4)]
-    torch.testing.assert_close(whole, sum(shards) / 3)
+    torch.testing.assert_close(whole, sum(shards))
+
+
+def test_loss_terms_are_sums_over_steps() -> None:
+    """Doubling the batch (the same columns twice) doubles every summed term."""
+    batch = make_batch(T=5, B=3, seed=5)
+    doubled = TrainBatch(
+        **{
+            name: np.concatenate([getattr(batch, name)] * 2, axis=0 if name in (
+                "bootstrap_obs", "policy_versions") else 1)
+            for name in ("obs", "actions", "behaviour_logits", "rewards", "terminateds",
+                         "truncateds", "truncation_values", "bootstrap_obs", "policy_versions")
+        }
+    )
+    m = model()
+    one = impala_loss(m, batch_to_tensors(batch, CPU), coeffs()).stats
+    two = impala_loss(m, batch_to_tensors(doubled, CPU), coeffs()).stats
+    for name, summed, a, b in zip(STAT_NAMES, SUMMED_STATS, one, two, strict=True):
+        torch.testing.assert_close(b, 2 * a if summed else a, msg=name)
+
+
+def test_separate_value_optimiser_backprops_each_loss_into_its_own_parameters() -> None:
+    """RLlib's _separate_vf_optimizer: the value parameters get d(vf_loss) alone (no
+    vfLossCoeff), the others d(policy loss - entropy) alone."""
+    batch = batch_to_tensors(make_batch(seed=6), CPU)
+    m = model()
+    c = coeffs(vf=0.5)
+    backward(m, impala_loss(m, batch, c), separate_vf_optimizer=True)
+    got = {name: p.grad.clone() for name, p in m.named_parameters()}
+    vf_names = {n for n, p in m.named_parameters() if any(p is q for q in
+                m.value_function_parameters())}
+    m.zero_grad()
+    impala_loss(m, batch, c).vf_loss.backward()
+    vf_grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+    m.zero_grad()
+    impala_loss(m, batch, c).policy_total.backward()
+    pi_grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+    assert vf_names and set(got) == vf_names | set(pi_grads)
+    for name, grad in got.items():
+        torch.testing.assert_close(grad, vf_grads[name] if name in vf_names else pi_grads[name])
 
 
 def test_stats_are_finite_and_named() -> None:

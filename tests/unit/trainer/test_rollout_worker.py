@@ -140,3 +140,28 @@ def test_a3c_gradients_are_the_learner_gradients_of_the_sampled_fragment() -> No
     learner.apply_gradients(grads)
     assert learner.policy_version == 1
     assert any(not np.array_equal(before[k], v) for k, v in learner.get_weights().items())
+
+
+def test_clipped_rewards_are_trained_on_and_unclipped_returns_reported() -> None:
+    from gymnasium.vector import VectorRewardWrapper
+
+    class Times5(VectorRewardWrapper):  # type: ignore[misc]
+        def rewards(self, rewards: np.ndarray) -> np.ndarray:
+            return rewards * 5.0
+
+    for clip in (True, False):
+        spec = make_spec(CARTPOLE, env={"clipRewards": clip, "numEnvsPerWorker": 4})
+        worker = RolloutWorker(spec, "w", seed=1)
+        worker.env = Times5(worker.env)
+        fragment = worker.sample()
+        while not fragment.episode_returns:
+            fragment = worker.sample()
+        assert set(np.unique(fragment.rewards)) == ({1.0} if clip else {5.0})
+        # The report is the env's own return either way: 5 per step of the episode.
+        assert fragment.episode_returns == [5.0 * n for n in fragment.episode_lengths]
+
+
+def test_atari_clips_rewards_by_default_and_other_envs_do_not() -> None:
+    assert make_spec(env={"id": "ALE/Pong-v5"}).env.clips_rewards
+    assert not make_spec(env={"id": "CartPole-v1"}).env.clips_rewards
+    assert not make_spec(env={"id": "ALE/Pong-v5", "clipRewards": False}).env.clips_rewards

@@ -84,9 +84,17 @@ class EnvSpec(SpecModel):
     frame_skip: int = Field(default=4, ge=1, le=16)
     """Atari frame skip applied by the preprocessing wrapper."""
 
+    clip_rewards: bool | None = None
+    """Train on the sign of each reward (-1, 0, 1), as the paper and RLlib do for Atari; the
+    reported episode returns stay unclipped. Default: on for ALE/ environments, off otherwise."""
+
     @property
     def is_atari(self) -> bool:
         return self.id.startswith("ALE/")
+
+    @property
+    def clips_rewards(self) -> bool:
+        return self.is_atari if self.clip_rewards is None else self.clip_rewards
 
     @property
     def stacked_frames(self) -> int:

@@ -16,7 +16,14 @@ import numpy as np
 import torch
 
 from impala_trainer.job.spec import ImpalaJobSpec, TrainingSpec
-from impala_trainer.learning.losses import STAT_NAMES, BatchTensors, LossCoefficients, impala_loss
+from impala_trainer.learning.losses import (
+    STAT_NAMES,
+    SUMMED_STATS,
+    BatchTensors,
+    LossCoefficients,
+    backward,
+    impala_loss,
+)
 from impala_trainer.learning.models import ActorCritic, build_model
 from impala_trainer.learning.schedules import make_schedule
 from impala_trainer.rollouts.batches import TrainBatch, slice_columns
@@ -148,7 +155,14 @@ class Learner:
         return norms[0] if len(norms) == 1 else torch.stack(norms).norm()
 
     def _step(self) -> None:
-        self.optimizers[0].param_groups[0]["lr"] = self.lr_schedule(self.global_timestep)
+        lr = self.lr_schedule(self.global_timestep)
+        self.optimizers[0].param_groups[0]["lr"] = lr
+        if len(self.optimizers) > 1:
+            # The value optimiser follows the same schedule, scaled to its own lrVf: RLlib's
+            # schedule sets every optimiser's rate (which would discard lrVf); a schedule that
+            # decays the policy's rate to 10% decays the value function's to 10% too.
+            t = self.spec.training
+            self.optimizers[1].param_groups[0]["lr"] = t.lr_vf * lr / t.lr
         with self.lock:
             for opt in self.optimizers:
                 opt.step()
@@ -173,7 +187,7 @@ class Learner:
         coeffs = self.coefficients()
         self.zero_grad()
         out = impala_loss(self.model, batch_to_tensors(batch, self.device), coeffs)
-        out.total_loss.backward()  # type: ignore[no-untyped-call]
+        backward(self.model, out, self.spec.training.separate_vf_optimizer)
         gnorm = self._clip_gradients()
         self._step()
         return self._stats(out.stats, gnorm, coeffs)
@@ -185,7 +199,7 @@ class Learner:
         coeffs = self.coefficients()
         self.zero_grad()
         out = impala_loss(self.model, batch_to_tensors(batch, self.device), coeffs)
-        out.total_loss.backward()  # type: ignore[no-untyped-call]
+        backward(self.model, out, self.spec.training.separate_vf_optimizer)
         gnorm = self._clip_gradients()
         grads = [
             np.zeros(tuple(p.shape), np.float32) if p.grad is None else p.grad.cpu().numpy()
@@ -242,7 +256,7 @@ class Learner:
 
 
 class MultiDeviceLearner(Learner):
-    """Data-parallel learner: one model tower per device, gradients averaged into the master.
+    """Data-parallel learner: one model tower per device, gradients summed into the master.
 
     Devices are cuda:0..n-1 for learner.gpus, else learner.fakeDevices CPU "devices" (RLlib's
     _fake_gpus), so the whole path runs without a GPU. Tower 0 is the master: it owns the
@@ -267,7 +281,7 @@ class MultiDeviceLearner(Learner):
             tower.load_state_dict(self.model.state_dict())
             self.towers.append(tower)
         self.num_stacks = spec.training.num_multi_gpu_tower_stacks
-        # buffer index -> [(tower index, shard tensors, shard weight = columns / batch columns)]
+        # buffer index -> [(tower index, shard tensors, share = shard columns / batch columns)]
         self._stacks: dict[int, list[tuple[int, BatchTensors, float]]] = {}
         self._loaded_steps: dict[int, int] = {}
         self._copy_streams = threading.local()
@@ -277,8 +291,8 @@ class MultiDeviceLearner(Learner):
     def load_batch_into_buffer(self, batch: TrainBatch, buffer_index: int) -> int:
         """Split the batch's columns evenly over the towers and copy each shard to its device.
 
-        Returns the env steps loaded. Shards differ by at most one column; each tower's gradient
-        is weighted by its share, so the average equals the whole batch's gradient.
+        Returns the env steps loaded. Shards differ by at most one column; the towers' gradients
+        add up to the whole batch's (the loss sums over steps).
         """
         if not 0 <= buffer_index < self.num_stacks and buffer_index != -1:
             raise IndexError(f"buffer_index {buffer_index} outside [0, {self.num_stacks})")
@@ -322,11 +336,13 @@ class MultiDeviceLearner(Learner):
         for p in tower.parameters():
             p.grad = None
         out = impala_loss(tower, tensors, coeffs)
-        out.total_loss.backward()  # type: ignore[no-untyped-call]
+        backward(tower, out, self.spec.training.separate_vf_optimizer)
         return out.stats
 
     def learn_on_loaded_batch(self, buffer_index: int) -> dict[str, float]:
-        """Per-tower gradients in parallel, weighted average into the master, one step, re-sync."""
+        """Per-tower gradients in parallel, summed into the master, one step, re-sync.
+
+        The loss is a sum over steps, so the shards' gradients add up to the whole batch's."""
         shards = self._stacks[buffer_index]
         coeffs = self.coefficients()
         if self._pool is not None and len(shards) > 1:
@@ -339,19 +355,23 @@ class MultiDeviceLearner(Learner):
         with torch.no_grad():
             if shards[0][0] == 0:
                 grads = _grads(self.params)
-                torch._foreach_mul_(grads, shards[0][2])
                 rest = shards[1:]
             else:
                 for p in self.params:
                     p.grad = torch.zeros_like(p)
                 grads = _grads(self.params)
                 rest = shards
-            for i, _, weight in rest:
+            for i, _, _ in rest:
                 tower_grads = [
                     g.to(master, non_blocking=True) for g in _grads(self.towers[i].parameters())
                 ]
-                torch._foreach_add_(grads, tower_grads, alpha=weight)
-            weighted = [s.to(master) * w for s, (_, _, w) in zip(tower_stats, shards, strict=True)]
+                torch._foreach_add_(grads, tower_grads)
+            # Sums add over shards; per-step means are weighted by the shard's share of columns.
+            summed = torch.tensor(SUMMED_STATS, device=master)
+            weighted = [
+                torch.where(summed, s.to(master), s.to(master) * w)
+                for s, (_, _, w) in zip(tower_stats, shards, strict=True)
+            ]
             loss_stats = torch.stack(weighted).sum(0)
 
         gnorm = self._clip_gradients()

@@ -1,7 +1,12 @@
 """The IMPALA loss: V-trace policy gradient + baseline + entropy bonus, as RLlib's torch policy.
 
-All terms are means over the [T, B] steps, so averaging the gradients of equal column shards
-(one per tower) equals the gradient of the whole batch.
+Every term is a sum over the [T, B] steps, as in the paper's implementation (scalable_agent) and
+RLlib's IMPALA policy (the old API stack that LearnerThread and MultiGPULearnerThread belong to):
+with sums, RLlib's `gradClip: 40` engages as it does there, and RMSProp's `epsilon: 0.1` is small
+against the squared gradients, as the paper's Atari settings intend. (A mean would divide the
+gradient by T*B: clipping then never engages and RMSProp turns into tiny SGD steps; that is what
+kept a Pong policy uniform for 1.3M steps.) Summing also makes data-parallel towers exact: the
+gradient of the whole batch is the sum of the shards' gradients.
 """
 
 from __future__ import annotations
@@ -41,13 +46,19 @@ class LossCoefficients(NamedTuple):
 
 class LossOutput(NamedTuple):
     total_loss: torch.Tensor
-    """Scalar to backpropagate."""
+    """policy_loss + vfLossCoeff * vf_loss: what one optimiser backpropagates."""
+    policy_total: torch.Tensor
+    """policy_loss - entropyCoeff * entropy: the policy optimiser's loss when the value
+    function has its own optimiser (`separateVfOptimizer`), which then steps on `vf_loss` alone."""
+    vf_loss: torch.Tensor
     stats: torch.Tensor
-    """[6] detached: policy_loss, vf_loss, entropy, total_loss, vf_explained_var, mean_rho.
-    One tensor so a GPU learner syncs once for all of them."""
+    """[6] detached: policy_loss, vf_loss (sums), entropy (mean per step), total_loss,
+    vf_explained_var, mean_rho. One tensor so a GPU learner syncs once for all of them."""
 
 
 STAT_NAMES = ("policy_loss", "vf_loss", "entropy", "total_loss", "vf_explained_var", "mean_rho")
+SUMMED_STATS = (True, True, False, True, False, False)
+"""Which stats add up over column shards (the others are per-step means)."""
 
 
 def impala_loss(
@@ -83,11 +94,12 @@ def impala_loss(
         clip_pg_rho_threshold=coeffs.clip_pg_rho_threshold,
     )
 
-    policy_loss = -(target_logp * returns.pg_advantages).mean()
+    policy_loss = -(target_logp * returns.pg_advantages).sum()
     value_error = returns.vs - values
-    vf_loss = 0.5 * value_error.pow(2).mean()
-    entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
-    total_loss = policy_loss + coeffs.vf_loss_coeff * vf_loss - coeffs.entropy_coeff * entropy
+    vf_loss = 0.5 * value_error.pow(2).sum()
+    entropy_sum = -(log_probs.exp() * log_probs).sum()
+    policy_total = policy_loss - coeffs.entropy_coeff * entropy_sum
+    total_loss = policy_total + coeffs.vf_loss_coeff * vf_loss
 
     with torch.no_grad():
         explained_var = 1.0 - (returns.vs - values).var() / returns.vs.var().clamp(min=1e-8)
@@ -95,10 +107,25 @@ def impala_loss(
             [
                 policy_loss.detach(),
                 vf_loss.detach(),
-                entropy.detach(),
+                entropy_sum.detach() / (T * B),
                 total_loss.detach(),
                 explained_var.clamp(min=-1.0),
                 log_rhos.exp().mean(),
             ]
         )
-    return LossOutput(total_loss=total_loss, stats=stats)
+    return LossOutput(total_loss, policy_total, vf_loss, stats)
+
+
+def backward(model: torch.nn.Module, out: LossOutput, separate_vf_optimizer: bool) -> None:
+    """Backpropagate `out` into `model`'s parameters as the optimiser(s) will step on them.
+
+    With a separate value optimiser (RLlib's `_separate_vf_optimizer`) the value parameters get
+    the gradient of `vf_loss` alone and every other parameter that of `policy_total` alone, so a
+    trunk shared with the value head (the CNN) is shaped by the policy loss only, as in RLlib.
+    """
+    if not separate_vf_optimizer:
+        out.total_loss.backward()  # type: ignore[no-untyped-call]
+        return
+    vf_params = list(model.value_function_parameters())  # type: ignore[operator]
+    out.vf_loss.backward(inputs=vf_params, retain_graph=True)  # type: ignore[no-untyped-call]
+    out.policy_total.backward()  # type: ignore[no-untyped-call]

@@ -32,6 +32,7 @@ class RolloutWorker:
         self.worker_id = worker_id
         self.num_envs = spec.env.num_envs_per_worker
         self.fragment_length = spec.training.rollout_fragment_length
+        self.clip_rewards = spec.env.clips_rewards
         self.env = make_vector_env(spec.env, self.num_envs, seed)
         shape = self.env.single_observation_space.shape
         assert shape is not None
@@ -87,7 +88,8 @@ class RolloutWorker:
             np.add(logits_buf[t], gumbel[t], out=self._scores)
             np.argmax(self._scores, axis=1, out=actions[t])
             obs, reward, term, trunc, infos = self.env.step(actions[t])
-            rewards[t] = reward
+            # The learner sees clipped rewards; the episode return reports the env's own.
+            rewards[t] = np.sign(reward) if self.clip_rewards else reward
             terminateds[t] = term
             truncateds[t] = trunc
             self.episode_return += reward
