@@ -225,7 +225,7 @@ def local_ray() -> Any:
 def test_killed_rollout_actor_is_replaced_and_training_continues(
     tmp_path: Path, local_ray: Any
 ) -> None:
-    from impala_trainer.driver.launch import build_driver
+    from impala_trainer.driver.launch import Wiring, build_driver
     from impala_trainer.driver.ray_backend import RayBackend
     from impala_trainer.job.manifest import load_manifest
     from impala_trainer.rundir.snapshot import StatusSnapshot
@@ -247,7 +247,8 @@ def test_killed_rollout_actor_is_replaced_and_training_continues(
             # The replacement works: end the run 10k steps from now, by the timesteps criterion.
             driver.stats.stop.timesteps = min(driver.stats.stop.timesteps or 0, steps + 10000)
 
-    driver = build_driver(job, run_dir, RayBackend(), rollout_workers=2, on_report=on_report)
+    wiring = Wiring(rollout_workers=2, on_report=on_report)
+    driver = build_driver(job, run_dir, RayBackend(), wiring)
     result = driver.run()
     assert result.phase == "Succeeded" and result.stopped_by == "timesteps", result.message
     c = driver.stats.counters

@@ -18,19 +18,8 @@ from impala_operator.run_policy import Event, LearnerPod, rfc3339
 from impala_operator.settings import STATUS_URL_ANNOTATION, Settings
 from impala_trainer.job.manifest import ManifestError
 from impala_trainer.rundir.snapshot import Counters, LearnerQueue, StatusSnapshot, Throughput
+from tests.unit.operator.test_plan import SETTINGS, SPEC, UID
 
-UID = "0f9a5a3c-1111-2222-3333-444455556666"
-SETTINGS = Settings(restart_backoff_seconds=0.0, rollout_workers_per_aggregator=2)
-SPEC: dict[str, Any] = {
-    "rollouts": {
-        "minReplicas": 1,
-        "maxReplicas": 5,
-        "workersPerPod": 2,
-        "autoscaling": {"cooldownSeconds": 0, "stabilizationWindowSeconds": 10},
-    },
-    "aggregators": {"minReplicas": 0, "maxReplicas": 4},
-    "stop": {"timesteps": 1_000_000},
-}
 SIDECAR = "http://127.0.0.1:18080/status"
 RUNNING = LearnerPod(name="cp-learner-0", attempt=0, phase="Running", ready=True)
 

@@ -18,7 +18,7 @@ import pytest
 
 import impala_trainer.driver.impala as driver_mod
 from impala_trainer.driver.impala import ImpalaDriver
-from impala_trainer.driver.launch import build_driver
+from impala_trainer.driver.launch import Wiring, build_driver
 from impala_trainer.driver.local_backend import LocalActor, LocalBackend, LocalRef
 from impala_trainer.job.spec import ImpalaJob
 from impala_trainer.rundir.writer import RunDir
@@ -50,7 +50,7 @@ def _driver(
     tmp_path: Path, job: ImpalaJob, actors: int = 2
 ) -> tuple[ImpalaDriver, LocalBackend, list[LocalActor]]:
     backend = LocalBackend(rollout_units=actors)
-    driver = build_driver(job, RunDir(tmp_path / "run"), backend, rollout_workers=actors)
+    driver = build_driver(job, RunDir(tmp_path / "run"), backend, Wiring(rollout_workers=actors))
     assert isinstance(driver, ImpalaDriver)
     # What run() does first, without starting the learner thread: its queue then fills up, and
     # _step only needs to see it alive.
@@ -176,7 +176,7 @@ def test_a_whole_run_in_process_trains_and_writes_its_run_directory(tmp_path: Pa
     backend = LocalBackend(rollout_units=2)
     run_dir = RunDir(tmp_path / "run")
     run_dir.prepare(job)
-    driver = build_driver(job, run_dir, backend, rollout_workers=2)
+    driver = build_driver(job, run_dir, backend, Wiring(rollout_workers=2))
     result = driver.run()
     assert (result.phase, result.stopped_by) == ("Succeeded", "timesteps"), result.message
     c = driver.stats.counters

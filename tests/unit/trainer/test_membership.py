@@ -6,7 +6,7 @@ from pathlib import Path
 
 from impala_trainer.driver.backend import NodeView
 from impala_trainer.driver.impala import ImpalaDriver
-from impala_trainer.driver.launch import build_driver
+from impala_trainer.driver.launch import Wiring, build_driver
 from impala_trainer.driver.local_backend import LocalBackend
 from impala_trainer.driver.membership import ActorView, plan
 from impala_trainer.job.spec import ImpalaJob
@@ -113,7 +113,7 @@ def _elastic_driver(tmp_path: Path) -> tuple[ImpalaDriver, LocalBackend]:
         }
     )
     backend = LocalBackend(rollout_units=2, aggregator_units=1)
-    driver = build_driver(job, RunDir(tmp_path / "run"), backend, elastic=True)
+    driver = build_driver(job, RunDir(tmp_path / "run"), backend, Wiring(elastic=True))
     assert isinstance(driver, ImpalaDriver) and driver.membership is not None
     driver.membership.poll_seconds = 0.0
     # The learner thread is not started (its queue keeps what it is fed); _step checks it lives.

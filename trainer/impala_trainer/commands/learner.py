@@ -142,7 +142,7 @@ def _train(job: ImpalaJob, run_dir: RunDir, address: str, resume: bool) -> int:
     import ray
 
     from impala_trainer.commands.progress import ProgressReporter
-    from impala_trainer.driver.launch import train
+    from impala_trainer.driver.launch import Wiring, train
     from impala_trainer.driver.ray_backend import RayBackend
 
     # ray.init installs its own SIGTERM handler (exit at once); ours lets the driver checkpoint.
@@ -150,9 +150,8 @@ def _train(job: ImpalaJob, run_dir: RunDir, address: str, resume: bool) -> int:
     print(f"learner: driver connected to the Ray head at {address}", flush=True)
     reporter = ProgressReporter(job.name)
     try:
-        result, stats = train(
-            job, run_dir, RayBackend(), elastic=True, resume=resume, on_report=reporter.update
-        )
+        wiring = Wiring(elastic=True, resume=resume, on_report=reporter.update)
+        result, stats = train(job, run_dir, RayBackend(), wiring)
     finally:
         reporter.close()
         ray.shutdown()

@@ -123,21 +123,19 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) - num_rollout - num_aggregator))
 
     from impala_trainer.commands.progress import ProgressReporter
-    from impala_trainer.driver.launch import train
+    from impala_trainer.driver.launch import Wiring, train
     from impala_trainer.driver.ray_backend import RayBackend
 
     dashboard = _start_dashboard(run_dir.path, args.status_port) if args.dashboard else None
     reporter = ProgressReporter(job.name)
     try:
-        result, summary = train(
-            job,
-            run_dir,
-            RayBackend(),
+        wiring = Wiring(
             rollout_workers=num_rollout,
             aggregator_workers=num_aggregator,
             resume=resume,
             on_report=reporter.update,
         )
+        result, summary = train(job, run_dir, RayBackend(), wiring)
     finally:
         reporter.close()
         if dashboard is not None:

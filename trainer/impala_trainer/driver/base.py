@@ -47,7 +47,7 @@ class DriverResult:
 
 
 def resolve_seed(seed: int | None) -> int:
-    """The run's seed: the spec's, or a fresh random one (recorded in the run's config)."""
+    """The run's seed: the spec's, or a fresh random one."""
     return random.SystemRandom().randrange(2**31) if seed is None else seed
 
 

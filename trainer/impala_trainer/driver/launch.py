@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from impala_trainer.driver.actor_manager import ActorManager
 from impala_trainer.driver.backend import Backend
@@ -23,35 +24,40 @@ from impala_trainer.rundir.writer import RunDir
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Wiring:
+    """How a run's driver is put together (everything but the job, run directory and backend)."""
+
+    elastic: bool = False
+    """The actors follow the cluster's nodes (the learner pod); otherwise fixed counts."""
+    rollout_workers: int = 0
+    aggregator_workers: int = 0
+    resume: bool = False
+    """Continue from the newest checkpoint in the run directory, when there is one."""
+    on_report: Callable[[StatusSnapshot], None] | None = None
+    """Called with every snapshot the driver writes (the console progress)."""
+
+
 def build_driver(
-    job: ImpalaJob,
-    run_dir: RunDir,
-    backend: Backend,
-    *,
-    elastic: bool = False,
-    rollout_workers: int = 0,
-    aggregator_workers: int = 0,
-    resume: bool = False,
-    on_report: Callable[[StatusSnapshot], None] | None = None,
+    job: ImpalaJob, run_dir: RunDir, backend: Backend, wiring: Wiring = Wiring()
 ) -> Driver:
-    """The driver for the job's training mode. `elastic`: the actors follow the cluster's nodes
-    (the learner pod); otherwise `rollout_workers`/`aggregator_workers` fixed actors."""
+    """The driver for the job's training mode, with its actor manager and membership."""
     seed = resolve_seed(job.spec.training.seed)
     manager: ActorManager
     membership = None
-    if elastic:
+    if wiring.elastic:
         manager = ElasticActorManager(job.spec, seed, backend)
         membership = ElasticMembership(manager)
     else:
         manager = ActorManager(job.spec, seed, backend)
-        manager.set_target("rollout", rollout_workers)
-        manager.set_target("aggregator", aggregator_workers)
+        manager.set_target("rollout", wiring.rollout_workers)
+        manager.set_target("aggregator", wiring.aggregator_workers)
     collaborators = {
         "backend": backend,
         "manager": manager,
         "membership": membership,
-        "resume": resume,
-        "on_report": on_report,
+        "resume": wiring.resume,
+        "on_report": wiring.on_report,
     }
     if job.spec.training.mode == "async-gradients":
         from impala_trainer.driver.async_gradients import AsyncGradientsDriver
@@ -63,28 +69,11 @@ def build_driver(
 
 
 def train(
-    job: ImpalaJob,
-    run_dir: RunDir,
-    backend: Backend,
-    *,
-    elastic: bool = False,
-    rollout_workers: int = 0,
-    aggregator_workers: int = 0,
-    resume: bool = False,
-    on_report: Callable[[StatusSnapshot], None] | None = None,
+    job: ImpalaJob, run_dir: RunDir, backend: Backend, wiring: Wiring = Wiring()
 ) -> tuple[DriverResult, RunStats]:
-    """Build the driver (as `build_driver`) and run it: the result and the run's counters."""
+    """Build the driver and run it: the result and the run's counters."""
     try:
-        driver = build_driver(
-            job,
-            run_dir,
-            backend,
-            elastic=elastic,
-            rollout_workers=rollout_workers,
-            aggregator_workers=aggregator_workers,
-            resume=resume,
-            on_report=on_report,
-        )
+        driver = build_driver(job, run_dir, backend, wiring)
     except Exception as exc:  # nothing ran: still a failed run with its reason, like the loop's
         logger.error("building the driver failed", exc_info=True)
         result = DriverResult("Failed", None, one_line(exc))
