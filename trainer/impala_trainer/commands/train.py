@@ -57,7 +57,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help=f"the status server's port with --dashboard (default {STATUS_PORT})")
 
 
-def _start_dashboard(run_dir: Path, port: int) -> subprocess.Popen[bytes] | None:
+def _start_dashboard(run_dir: Path, port: int) -> subprocess.Popen[bytes]:
     # The status server is its own process: it must not share the driver's GIL, and it is
     # exactly what the status sidecar runs on a cluster.
     cmd = [sys.executable, "-m", "impala_trainer.cli", "status-server",

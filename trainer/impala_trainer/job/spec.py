@@ -131,7 +131,8 @@ class OptimizerSpec(SpecModel):
     """RMSProp momentum."""
 
     epsilon: float | None = Field(default=None, gt=0.0, le=1.0)
-    """Denominator epsilon; omitted means 1e-8 for adam and 0.1 for rmsprop (RLlib's default)."""
+    """Denominator epsilon, added after the square root as torch does (TensorFlow adds it inside:
+    its 0.01 is about 0.1 here); omitted means 1e-8 for adam and 0.1 for rmsprop (RLlib's)."""
 
 
 class TrainingSpec(SpecModel):
