@@ -262,3 +262,33 @@ def test_killed_rollout_actor_is_replaced_and_training_continues(
     assert members["rollout-0"]["state"] == "dead"
     # The replacement got weights and sampled after the kill: it contributed steps.
     assert members["rollout-2"]["state"] == "healthy" and members["rollout-2"]["env_steps"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.train
+def test_sigterm_stops_the_run_with_a_checkpoint_and_exit_130(tmp_path: Path) -> None:
+    """`kill PID` (what a supervisor sends) ends a local run as Ctrl-C does: final checkpoint,
+    summary "Stopped", exit 130, and the way to continue it."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "impala_trainer.cli", "train", "-f", EXAMPLE, "--run-dir",
+         str(run), "--set", "stop.episodeReturnMean=null", "--set", "stop.timeLimitSeconds=600"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            status = run / "status.json"
+            if status.exists() and _json(status)["counters"]["learner_updates"] > 0:
+                break
+            time.sleep(0.5)
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "--resume" in stderr and "error" not in stderr
+    summary = _json(run / "summary.json")
+    assert summary["phase"] == "Stopped"
+    assert list((run / "checkpoints").iterdir()), "the run stopped without its final checkpoint"

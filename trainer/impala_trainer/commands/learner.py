@@ -162,4 +162,7 @@ def _train(job: ImpalaJob, run_dir: RunDir, address: str, resume: bool) -> int:
             flush=True,
         )
         return result.exit_code
+    if result.phase == "Stopped":  # SIGTERM: checkpointed; a restarted pod resumes
+        print(f"{job.name}: stopped ({result.message})", file=sys.stderr, flush=True)
+        return result.exit_code
     raise CommandError(f"training {result.phase.lower()}: {result.message}", result.exit_code)

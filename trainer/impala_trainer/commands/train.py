@@ -10,10 +10,12 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import FrameType
 
 from impala_trainer.commands import (
     CommandError,
@@ -67,6 +69,10 @@ def _start_dashboard(run_dir: Path, port: int) -> subprocess.Popen[bytes]:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
 
+def _stop_on_sigterm(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # the driver's "Stopped" path
+
+
 def _init_ray(num_rollout: int, num_aggregator: int) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
@@ -115,6 +121,9 @@ def run(args: argparse.Namespace) -> int:
     warm = threading.Thread(target=importlib.import_module, args=("impala_trainer.driver.impala",))
     warm.start()
     _init_ray(num_rollout, num_aggregator)
+    # After ray.init, which installs its own exit-at-once SIGTERM handler: SIGTERM stops the run
+    # as Ctrl-C does, with a final checkpoint and summary.
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     warm.join()
     import torch
 
@@ -152,5 +161,8 @@ def run(args: argparse.Namespace) -> int:
             + ("" if ret is None else f" (mean return {ret:.1f})")
             + f"; run directory {run_dir.path}"
         )
+        return result.exit_code
+    if result.phase == "Stopped":  # interrupted: checkpointed, not an error
+        print(f"{job.name}: stopped; `--resume` continues from {run_dir.path}", file=sys.stderr)
         return result.exit_code
     raise CommandError(f"training {result.phase.lower()}: {result.message}", result.exit_code)
