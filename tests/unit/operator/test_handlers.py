@@ -104,9 +104,10 @@ def _tick(
     memo: kopf.Memo,
     pods: Iterable[LearnerPod] = (),
     deployments: Iterable[tuple[str, job_status.DeploymentView]] = (),
+    patch: kopf.Patch | None = None,
 ) -> dict[str, Any]:
-    """Run one timer tick; the status patch it leaves for kopf to write."""
-    patch = kopf.Patch()
+    """Run one timer tick; the status patch it leaves for kopf to write (in `patch` if given)."""
+    patch = kopf.Patch() if patch is None else patch
     asyncio.run(
         handlers.tick(
             body=body,
@@ -285,20 +286,8 @@ def test_tick_marks_an_invalid_spec_failed_without_writing_children() -> None:
 def test_tick_failing_api_is_retried_and_patches_no_status() -> None:
     before = _errors("tick")
     patch = kopf.Patch()
-    body = _body()
     with pytest.raises(kopf.TemporaryError) as err:
-        asyncio.run(
-            handlers.tick(
-                body=body,
-                uid=UID,
-                meta=body.meta,
-                status=body.status,
-                patch=patch,
-                memo=_memo(FakeApi(fail_on="create")),
-                learner_pods={},
-                node_deployments={},
-            )
-        )
+        _tick(_body(), _memo(FakeApi(fail_on="create")), patch=patch)
     assert err.value.delay == SETTINGS.reconcile_interval
     assert "status" not in patch and _errors("tick") == before + 1
 
