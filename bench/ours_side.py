@@ -41,7 +41,8 @@ def synthetic_batch(
         rewards=rng.standard_normal((t_len, b)).astype(np.float32),
         terminateds=rng.random((t_len, b)) < 0.01,
         truncateds=np.zeros((t_len, b), np.bool_),
-        truncation_values=np.zeros((t_len, b), np.float32),
+        final_obs=np.zeros((0, *obs_shape), obs.dtype),
+        final_steps=np.zeros((0, 2), np.int64),
         bootstrap_obs=boot,
         policy_versions=np.zeros(b, np.int64),
     )

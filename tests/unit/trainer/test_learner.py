@@ -50,14 +50,17 @@ def make_batch(
     """A random but well-formed batch with some terminations and truncations."""
     rng = np.random.default_rng(seed)
     truncateds = rng.random((T, B)) < 0.05
+    terminateds = rng.random((T, B)) < 0.05
+    final_steps = np.argwhere(truncateds & ~terminateds).astype(np.int64)
     return TrainBatch(
         obs=rng.standard_normal((T, B, *obs_shape)).astype(np.float32),
         actions=rng.integers(0, A, (T, B)),
         behaviour_logits=rng.standard_normal((T, B, A)).astype(np.float32),
         rewards=rng.standard_normal((T, B)).astype(np.float32),
-        terminateds=rng.random((T, B)) < 0.05,
+        terminateds=terminateds,
         truncateds=truncateds,
-        truncation_values=np.where(truncateds, rng.standard_normal((T, B)), 0).astype(np.float32),
+        final_obs=rng.standard_normal((len(final_steps), *obs_shape)).astype(np.float32),
+        final_steps=final_steps,
         bootstrap_obs=rng.standard_normal((B, *obs_shape)).astype(np.float32),
         policy_versions=np.zeros(B, np.int64),
     )
@@ -199,7 +202,8 @@ def test_fits_a_contextual_bandit() -> None:
             rewards=(actions == contexts).astype(np.float32),
             terminateds=np.ones((T, B), bool),
             truncateds=np.zeros((T, B), bool),
-            truncation_values=np.zeros((T, B), np.float32),
+            final_obs=np.zeros((0, 2), np.float32),
+            final_steps=np.zeros((0, 2), np.int64),
             bootstrap_obs=np.eye(2, dtype=np.float32)[rng.integers(0, 2, B)],
             policy_versions=np.zeros(B, np.int64),
         )

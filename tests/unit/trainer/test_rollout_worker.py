@@ -1,4 +1,4 @@
-"""RolloutWorker: fragment layout, truncation values, episode statistics, weights."""
+"""RolloutWorker: fragment layout, final observations of time limits, episode stats, weights."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_fragment_shapes_and_dtypes() -> None:
     assert f.obs.shape == (20, 6, 4) and f.obs.dtype == np.float32
     assert f.actions.shape == (20, 6) and f.actions.dtype == np.int64
     assert f.behaviour_logits.shape == (20, 6, 2) and f.behaviour_logits.dtype == np.float32
-    for name in ("rewards", "terminateds", "truncateds", "truncation_values"):
+    for name in ("rewards", "terminateds", "truncateds"):
         assert getattr(f, name).shape == (20, 6)
     assert f.bootstrap_obs.shape == (6, 4)
     assert f.env_steps == 120 and f.worker_id == "w0" and f.policy_version == 0
@@ -61,9 +61,9 @@ def test_episode_stats_match_done_flags() -> None:
     assert returns == [float(n) for n in lengths]
 
 
-def test_truncation_values_are_behaviour_values_of_final_obs() -> None:
+def test_fragment_carries_the_final_obs_of_each_time_limited_episode() -> None:
     w = RolloutWorker(make_spec(CARTPOLE, env={"kwargs": {"max_episode_steps": 7}}), "w0", seed=4)
-    captured: list[tuple[np.ndarray, np.ndarray]] = []
+    captured: list[np.ndarray] = []
     step = w.env.step
 
     def recording_step(actions: np.ndarray) -> Any:
@@ -71,19 +71,23 @@ def test_truncation_values_are_behaviour_values_of_final_obs() -> None:
         term, trunc, infos = out[2], out[3], out[4]
         cut = trunc & ~term
         if cut.any():
-            captured.append((cut.copy(), np.stack(list(infos["final_obs"][cut]))))
+            captured.append(np.stack(list(infos["final_obs"][cut])))
         return out
 
     w.env.step = recording_step  # type: ignore[method-assign]
     f = w.sample()
     cut = f.truncateds & ~f.terminateds
     assert cut.any(), "episodes of 7 steps must be truncated inside a 20-step fragment"
-    assert (f.truncation_values[~cut] == 0).all()
-    final_obs = np.concatenate([obs for _, obs in captured])
-    with torch.no_grad():
-        _, values = w.model(torch.from_numpy(final_obs))
-    np.testing.assert_allclose(f.truncation_values[cut], values.numpy(), rtol=1e-5)
-    assert (f.truncation_values[cut] != 0).all()
+    # One row per cut step, in (t, b) order, holding the observation the episode ended in (the
+    # learner values it with its own, current network).
+    np.testing.assert_array_equal(f.final_steps, np.argwhere(cut))
+    np.testing.assert_array_equal(f.final_obs, np.concatenate(captured))
+    assert f.final_steps.dtype == np.int64 and f.final_obs.dtype == f.obs.dtype
+
+
+def test_fragment_without_time_limits_has_no_final_obs() -> None:
+    f = RolloutWorker(make_spec(CARTPOLE), "w0", seed=4).sample()
+    assert f.final_obs.shape == (0, 4) and f.final_steps.shape == (0, 2)
 
 
 def test_set_weights_changes_policy_and_version() -> None:

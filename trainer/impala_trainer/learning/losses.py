@@ -28,7 +28,8 @@ class BatchTensors(NamedTuple):
     rewards: torch.Tensor  # [T, B]
     terminateds: torch.Tensor  # [T, B] bool
     truncateds: torch.Tensor  # [T, B] bool
-    truncation_values: torch.Tensor  # [T, B]
+    final_obs: torch.Tensor  # [K, *obs_shape] where K episodes were cut by a time limit
+    final_steps: torch.Tensor  # [K, 2] int64 (t, b) of each final_obs row
     bootstrap_obs: torch.Tensor  # [B, *obs_shape]
 
     @property
@@ -66,17 +67,25 @@ def impala_loss(
 ) -> LossOutput:
     """Forward the model over the batch and build the V-trace loss."""
     T, B = batch.actions.shape
-    # One forward over the T*B observations and the B bootstrap observations together.
-    obs = torch.cat([batch.obs.reshape(T * B, *batch.obs.shape[2:]), batch.bootstrap_obs])
+    # One forward over the T*B observations, the B bootstrap observations and the K final
+    # observations of time-limited episodes together.
+    obs = torch.cat(
+        [batch.obs.reshape(T * B, *batch.obs.shape[2:]), batch.bootstrap_obs, batch.final_obs]
+    )
     logits_all, values_all = model(obs)
     dtype = values_all.dtype
     logits = logits_all[: T * B].view(T, B, -1)  # [T, B, A]
     values = values_all[: T * B].view(T, B)  # [T, B]
-    bootstrap_value = values_all[T * B :]  # [B]
+    bootstrap_value = values_all[T * B : T * B + B]  # [B]
 
     # Time limits are not terminal: fold gamma * V(final obs) into the reward and cut the trace.
-    truncated = batch.truncateds.to(dtype)
-    rewards = batch.rewards.to(dtype) + coeffs.gamma * truncated * batch.truncation_values.to(dtype)
+    # V is the current value function, as at fragment ends, not the one that sampled the data:
+    # a value the behaviour policy computed would go stale over SGD passes and replays.
+    rewards = batch.rewards.to(dtype)
+    if batch.final_steps.shape[0]:
+        t, b = batch.final_steps.unbind(1)
+        final_values = values_all[T * B + B :].detach()
+        rewards = rewards.index_put((t, b), coeffs.gamma * final_values, accumulate=True)
     done = torch.logical_or(batch.terminateds, batch.truncateds)
     discounts = (~done).to(dtype) * coeffs.gamma
 

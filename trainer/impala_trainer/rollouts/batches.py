@@ -29,10 +29,13 @@ class Fragment:
     """[T, B] bool: the episode ended at step t for good (no bootstrap through it)."""
     truncateds: np.ndarray
     """[T, B] bool: the episode was cut at step t by a time limit."""
-    truncation_values: np.ndarray
-    """[T, B] float32: the behaviour policy's value of the final observation where truncated, else
-    0. The loss adds gamma * this to the reward and cuts the trace, so time limits are not
-    mistaken for terminal states."""
+    final_obs: np.ndarray
+    """[K, *obs_shape] the observation each of the K episodes cut by a time limit (truncated, not
+    terminated) ended in. The learner evaluates them with its current value function on every
+    pass, adds gamma * V(final obs) to that step's reward and cuts the trace there, so time
+    limits are not mistaken for terminal states."""
+    final_steps: np.ndarray
+    """[K, 2] int64 (t, b): the step and column of each row of final_obs."""
     bootstrap_obs: np.ndarray
     """[B, *obs_shape] observation after the last step (the learner bootstraps from its value)."""
     policy_version: int
@@ -109,7 +112,9 @@ class TrainBatch:
     rewards: np.ndarray
     terminateds: np.ndarray
     truncateds: np.ndarray
-    truncation_values: np.ndarray
+    final_obs: np.ndarray
+    final_steps: np.ndarray
+    """[K, 2] (t, b) of each final_obs row, b counted in this batch's columns."""
     bootstrap_obs: np.ndarray
     policy_versions: np.ndarray
     """[B] int64: behaviour policy version of each column."""
@@ -136,8 +141,15 @@ _ARRAY_FIELDS = (
     "rewards",
     "terminateds",
     "truncateds",
-    "truncation_values",
 )
+"""The [T, B, ...] fields, concatenated and sliced along B."""
+
+
+def no_final_steps(
+    obs_shape: tuple[int, ...], dtype: np.dtype[Any]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(final_obs, final_steps) of a fragment in which no episode was cut by a time limit."""
+    return np.empty((0, *obs_shape), dtype), np.empty((0, 2), np.int64)
 
 
 def concat_fragments(fragments: list[Fragment]) -> TrainBatch:
@@ -151,8 +163,16 @@ def concat_fragments(fragments: list[Fragment]) -> TrainBatch:
         name: np.concatenate([getattr(f, name) for f in fragments], axis=1)
         for name in _ARRAY_FIELDS
     }
+    offsets = np.cumsum([0] + [f.actions.shape[1] for f in fragments[:-1]])
     return TrainBatch(
         **arrays,
+        final_obs=np.concatenate([f.final_obs for f in fragments]),
+        final_steps=np.concatenate(
+            [
+                f.final_steps + np.array([0, off], np.int64)
+                for f, off in zip(fragments, offsets, strict=True)
+            ]
+        ),
         bootstrap_obs=np.concatenate([f.bootstrap_obs for f in fragments], axis=0),
         policy_versions=np.concatenate(
             [np.full(f.actions.shape[1], f.policy_version, dtype=np.int64) for f in fragments]
@@ -164,9 +184,14 @@ def concat_fragments(fragments: list[Fragment]) -> TrainBatch:
 
 
 def slice_columns(batch: TrainBatch, start: int, stop: int) -> TrainBatch:
-    """Columns [start, stop) of a batch (a shard for one tower); views, no copies."""
+    """Columns [start, stop) of a batch (a shard for one tower); views, except the few final
+    observations, whose rows are picked out and renumbered to the shard's columns."""
+    cols = batch.final_steps[:, 1]
+    picked = (cols >= start) & (cols < stop)
     return TrainBatch(
         **{name: getattr(batch, name)[:, start:stop] for name in _ARRAY_FIELDS},
+        final_obs=batch.final_obs[picked],
+        final_steps=batch.final_steps[picked] - np.array([0, start], np.int64),
         bootstrap_obs=batch.bootstrap_obs[start:stop],
         policy_versions=batch.policy_versions[start:stop],
         replayed=batch.replayed,

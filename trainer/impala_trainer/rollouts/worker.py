@@ -11,7 +11,7 @@ import torch
 from impala_trainer.job.spec import ImpalaJobSpec
 from impala_trainer.learning.learner import Learner
 from impala_trainer.learning.models import acting_policy, build_model
-from impala_trainer.rollouts.batches import Fragment, Gradients, concat_fragments
+from impala_trainer.rollouts.batches import Fragment, Gradients, concat_fragments, no_final_steps
 from impala_trainer.rollouts.envs import final_observations, make_vector_env
 
 
@@ -75,10 +75,9 @@ class RolloutWorker:
         rewards = np.empty((t_len, b), np.float32)
         terminateds = np.empty((t_len, b), np.bool_)
         truncateds = np.empty((t_len, b), np.bool_)
-        truncation_values = np.zeros((t_len, b), np.float32)
         gumbel = self.rng.gumbel(size=(t_len, b, self.num_actions)).astype(np.float32)
-        trunc_at: list[tuple[int, np.ndarray]] = []
-        trunc_obs: list[np.ndarray] = []
+        final_steps: list[np.ndarray] = []
+        final_obs: list[np.ndarray] = []
         returns: list[float] = []
         lengths: list[int] = []
         obs = self.obs
@@ -100,23 +99,20 @@ class RolloutWorker:
                     # Only truncated-but-not-terminated steps bootstrap from the final state.
                     cut = trunc & ~term
                     if cut.any():
-                        trunc_at.append((t, np.flatnonzero(cut)))
-                        trunc_obs.append(final_observations(infos, cut))
+                        cols = np.flatnonzero(cut)
+                        final_steps.append(np.stack([np.full_like(cols, t), cols], axis=1))
+                        final_obs.append(final_observations(infos, cut))
                 idx = np.flatnonzero(done)
                 returns.extend(self.episode_return[idx].tolist())
                 lengths.extend(self.episode_length[idx].tolist())
                 self.episode_return[idx] = 0.0
                 self.episode_length[idx] = 0
         self.obs = obs
-        if trunc_obs:
-            # One batched forward for every truncation in the fragment.
-            _, values = self.model(torch.from_numpy(np.concatenate(trunc_obs)))
-            flat = values.numpy()
-            i = 0
-            for t, cols in trunc_at:
-                truncation_values[t, cols] = flat[i : i + len(cols)]
-                i += len(cols)
         self.env_steps += t_len * b
+        if final_obs:
+            cut_obs, cut_steps = np.concatenate(final_obs), np.concatenate(final_steps)
+        else:
+            cut_obs, cut_steps = no_final_steps(self.obs_shape, self.obs_dtype)
         return Fragment(
             obs=obs_buf,
             actions=actions,
@@ -124,7 +120,8 @@ class RolloutWorker:
             rewards=rewards,
             terminateds=terminateds,
             truncateds=truncateds,
-            truncation_values=truncation_values,
+            final_obs=cut_obs,
+            final_steps=cut_steps.astype(np.int64, copy=False),
             bootstrap_obs=np.array(obs, copy=True),
             policy_version=self.policy_version,
             episode_returns=returns,
