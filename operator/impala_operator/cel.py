@@ -96,10 +96,10 @@ RULES: dict[tuple[str, ...], list[Rule]] = {
     ("model",): _immutable("model", "network"),
     ("training",): [
         _rule(
-            "self.replayProportion == 0.0 || self.replayBufferNumSlots >= 1",
-            "spec.training.replayProportion > 0 needs spec.training.replayBufferNumSlots >= 1 "
+            "self.replayBatchesPerFresh == 0.0 || self.replayBufferBatches >= 1",
+            "spec.training.replayBatchesPerFresh > 0 needs spec.training.replayBufferBatches >= 1 "
             "(the replay capacity)",
-            ".replayBufferNumSlots",
+            ".replayBufferBatches",
         )
     ],
     ("training", "lrSchedule"): _schedule("lrSchedule"),

@@ -162,7 +162,7 @@ def test_aggregator_actor_with_mixin_replay_learns(tmp_path: Path) -> None:
     run = tmp_path / "run"
     res = _train(
         "-f", EXAMPLE, "--run-dir", str(run), "--num-aggregator-workers", "1",
-        "--set", "training.replayProportion=0.5", "--set", "training.replayBufferNumSlots=8",
+        "--set", "training.replayBatchesPerFresh=0.5", "--set", "training.replayBufferBatches=8",
         "--set", "stop.episodeReturnMean=150", "--set", "stop.timeLimitSeconds=600",
     )
     assert res.returncode == 0, res.stdout + res.stderr

@@ -177,8 +177,8 @@ INVALID: list[Invalid] = [
     Invalid(
         "replay-without-slots",
         "cel",
-        {"training": {"replayProportion": 0.5}},
-        "spec.training.replayBufferNumSlots",
+        {"training": {"replayBatchesPerFresh": 0.5}},
+        "spec.training.replayBufferBatches",
     ),
     Invalid(
         "schedule-decreasing",
@@ -238,8 +238,8 @@ VALID: dict[str, dict[str, Any]] = {
                 "training": {
                     "lrSchedule": [[0, 0.001], [100000, 0.0001]],
                     "entropyCoeffSchedule": [[0, 0.01], [50000, 0.001]],
-                    "replayProportion": 1.0,
-                    "replayBufferNumSlots": 8,
+                    "replayBatchesPerFresh": 1.0,
+                    "replayBufferBatches": 8,
                     "gradClip": None,
                     "optimizer": {"type": "rmsprop", "epsilon": 0.1},
                 },

@@ -54,10 +54,10 @@ def test_no_replay_by_default() -> None:
 
 
 @pytest.mark.parametrize("proportion", [0.5, 1.0, 2.0, 3.5])
-def test_replay_proportion_is_replays_per_fresh_batch(proportion: float) -> None:
+def test_replay_batches_per_fresh_is_replays_per_fresh_batch(proportion: float) -> None:
     buf = MixInReplayBuffer(proportion, num_slots=8, seed=0)
     fresh, replayed = 0, 0
-    for i in range(2000):
+    for i in range(1000):
         out = buf.mix(concat_fragments([_fragment(2, 2, fill=float(i))]))
         assert not out[0].replayed and all(b.replayed for b in out[1:])
         fresh += 1
@@ -83,7 +83,9 @@ def test_replay_keeps_only_the_newest_slots() -> None:
 
 
 def test_replayed_batches_carry_no_episodes_or_workers() -> None:
-    agg = Aggregator(train_batch_size=4, replay_proportion=1.0, replay_buffer_num_slots=4, seed=0)
+    agg = Aggregator(
+        train_batch_size=4, replay_batches_per_fresh=1.0, replay_buffer_batches=4, seed=0
+    )
     fresh, replay = agg.add(_fragment(2, 2, worker="w", fill=1.0))
     assert fresh.episode_returns == [1.0] and fresh.worker_ids == ["w"]
     assert replay.replayed and replay.episode_returns == [] and replay.worker_ids == []
@@ -91,5 +93,5 @@ def test_replayed_batches_carry_no_episodes_or_workers() -> None:
 
 
 def test_replay_needs_slots() -> None:
-    with pytest.raises(ValueError, match="replayBufferNumSlots"):
+    with pytest.raises(ValueError, match="replayBufferBatches"):
         MixInReplayBuffer(0.5, num_slots=0)

@@ -32,7 +32,7 @@ def test_rllib_impala_defaults() -> None:
     assert (t.vf_loss_coeff, t.entropy_coeff, t.grad_clip) == (0.5, 0.01, 40.0)
     assert (t.learner_queue_size, t.learner_queue_timeout) == (16, 300.0)
     assert (t.num_sgd_iter, t.minibatch_buffer_size, t.num_multi_gpu_tower_stacks) == (1, 1, 1)
-    assert (t.broadcast_interval, t.replay_proportion) == (1, 0.0)
+    assert (t.broadcast_interval, t.replay_batches_per_fresh) == (1, 0.0)
 
 
 def test_camel_case_round_trip() -> None:
@@ -62,8 +62,13 @@ def test_examples_are_valid(path: Path) -> None:
          ["spec.training.trainBatchSise", "unknown field", "did you mean 'trainBatchSize'"]),
         ({"rollouts": {"minReplicas": 5, "maxReplicas": 2}},
          ["spec.rollouts", "minReplicas (5) must be <= maxReplicas (2)"]),
-        ({"training": {"replayProportion": 0.5}},
-         ["spec.training", "replayBufferNumSlots >= 1"]),
+        ({"training": {"replayBatchesPerFresh": 0.5}},
+         ["spec.training", "replayBufferBatches >= 1"]),
+        # RLlib's replay names mean something else there: refused with what to set instead.
+        ({"training": {"replayProportion": 2.0}},
+         ["spec.training.replayProportion", "1/(p-1)", "set replayBatchesPerFresh"]),
+        ({"training": {"replayBufferNumSlots": 8}},
+         ["spec.training.replayBufferNumSlots", "set replayBufferBatches"]),
         ({"training": {"lrSchedule": [[100, 0.1], [50, 0.01]]}},
          ["spec.training.lrSchedule", "strictly increase"]),
         ({"env": {"numEnvsPerWorker": 0}}, ["spec.env.numEnvsPerWorker", ">= 1"]),

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from impala_trainer.job.spec import ImpalaJob
+from impala_trainer.job.spec import RENAMED_RLLIB, ImpalaJob
 
 
 class ManifestError(ValueError):
@@ -68,6 +68,9 @@ def format_validation_error(err: ValidationError) -> list[str]:
         loc = tuple(e["loc"])
         path = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc)
         path = path.replace(".[", "[") or "(manifest)"
+        if e["type"] == "extra_forbidden" and str(loc[-1]) in RENAMED_RLLIB:
+            lines.append(f"{path}: {RENAMED_RLLIB[str(loc[-1])]}")
+            continue
         if e["type"] == "extra_forbidden":
             model = _model_at(loc)
             hint = ""

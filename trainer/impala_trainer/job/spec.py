@@ -32,6 +32,22 @@ MAX_NAME_LENGTH = 40
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
+RENAMED_RLLIB: dict[str, str] = {
+    "replayProportion": (
+        "RLlib's replay_proportion is not taken under its name, because RLlib's mixin buffer "
+        "turns p into 1/(p-1) replayed fragments per new one (none for p < 1, only replays for "
+        "p = 1); set replayBatchesPerFresh, the replayed train batches per fresh one (RLlib's "
+        "p > 1 is replayBatchesPerFresh 1/(p-1))"
+    ),
+    "replayBufferNumSlots": (
+        "RLlib's replay_buffer_num_slots counts worker samples; set replayBufferBatches, the "
+        "replay capacity in train batches"
+    ),
+}
+"""RLlib IMPALAConfig names whose meaning differs here, with the field to use instead: a user
+must never get silently different behaviour under an RLlib name."""
+
+
 class SpecModel(BaseModel):
     """Base for every manifest section: camelCase on the wire, unknown fields rejected."""
 
@@ -210,11 +226,13 @@ class TrainingSpec(SpecModel):
     max_requests_in_flight_per_worker: int = Field(default=2, ge=1, le=64)
     """Sample requests outstanding per rollout worker (asynchronous sampling)."""
 
-    replay_proportion: float = Field(default=0.0, ge=0.0, le=100.0)
-    """Mixin replay: replayed batches per fresh batch (0 disables replay)."""
+    replay_batches_per_fresh: float = Field(default=0.0, ge=0.0, le=100.0)
+    """Mixin replay: train batches replayed per fresh train batch, in expectation (the integer
+    part always, the fraction with that probability); 0 disables replay. Not RLlib's
+    replay_proportion, whose p means 1/(p-1) replayed fragments per new one (RENAMED_RLLIB)."""
 
-    replay_buffer_num_slots: int = Field(default=0, ge=0, le=1_000_000)
-    """Mixin replay capacity in train batches."""
+    replay_buffer_batches: int = Field(default=0, ge=0, le=1_000_000)
+    """Mixin replay capacity, in train batches (RLlib's slots hold one worker sample each)."""
 
     @field_validator("lr_schedule")
     @classmethod
@@ -228,9 +246,9 @@ class TrainingSpec(SpecModel):
 
     @model_validator(mode="after")
     def _replay(self) -> TrainingSpec:
-        if self.replay_proportion > 0 and self.replay_buffer_num_slots == 0:
+        if self.replay_batches_per_fresh > 0 and self.replay_buffer_batches == 0:
             raise ValueError(
-                "replayProportion > 0 needs replayBufferNumSlots >= 1 (the replay capacity)"
+                "replayBatchesPerFresh > 0 needs replayBufferBatches >= 1 (the replay capacity)"
             )
         return self
 

@@ -23,12 +23,12 @@ class Aggregator:
     def __init__(
         self,
         train_batch_size: int,
-        replay_proportion: float = 0.0,
-        replay_buffer_num_slots: int = 0,
+        replay_batches_per_fresh: float = 0.0,
+        replay_buffer_batches: int = 0,
         seed: int | None = None,
     ) -> None:
         self.train_batch_size = train_batch_size
-        self.replay = MixInReplayBuffer(replay_proportion, replay_buffer_num_slots, seed)
+        self.replay = MixInReplayBuffer(replay_batches_per_fresh, replay_buffer_batches, seed)
         self._pending: list[Fragment] = []
         self._pending_steps = 0
         self.fragments_in = 0
@@ -38,7 +38,7 @@ class Aggregator:
     def from_spec(cls, spec: ImpalaJobSpec, seed: int | None = None) -> Aggregator:
         """An aggregator with the job's trainBatchSize and replay settings."""
         t = spec.training
-        return cls(t.train_batch_size, t.replay_proportion, t.replay_buffer_num_slots, seed)
+        return cls(t.train_batch_size, t.replay_batches_per_fresh, t.replay_buffer_batches, seed)
 
     @property
     def pending_env_steps(self) -> int:

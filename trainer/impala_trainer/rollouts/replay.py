@@ -12,16 +12,17 @@ from impala_trainer.rollouts.batches import TrainBatch
 class MixInReplayBuffer:
     """A FIFO of the last `num_slots` train batches, replayed `proportion`:1 against fresh ones.
 
-    `replayProportion` p means p replayed batches per fresh batch in expectation: the integer
-    part always, the fraction with that probability (RLlib's `while random() < p: p -= 1` loop).
+    `replayBatchesPerFresh` p means p replayed batches per fresh batch in expectation: the integer
+    part always, the fraction with that probability (the `while random() < p: p -= 1` loop of
+    RLlib's MixInMultiAgentReplayBuffer, fed p itself rather than RLlib's 1/(p-1) of its config).
     Like RLlib, a fresh batch is stored before the draw, so it may be replayed at once.
     """
 
     def __init__(self, proportion: float, num_slots: int, seed: int | None = None) -> None:
         if proportion < 0:
-            raise ValueError(f"replayProportion must be >= 0, got {proportion}")
+            raise ValueError(f"replayBatchesPerFresh must be >= 0, got {proportion}")
         if proportion > 0 and num_slots < 1:
-            raise ValueError("replayProportion > 0 needs replayBufferNumSlots >= 1")
+            raise ValueError("replayBatchesPerFresh > 0 needs replayBufferBatches >= 1")
         self.proportion = proportion
         self.num_slots = num_slots
         self._slots: list[TrainBatch] = []
