@@ -111,6 +111,20 @@ def test_the_learner_queue_is_never_overfilled(tmp_path: Path) -> None:
     assert sampled == 32 * (q.qsize() + len(driver.pending))
 
 
+def test_schedules_run_on_env_steps_trained_not_sampled(tmp_path: Path) -> None:
+    """RLlib's old stack feeds its schedules NUM_AGENT_STEPS_TRAINED: batches waiting in the
+    learner queue do not move the learning rate."""
+    job = _job(lrSchedule=[[0, 1e-3], [64, 0.0]])
+    driver, _, _ = _driver(tmp_path, job)
+    driver._step()
+    assert driver.stats.counters.env_steps_sampled == 64 and driver.learner.global_timestep == 0
+    assert driver.learner.lr_schedule(driver.learner.global_timestep) == 1e-3
+    driver.thread.outqueue.put((32, {}))  # the learner thread trained on one batch
+    driver._drain_learner()
+    assert driver.learner.global_timestep == driver.stats.counters.env_steps_trained == 32
+    assert driver.learner.lr_schedule(driver.learner.global_timestep) == 5e-4
+
+
 def test_broadcast_weights_ride_on_each_actors_next_sample_request(
     tmp_path: Path,
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -13,7 +14,12 @@ from impala_trainer.job.manifest import (
     load_manifest,
     parse_manifest,
 )
-from impala_trainer.job.spec import ImpalaJob, TrainingSpec
+from impala_trainer.job.spec import (
+    DEFAULTS_APART_FROM_RLLIB,
+    ImpalaJob,
+    ImpalaJobSpec,
+    TrainingSpec,
+)
 from tests.support.jobs import job_manifest
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "manifests" / "examples"
@@ -124,3 +130,47 @@ def test_load_manifest_finds_the_impalajob_among_documents(tmp_path: Path) -> No
 def test_replica_bounds_clamp_the_initial_count() -> None:
     job = parse_manifest(job_manifest(rollouts={"minReplicas": 1, "maxReplicas": 3, "replicas": 9}))
     assert job.spec.rollouts.initial_replicas == 3
+
+
+RLLIB_IMPALA_DEFAULTS: dict[str, object] = {
+    # IMPALAConfig.__init__ in ../shared/seeds (and AlgorithmConfig's num_envs_per_env_runner).
+    "env.numEnvsPerWorker": 1,
+    "training.lr": 0.0005,
+    "training.gamma": 0.99,
+    "training.trainBatchSize": 500,
+    "training.rolloutFragmentLength": 50,
+    "training.vtraceClipRhoThreshold": 1.0,
+    "training.vtraceClipPgRhoThreshold": 1.0,
+    "training.vfLossCoeff": 0.5,
+    "training.entropyCoeff": 0.01,
+    "training.gradClip": 40.0,
+    "training.optimizer.type": "adam",
+    "training.optimizer.decay": 0.99,
+    "training.optimizer.momentum": 0.0,
+    "training.separateVfOptimizer": False,
+    "training.lrVf": 0.0005,
+    "training.numSgdIter": 1,
+    "training.minibatchBufferSize": 1,
+    "training.learnerQueueSize": 3,
+    "training.learnerQueueTimeout": 300,
+    "training.numMultiGpuTowerStacks": 1,
+    "training.numGpuLoaderThreads": 8,
+    "training.broadcastInterval": 1,
+    "training.maxRequestsInFlightPerWorker": 1,
+}
+
+
+def test_defaults_are_rllibs_or_say_why_not() -> None:
+    """Every default equals RLlib IMPALA's, or DEFAULTS_APART_FROM_RLLIB gives RLlib's value and
+    the reason (the CRD and `kubectl explain` show the same note on the field)."""
+    spec = ImpalaJobSpec.model_validate({"stop": {"timesteps": 1}}).model_dump(by_alias=True)
+    for path, rllib in RLLIB_IMPALA_DEFAULTS.items():
+        ours: Any = spec
+        for part in path.split("."):
+            ours = ours[part]
+        if path in DEFAULTS_APART_FROM_RLLIB:
+            documented, why = DEFAULTS_APART_FROM_RLLIB[path]
+            assert ours != rllib and documented == rllib and why, path
+        else:
+            assert ours == rllib, (path, ours, rllib)
+    assert set(DEFAULTS_APART_FROM_RLLIB) <= set(RLLIB_IMPALA_DEFAULTS)

@@ -49,7 +49,7 @@ class AsyncGradientsDriver(Driver):
             return
         ref, version = self._current_weights()
         grads = self.backend.compute_gradients(
-            actor.handle, ref, version, self.stats.counters.env_steps_sampled
+            actor.handle, ref, version, self.stats.counters.env_steps_trained
         )
         self.grad_refs[grads] = actor.actor_id
 
@@ -85,7 +85,7 @@ class AsyncGradientsDriver(Driver):
 
     def _apply(self, actor_id: str, gradients: Gradients) -> None:
         start = time.perf_counter()
-        self.learner.global_timestep = self.stats.counters.env_steps_sampled
+        self.learner.global_timestep = self.stats.counters.env_steps_trained
         self.learner.apply_gradients(gradients.grads)
         self._apply_ms = 1000.0 * (time.perf_counter() - start)
         self._last_update = time.monotonic()

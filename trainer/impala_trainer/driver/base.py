@@ -121,7 +121,7 @@ class Driver:
                 time=ckpt.stat().st_mtime,
                 env_steps_sampled=self.stats.counters.env_steps_sampled,
             )
-        self.learner.global_timestep = self.stats.counters.env_steps_sampled
+        self.learner.global_timestep = self.stats.counters.env_steps_trained
         self.stats.counters.policy_version = self.learner.policy_version
         # The first snapshot shows the restored counters before anything new is sampled.
         self._report(force=True, phase="Starting")

@@ -167,7 +167,6 @@ class ImpalaDriver(Driver):
             return
         c = self.stats.counters
         c.env_steps_sampled += meta.env_steps
-        self.learner.global_timestep = c.env_steps_sampled
         self.stats.add_episodes(meta.episode_returns, meta.episode_lengths)
         actor = self.manager.actors.get(actor_id)
         if actor is not None:
@@ -284,5 +283,8 @@ class ImpalaDriver(Driver):
             c.learner_updates += 1
             updates += 1
             self.stats.learner = stats
+        # Schedules run on env steps trained, the clock of RLlib's old stack (its global_vars
+        # "timestep" is NUM_AGENT_STEPS_TRAINED): a backlog in the queue does not decay them.
+        self.learner.global_timestep = c.env_steps_trained
         c.policy_version = self.learner.policy_version
         return updates

@@ -4,7 +4,9 @@ The same model validates a manifest for `impalajob train -f`, is used by the ope
 generates the CRD's openAPIV3Schema. Keep it free of torch/ray imports: the operator image path and
 the CRD generator import it.
 
-Training fields use RLlib's IMPALAConfig names in camelCase, with RLlib's IMPALA defaults.
+Training fields use RLlib's IMPALAConfig names in camelCase, with RLlib's IMPALA defaults except
+the few in DEFAULTS_APART_FROM_RLLIB; names whose meaning differs from RLlib's are not used
+(RENAMED_RLLIB).
 """
 
 from __future__ import annotations
@@ -48,6 +50,28 @@ RENAMED_RLLIB: dict[str, str] = {
 must never get silently different behaviour under an RLlib name."""
 
 
+DEFAULTS_APART_FROM_RLLIB: dict[str, tuple[object, str]] = {
+    "env.numEnvsPerWorker": (
+        1,
+        "16: one batched forward for all of a worker's envs is where rollout speed comes from "
+        "(docs/benchmarks.md, 1a); RLlib's num_envs_per_env_runner is 1",
+    ),
+    "training.learnerQueueSize": (
+        3,
+        "16, the default of RLlib's old stack, whose LearnerThread this mirrors (RLlib now says "
+        "3); the queue never drops a batch here, it holds back the actors, so its size bounds "
+        "memory and policy lag only",
+    ),
+    "training.maxRequestsInFlightPerWorker": (
+        1,
+        "2, the old stack's max_requests_in_flight_per_sampler_worker: a worker samples its next "
+        "fragment while the last one is in transit (RLlib now says 1 per env runner)",
+    ),
+}
+"""Defaults that differ from RLlib's IMPALAConfig (field -> (RLlib's default, why ours)).
+tests/unit/trainer/test_spec.py compares every default with RLlib's."""
+
+
 class SpecModel(BaseModel):
     """Base for every manifest section: camelCase on the wire, unknown fields rejected."""
 
@@ -89,7 +113,8 @@ class EnvSpec(SpecModel):
     """Gymnasium environment id, e.g. CartPole-v1 or ALE/Pong-v5 (Atari ROMs ship in ale-py)."""
 
     num_envs_per_worker: int = Field(default=16, ge=1, le=4096)
-    """Environments each rollout worker steps as one vector env with batched inference."""
+    """Environments each rollout worker steps as one vector env with batched inference (RLlib's
+    default is 1: DEFAULTS_APART_FROM_RLLIB says why not here)."""
 
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments passed to gymnasium.make."""
@@ -164,7 +189,8 @@ class TrainingSpec(SpecModel):
     """Learning rate (used when lrSchedule is omitted)."""
 
     lr_schedule: Schedule | None = None
-    """Piecewise-linear learning rate over env steps: [[timestep, lr], ...]."""
+    """Piecewise-linear learning rate over env steps trained (RLlib's old-stack clock; each
+    batch counts once, whatever numSgdIter): [[timestep, lr], ...]."""
 
     gamma: float = Field(default=0.99, ge=0.0, le=1.0)
     """Discount factor."""
@@ -188,7 +214,7 @@ class TrainingSpec(SpecModel):
     """Weight of the entropy bonus (used when entropyCoeffSchedule is omitted)."""
 
     entropy_coeff_schedule: Schedule | None = None
-    """Piecewise-linear entropy coefficient over env steps: [[timestep, coeff], ...]."""
+    """Piecewise-linear entropy coefficient over env steps trained: [[timestep, coeff], ...]."""
 
     grad_clip: float | None = Field(default=40.0, gt=0.0)
     """Global-norm gradient clip; null disables clipping."""
@@ -209,7 +235,8 @@ class TrainingSpec(SpecModel):
     """Train batches held by the minibatch buffer while they are replayed."""
 
     learner_queue_size: int = Field(default=16, ge=1, le=4096)
-    """Capacity of the learner's inbound queue of train batches."""
+    """Capacity of the learner's inbound queue of train batches (RLlib's old stack: 16; its
+    current default is 3)."""
 
     learner_queue_timeout: float = Field(default=300.0, gt=0.0)
     """Seconds the learner may wait for a batch before the run fails as starved."""
@@ -224,7 +251,8 @@ class TrainingSpec(SpecModel):
     """Learner updates between weight broadcasts to the rollout workers."""
 
     max_requests_in_flight_per_worker: int = Field(default=2, ge=1, le=64)
-    """Sample requests outstanding per rollout worker (asynchronous sampling)."""
+    """Sample requests outstanding per rollout worker (asynchronous sampling; RLlib's old stack:
+    2, its current default is 1)."""
 
     replay_batches_per_fresh: float = Field(default=0.0, ge=0.0, le=100.0)
     """Mixin replay: train batches replayed per fresh train batch, in expectation (the integer

@@ -123,7 +123,8 @@ class Learner:
             self.param_groups = [self.params]
             self.optimizers = [_make_optimizer(self.params, training, training.lr)]
         self.global_timestep = 0
-        """Env steps sampled so far; the driver sets it, the schedules read it."""
+        """Env steps trained so far (RLlib's old-stack schedule clock); the driver sets it, the
+        schedules read it."""
         self.policy_version = 0
         """Optimiser steps taken; stamped on broadcast weights."""
         # Held while parameters change or are read, so the driver never sees a half-applied step.
