@@ -86,8 +86,8 @@ def ours(args: argparse.Namespace, pods: int) -> dict[str, Any]:
                         [
                             round(now - args.trial_started, 3),
                             round(now - t0, 3),
-                            float(c["env_steps_sampled"]),
-                            float(c["env_steps_trained"]),
+                            float(c["num_env_steps_sampled"]),
+                            float(c["num_env_steps_trained"]),
                             s.get("episode_return_mean"),
                         ]
                     )

@@ -165,9 +165,9 @@ def train(
         "rc": rc,
         "reached_s": points[-1][1] if reached else None,
         "summary": summary,
-        "env_steps_trained": counters.get("env_steps_trained"),
+        "num_env_steps_trained": counters.get("num_env_steps_trained"),
         "learner_updates": counters.get("learner_updates"),
-        "timing": status.get("timing", {}),
+        "timing_breakdown": status.get("timing_breakdown", {}),
         "learner_queue": status.get("learner_queue", {}),
         "policy_lag_mean": status.get("policy_lag_mean"),
     }

@@ -116,7 +116,7 @@ def metric_sample(snapshot: StatusSnapshot | None, now: float, stale_after: floa
 def progress(snapshot: StatusSnapshot) -> dict[str, Any]:
     """`status.progress` from a sidecar snapshot."""
     return {
-        "timesteps": snapshot.counters.env_steps_sampled,
+        "timesteps": snapshot.counters.num_env_steps_sampled,
         "episodes": snapshot.counters.episodes,
         "episodeReturnMean": snapshot.episode_return_mean,
         "envStepsPerSecond": round(snapshot.throughput.env_steps_per_s, 3),

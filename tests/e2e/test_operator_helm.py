@@ -151,7 +151,7 @@ class Sidecar:
                 phase="Running",
                 started_at=time.time() - 60,
                 updated_at=time.time(),
-                counters=Counters(env_steps_sampled=self.steps, episodes=self.steps // 50),
+                counters=Counters(num_env_steps_sampled=self.steps, episodes=self.steps // 50),
                 episode_return_mean=round(self.steps / 100, 1),
                 throughput=Throughput(env_steps_per_s=700.0),
                 learner_queue=LearnerQueue(capacity=16, fill=fill, learner_idle_fraction=idle),

@@ -233,7 +233,7 @@ def newest_checkpoint(path: Path) -> tuple[int, float]:
     if not states:
         return 0, 0.0
     state = json.loads(states[-1].read_text())
-    return int(state["counters"]["env_steps_sampled"]), states[-1].stat().st_mtime
+    return int(state["counters"]["num_env_steps_sampled"]), states[-1].stat().st_mtime
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +285,7 @@ def test_progress_rises_and_reads_live(real_kube: Kube, faulty_job: tuple[str, P
     live = impalajob_status(kube, ns, FAULT_JOB)
     log(f"impalajob status {FAULT_JOB} (mid-run): {live['counters']}")
     assert live["phase"] == "Running"
-    assert live["counters"]["env_steps_sampled"] >= seen[-1]
+    assert live["counters"]["num_env_steps_sampled"] >= seen[-1]
 
 
 def members(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -398,7 +398,9 @@ def test_killed_learner_resumes_from_checkpoint(
         live = [
             p for p in running_pods(kube, ns, "learner") if p["metadata"]["name"].endswith("-1")
         ]
-        return impalajob_status(kube, ns, FAULT_JOB)["counters"]["env_steps_sampled"] if live else 0
+        if not live:
+            return 0
+        return impalajob_status(kube, ns, FAULT_JOB)["counters"]["num_env_steps_sampled"]
 
     first = wait_for(resumed, timeout=300, interval=3, what="the learner's attempt 1 to train")
     log(f"attempt 1 reports {first} steps")

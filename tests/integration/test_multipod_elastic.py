@@ -45,7 +45,7 @@ def job(tmp_path: Path) -> Iterator[LocalJob]:
 
 
 def steps(status: dict[str, Any]) -> int:
-    return int(status["counters"]["env_steps_sampled"])
+    return int(status["counters"]["num_env_steps_sampled"])
 
 
 def nodes_of(status: dict[str, Any], role: str = "rollout") -> set[str]:
@@ -68,7 +68,7 @@ def history_after(job: LocalJob, t: float) -> list[dict[str, Any]]:
 def latest_checkpoint_steps(job: LocalJob) -> int:
     ckpts = sorted((job.run_dir / "checkpoints").glob("ckpt-*"))
     state = json.loads((ckpts[-1] / "state.json").read_text())
-    return int(state["counters"]["env_steps_sampled"])
+    return int(state["counters"]["num_env_steps_sampled"])
 
 
 def test_pods_die_join_drain_and_the_learner_restarts(job: LocalJob) -> None:
@@ -129,7 +129,8 @@ def test_pods_die_join_drain_and_the_learner_restarts(job: LocalJob) -> None:
     job.wait_for(
         "a checkpoint",
         lambda s: (
-            s.get("checkpoint") is not None and s["checkpoint"]["env_steps_sampled"] > after_kill
+            s.get("checkpoint") is not None
+            and s["checkpoint"]["num_env_steps_sampled"] > after_kill
         ),
         timeout=120,
     )
@@ -162,10 +163,10 @@ def test_pods_die_join_drain_and_the_learner_restarts(job: LocalJob) -> None:
         lambda s: not healthy(s, "aggregator") and s["membership"]["aggregator_nodes"] == 0,
         timeout=60,
     )
-    trained = status["counters"]["env_steps_trained"]
+    trained = status["counters"]["num_env_steps_trained"]
     job.wait_for(
         "training on without aggregators",
-        lambda s: s["counters"]["env_steps_trained"] > trained + 4000,
+        lambda s: s["counters"]["num_env_steps_trained"] > trained + 4000,
         timeout=180,
     )
 

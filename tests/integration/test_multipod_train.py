@@ -65,6 +65,6 @@ def test_learner_two_rollout_pods_and_an_aggregator_learn_cartpole(job: LocalJob
     # Both pods sampled, and the fragments went through the aggregator (by object reference):
     # with an aggregator alive the driver does not build batches itself.
     assert len({m["node_id"] for m in rollouts if m["env_steps"] > 0}) == 2
-    assert sum(m["env_steps"] for m in rollouts) == final["counters"]["env_steps_sampled"]
+    assert sum(m["env_steps"] for m in rollouts) == final["counters"]["num_env_steps_sampled"]
     assert aggregators and aggregators[0]["env_steps"] > 0
-    assert final["counters"]["env_steps_trained"] > 0
+    assert final["counters"]["num_env_steps_trained"] > 0

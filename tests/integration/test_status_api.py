@@ -76,7 +76,7 @@ def test_status_serves_the_snapshot_and_summary(serve: Serve, run_dir: Path) -> 
     assert StatusSnapshot.model_validate(body) == snap
     assert 0 <= body["age_seconds"] < 60
     assert body["summary"] is None
-    assert body["counters"]["env_steps_sampled"] == 10_000
+    assert body["counters"]["num_env_steps_sampled"] == 10_000
     assert len(body["membership"]["members"]) == 6
 
     summary = Summary(job="cartpole", timesteps=10_000, wall_seconds=14.0, stopped_by="timesteps")
@@ -230,7 +230,7 @@ def test_metrics_parse_with_job_label(serve: Serve, run_dir: Path) -> None:
         raise AssertionError(f"no sample {name} {labels}")
 
     assert families["impala_env_steps_sampled"].type == "counter"
-    assert value("impala_env_steps_sampled_total") == snap.counters.env_steps_sampled
+    assert value("impala_env_steps_sampled_total") == snap.counters.num_env_steps_sampled
     assert value("impala_episodes_total") == snap.counters.episodes
     assert value("impala_episode_return_mean") == snap.episode_return_mean
     assert value("impala_phase", phase="Running") == 1.0
@@ -244,7 +244,7 @@ def test_metrics_parse_with_job_label(serve: Serve, run_dir: Path) -> None:
     newer = snap.model_copy(
         update={
             "phase": "Failed",
-            "counters": snap.counters.model_copy(update={"env_steps_sampled": 123_456}),
+            "counters": snap.counters.model_copy(update={"num_env_steps_sampled": 123_456}),
         }
     )
     write_json_atomic(run_dir / STATUS_FILE, newer)

@@ -93,7 +93,8 @@ def test_table_by_url(cli_inproc: Cli, sidecar: Callable[..., str], tmp_path: Pa
     out = proc.stdout
     assert "ImpalaJob cartpole" in out
     assert "Running (training)" in out
-    assert f"{snap.counters.env_steps_sampled:,} / {snap.counters.env_steps_trained:,}" in out
+    c = snap.counters
+    assert f"{c.num_env_steps_sampled:,} / {c.num_env_steps_trained:,}" in out
     assert f"{snap.episode_return_mean:,.2f}" in out
     assert "4 rollouts on 2 nodes, 2 aggregators on 2 nodes" in out
     assert "checkpoints/000010" in out

@@ -109,7 +109,7 @@ def test_dashboard_plots_hold_the_history(dashboard_url: tuple[str, list], tmp_p
     assert page.points["plot-return"] == [(p.env_steps, p.episode_return_mean) for p in with_return]
     assert page.points["plot-throughput"] == [(p.wall_seconds, p.env_steps_per_s) for p in history]
 
-    assert page.cards["Env steps sampled"] == f"{snap.counters.env_steps_sampled:,}"
+    assert page.cards["Env steps sampled"] == f"{snap.counters.num_env_steps_sampled:,}"
     assert page.cards["Mean return (100 ep)"] == f"{snap.episode_return_mean:.2f}"
     assert page.cards["Rollouts / aggregators"] == "4 / 2"
     assert "cartpole-browser" in proc.stdout

@@ -72,9 +72,9 @@ def test_cli_solves_cartpole_and_writes_the_run_directory(tmp_path: Path) -> Non
     status = _json(run / "status.json")
     assert status["phase"] == "Succeeded" and status["stop"]["stopped_by"] == "episodeReturnMean"
     c = status["counters"]
-    assert c["env_steps_sampled"] == summary["timesteps"] > 0
+    assert c["num_env_steps_sampled"] == summary["timesteps"] > 0
     assert c["learner_updates"] == c["policy_version"] > 0
-    assert c["weight_broadcasts"] > 0 and c["episodes"] >= 100
+    assert c["num_weight_broadcasts"] > 0 and c["episodes"] >= 100
     assert status["membership"]["rollout_nodes"] == 1
     assert {m["actor_id"] for m in status["membership"]["members"]} == {"rollout-0", "rollout-1"}
     history = _history(run)
@@ -83,7 +83,8 @@ def test_cli_solves_cartpole_and_writes_the_run_directory(tmp_path: Path) -> Non
     assert "CartPole-v1" in (run / "config.yaml").read_text()
     ckpts = sorted((run / "checkpoints").glob("ckpt-*"))
     assert ckpts and (ckpts[-1] / "learner.pt").is_file()
-    assert _json(ckpts[-1] / "state.json")["counters"]["env_steps_sampled"] == summary["timesteps"]
+    state = _json(ckpts[-1] / "state.json")
+    assert state["counters"]["num_env_steps_sampled"] == summary["timesteps"]
 
 
 @pytest.mark.slow
@@ -109,7 +110,7 @@ def test_resume_continues_counters_exactly(tmp_path: Path) -> None:
     assert resumed[0]["learner_updates"] == c1["learner_updates"]
     assert resumed[0]["episodes"] == c1["episodes"]
     c2 = _json(run / "status.json")["counters"]
-    assert c2["env_steps_sampled"] >= 40000
+    assert c2["num_env_steps_sampled"] >= 40000
     assert c2["learner_updates"] > c1["learner_updates"]
     assert c2["policy_version"] == c2["learner_updates"], "optimiser steps continue, not restart"
     assert c2["episodes"] > c1["episodes"]
@@ -152,7 +153,7 @@ def test_async_gradients_mode_improves_the_return(tmp_path: Path) -> None:
     assert summary["episode_return_mean"] >= 150
     c = _json(run / "status.json")["counters"]
     # A3C trains each sample exactly once, as gradients from the worker that sampled it.
-    assert c["env_steps_trained"] == c["env_steps_sampled"]
+    assert c["num_env_steps_trained"] == c["num_env_steps_sampled"]
     assert c["learner_updates"] == c["policy_version"] > 0
 
 
@@ -170,7 +171,8 @@ def test_aggregator_actor_with_mixin_replay_learns(tmp_path: Path) -> None:
     c = status["counters"]
     assert status["stop"]["stopped_by"] == "episodeReturnMean"
     assert c["replayed_batches"] > 0
-    assert c["env_steps_trained"] > c["env_steps_sampled"] * 1.2  # replays are trained on too
+    # Replays are trained on too.
+    assert c["num_env_steps_trained"] > c["num_env_steps_sampled"] * 1.2
     aggregators = [m for m in status["membership"]["members"] if m["role"] == "aggregator"]
     assert len(aggregators) == 1 and aggregators[0]["env_steps"] > 0
 
@@ -194,7 +196,7 @@ def test_dashboard_serves_the_run_while_it_trains(tmp_path: Path) -> None:
     while proc.poll() is None and time.monotonic() < deadline and seen is None:
         try:
             reply = httpx.get(f"http://127.0.0.1:{port}/status", timeout=2)
-            if reply.status_code == 200 and reply.json()["counters"]["env_steps_sampled"] > 0:
+            if reply.status_code == 200 and reply.json()["counters"]["num_env_steps_sampled"] > 0:
                 seen = reply.json()
         except httpx.HTTPError:
             pass
@@ -237,7 +239,7 @@ def test_killed_rollout_actor_is_replaced_and_training_continues(
     killed: dict[str, Any] = {}
 
     def on_report(snap: StatusSnapshot) -> None:
-        steps = snap.counters.env_steps_sampled
+        steps = snap.counters.num_env_steps_sampled
         if not killed and steps >= 10000:
             victim = driver.manager.actors["rollout-0"]
             killed.update(steps=steps, updates=snap.counters.learner_updates)
@@ -254,7 +256,7 @@ def test_killed_rollout_actor_is_replaced_and_training_continues(
     c = driver.stats.counters
     assert killed, "the run ended before the kill"
     assert c.worker_restarts >= 1
-    assert c.env_steps_sampled > killed["steps"] + 20000
+    assert c.num_env_steps_sampled > killed["steps"] + 20000
     assert c.learner_updates > killed["updates"]
     status = _json(run_dir.status_file)
     assert status["counters"]["worker_restarts"] >= 1

@@ -31,7 +31,7 @@ def test_pong_example_trains_briefly(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     status = json.loads((run / "status.json").read_text())
     assert status["stop"]["stopped_by"] == "timesteps"
-    assert status["counters"]["env_steps_sampled"] >= 3000
+    assert status["counters"]["num_env_steps_sampled"] >= 3000
     assert status["counters"]["learner_updates"] >= 1
     assert status["learner"]["entropy"] > 0
     assert "ALE/Pong-v5" in (run / "config.yaml").read_text()

@@ -106,12 +106,12 @@ def sample_snapshot(
         wall_seconds=last.wall_seconds if last else 0.0,
         iteration=steps // STEPS_PER_POINT,
         counters=Counters(
-            env_steps_sampled=steps,
-            env_steps_trained=max(0, steps - 500),
+            num_env_steps_sampled=steps,
+            num_env_steps_trained=max(0, steps - 500),
             episodes=last.episodes if last else 0,
             learner_updates=last.learner_updates if last else 0,
-            weight_broadcasts=steps // 1000,
-            learner_queue_full=3,
+            num_weight_broadcasts=steps // 1000,
+            num_times_learner_queue_full=3,
             policy_version=last.learner_updates if last else 0,
         ),
         episode_return_mean=last.episode_return_mean if last else None,
@@ -134,7 +134,7 @@ def sample_snapshot(
             "vf_explained_var": 0.61,
             "mean_rho": 0.97,
         },
-        timing={
+        timing_breakdown={
             "learner_dequeue": 0.4,
             "learner_grad": 11.5,
             "learner_load": 0.9,
@@ -152,7 +152,7 @@ def sample_snapshot(
             members=members,
         ),
         checkpoint=CheckpointInfo(
-            path="checkpoints/000010", time=now - 30, env_steps_sampled=steps // 2
+            path="checkpoints/000010", time=now - 30, num_env_steps_sampled=steps // 2
         )
         if steps
         else None,

@@ -138,7 +138,7 @@ def _snapshot(fill: float, idle: float) -> StatusSnapshot:
         job="cp",
         phase="Running",
         updated_at=time.time(),
-        counters=Counters(env_steps_sampled=12_000, episodes=300, policy_version=24),
+        counters=Counters(num_env_steps_sampled=12_000, episodes=300, policy_version=24),
         episode_return_mean=87.5,
         throughput=Throughput(env_steps_per_s=650.0),
         learner_queue=LearnerQueue(capacity=16, fill=fill, learner_idle_fraction=idle),

@@ -64,7 +64,7 @@ def _snapshot(**kw: Any) -> StatusSnapshot:
         "job": "cp",
         "phase": "Running",
         "updated_at": T0,
-        "counters": Counters(env_steps_sampled=12_000, episodes=300, policy_version=24),
+        "counters": Counters(num_env_steps_sampled=12_000, episodes=300, policy_version=24),
         "episode_return_mean": 87.5,
         "throughput": Throughput(env_steps_per_s=650.25),
         "learner_queue": LearnerQueue(capacity=16, fill=0.0625, learner_idle_fraction=0.8),
@@ -244,7 +244,7 @@ def test_sidecar_client_reads_the_real_sidecar(tmp_path: Path) -> None:
         return good, missing
 
     good, missing = asyncio.run(go())
-    assert good is not None and good.counters.env_steps_sampled == 12_000
+    assert good is not None and good.counters.num_env_steps_sampled == 12_000
     assert good.learner_queue.learner_idle_fraction == 0.8 and missing is None
 
 

@@ -80,7 +80,7 @@ def test_status_is_the_snapshot_with_its_age(client: Client, run_dir: Path) -> N
     body = r.json()
     assert StatusSnapshot.model_validate(body) == snap
     assert body["job"] == "cartpole" and body["phase"] == "Running"
-    assert body["counters"]["env_steps_sampled"] == 20 * 500
+    assert body["counters"]["num_env_steps_sampled"] == 20 * 500
     assert [m["actor_id"] for m in body["membership"]["members"]] == [
         "rollout-0",
         "rollout-1",

@@ -39,7 +39,7 @@ def _trained_learner() -> Learner:
 def test_round_trip_restores_model_optimiser_and_counters(tmp_path: Path) -> None:
     learner = _trained_learner()
     state = DriverState(
-        counters={"env_steps_sampled": 120, "learner_updates": 3, "episodes": 5},
+        counters={"num_env_steps_sampled": 120, "learner_updates": 3, "episodes": 5},
         wall_seconds=12.5,
         episode_returns=[10.0, 20.0],
         episode_lengths=[10, 20],

@@ -85,7 +85,7 @@ def test_a_full_learner_queue_parks_actors_until_it_has_room(
     assert driver.pending and driver.thread.inqueue.full()
     assert driver.parked == {"rollout-0", "rollout-1"}
     assert sum(driver.samples_in_flight.values()) == 0
-    assert driver.stats.counters.learner_queue_full == 1  # counted once per waiting batch
+    assert driver.stats.counters.num_times_learner_queue_full == 1  # counted once per waiting batch
 
     # The learner takes two batches: the next step feeds the waiting one and, with room left,
     # asks both parked actors again before it blocks on anything.
@@ -107,7 +107,7 @@ def test_the_learner_queue_is_never_overfilled(tmp_path: Path) -> None:
     q: queue.Queue[Any] = driver.thread.inqueue
     assert q.qsize() == 2
     # Everything sampled is either queued for the learner or waiting in `pending`.
-    sampled = driver.stats.counters.env_steps_sampled
+    sampled = driver.stats.counters.num_env_steps_sampled
     assert sampled == 32 * (q.qsize() + len(driver.pending))
 
 
@@ -117,11 +117,11 @@ def test_schedules_run_on_env_steps_trained_not_sampled(tmp_path: Path) -> None:
     job = _job(lrSchedule=[[0, 1e-3], [64, 0.0]])
     driver, _, _ = _driver(tmp_path, job)
     driver._step()
-    assert driver.stats.counters.env_steps_sampled == 64 and driver.learner.global_timestep == 0
+    assert driver.stats.counters.num_env_steps_sampled == 64 and driver.learner.global_timestep == 0
     assert driver.learner.lr_schedule(driver.learner.global_timestep) == 1e-3
     driver.thread.outqueue.put((32, {}))  # the learner thread trained on one batch
     driver._drain_learner()
-    assert driver.learner.global_timestep == driver.stats.counters.env_steps_trained == 32
+    assert driver.learner.global_timestep == driver.stats.counters.num_env_steps_trained == 32
     assert driver.learner.lr_schedule(driver.learner.global_timestep) == 5e-4
 
 
@@ -137,7 +137,7 @@ def test_broadcast_weights_ride_on_each_actors_next_sample_request(
     driver.learner.policy_version = 3  # as if the learner thread had taken three steps
     driver.thread.outqueue.put((32, {}))
     driver._drain_learner()  # broadcast: new weights taken, no call to any actor
-    assert driver.stats.counters.weight_broadcasts == 1
+    assert driver.stats.counters.num_weight_broadcasts == 1
     assert all(h.calls == ["node_info", "sample", "sample"] for h in handles)
     driver.thread.inqueue.get_nowait()
     driver.thread.inqueue.get_nowait()
@@ -194,8 +194,8 @@ def test_a_whole_run_in_process_trains_and_writes_its_run_directory(tmp_path: Pa
     result = driver.run()
     assert (result.phase, result.stopped_by) == ("Succeeded", "timesteps"), result.message
     c = driver.stats.counters
-    assert c.env_steps_sampled >= 2_000 and c.learner_updates >= 1
-    assert c.env_steps_trained == 32 * c.learner_updates
+    assert c.num_env_steps_sampled >= 2_000 and c.learner_updates >= 1
+    assert c.num_env_steps_trained == 32 * c.learner_updates
     assert all(a.error is not None for a in backend.actors)  # every actor killed at the end
     summary = json.loads(run_dir.summary_file.read_text())
     assert summary["phase"] == "Succeeded" and summary["timesteps"] >= 2_000

@@ -117,7 +117,7 @@ def test_the_inqueue_holds_learner_queue_size_batches_and_stats_report_its_fill(
     learner: dict[str, int],
 ) -> None:
     # The bound is what makes the driver's put_nowait fail; the driver counting those failures
-    # as learner_queue_full (once per waiting batch) is tested in test_driver_sampling.py.
+    # as num_times_learner_queue_full (once per waiting batch) is tested in test_driver_sampling.py.
     thread = make_learner_thread(learner_spec(learnerQueueSize=3, learner=learner), (4,), 2)
     assert thread.inqueue.maxsize == 3
     for _ in range(3):

@@ -106,7 +106,7 @@ def test_truncation_bootstraps_from_the_current_value_of_the_final_obs() -> None
     c = coeffs(gamma=gamma)
     for seed in (0, 1):  # two different networks: each bootstraps from its own value
         m = model(seed)
-        value = float(m(torch.from_numpy(final).double()[None])[1])
+        value = float(m(torch.from_numpy(final).double()[None])[1].detach())
         truncated = _one_truncation(make_batch(T=5, B=3, seed=3), final)
         terminated = _one_truncation(make_batch(T=5, B=3, seed=3), None)
         terminated.rewards[2, 1] += gamma * value

@@ -132,7 +132,7 @@ def test_actors_follow_the_nodes_and_a_draining_node_hands_over_before_release(
     assert sorted(driver.manager.actors) == ["aggregator-0", "rollout-0", "rollout-1"]
     for _ in range(4):
         driver._step()  # fragments go through the aggregator to the learner queue
-    steps_before = driver.stats.counters.env_steps_sampled
+    steps_before = driver.stats.counters.num_env_steps_sampled
     assert steps_before > 0 and all(driver.in_flight(a) for a in ("rollout-0", "rollout-1"))
 
     backend.draining = True  # the pod got SIGTERM: its raylet is draining
@@ -145,13 +145,13 @@ def test_actors_follow_the_nodes_and_a_draining_node_hands_over_before_release(
     membership.tick(driver)  # hand-overs asked for, answered and the actors released
     assert driver.manager.actors == {}
     produced = driver.manager.produced
-    assert sum(produced.values()) == driver.stats.counters.env_steps_sampled
+    assert sum(produced.values()) == driver.stats.counters.num_env_steps_sampled
     assert membership.lost_env_steps == 0
     # Every sampled step is in a batch for the learner or in the local aggregator (the
     # aggregator's partial batch was handed over, not dropped).
     queued = sum(b.env_steps for b in [*driver.pending, *driver.thread.inqueue.queue])
     held = sum(f.env_steps for f in driver.local_aggregator.take_pending())
-    assert queued + held == driver.stats.counters.env_steps_sampled
+    assert queued + held == driver.stats.counters.num_env_steps_sampled
     members = {m.actor_id: m for m in driver.manager.membership().members}
     assert {m.state for m in members.values()} == {"dead"}
     assert members["rollout-0"].env_steps_produced == members["rollout-0"].env_steps

@@ -8,17 +8,18 @@ import pytest
 
 from impala_trainer.commands.progress import ProgressReporter
 from impala_trainer.job.spec import StopSpec
+from impala_trainer.learning.learner_thread import WindowStat
 from impala_trainer.rundir.checkpoint import DriverState
-from impala_trainer.rundir.snapshot import Membership
+from impala_trainer.rundir.snapshot import Counters, Membership
 from impala_trainer.rundir.stats import EPISODE_WINDOW, RunStats
 
 
 def test_timesteps_criterion() -> None:
     stats = RunStats("j", StopSpec(timesteps=1000))
-    stats.counters.env_steps_sampled = 999
+    stats.counters.num_env_steps_sampled = 999
     assert stats.stop_reason() is None
     assert stats.progress() == pytest.approx(0.999)
-    stats.counters.env_steps_sampled = 1000
+    stats.counters.num_env_steps_sampled = 1000
     assert stats.stop_reason() == "timesteps"
 
 
@@ -38,7 +39,7 @@ def test_return_criterion_needs_a_full_window_of_the_newest_episodes() -> None:
 def test_time_limit_and_first_criterion_wins() -> None:
     stats = RunStats("j", StopSpec(timesteps=10, time_limit_seconds=1e-9))
     assert stats.stop_reason() == "timeLimitSeconds"
-    stats.counters.env_steps_sampled = 10
+    stats.counters.num_env_steps_sampled = 10
     assert stats.stop_reason() == "timesteps"  # both met: manifest order decides
 
 
@@ -52,7 +53,7 @@ def test_negative_return_target_progress() -> None:
 
 def test_resumed_state_continues_exactly() -> None:
     first = RunStats("j", StopSpec(timesteps=100))
-    first.counters.env_steps_sampled = 4096
+    first.counters.num_env_steps_sampled = 4096
     first.counters.learner_updates = 17
     first.add_episodes([1.0, 2.0, 3.0], [1, 2, 3])
     state = first.driver_state()
@@ -65,18 +66,26 @@ def test_resumed_state_continues_exactly() -> None:
 
 def test_snapshot_and_summary_fields() -> None:
     stats = RunStats("job", StopSpec(timesteps=100, episode_return_mean=5))
-    stats.counters.env_steps_sampled = 50
+    stats.counters.num_env_steps_sampled = 50
     stats.add_episodes([2.0, 4.0], [20, 40])
     stats.add_policy_lag(2.0)
     stats.add_policy_lag(4.0)
-    stats.set_learner_queue({"learner_queue_size_mean": 2.0, "learner_idle_fraction": 0.25}, 8)
+    size = WindowStat("size")
+    for n in (1, 2, 3):
+        size.push(n)
+    stats.set_learner_queue(size.stats(), 8, idle_fraction=0.25)
     stats.tick()
     snap = stats.snapshot("Running", Membership(rollout_workers=2))
     assert snap.job == "job" and snap.phase == "Running"
     assert snap.episode_return_mean == 3.0 and snap.episode_len_mean == 30.0
     assert (snap.episode_return_min, snap.episode_return_max) == (2.0, 4.0)
     assert snap.policy_lag_mean == 3.0
-    assert snap.learner_queue.fill == 0.25 and snap.learner_queue.learner_idle_fraction == 0.25
+    q = snap.learner_queue
+    assert q.fill == 0.25 and q.learner_idle_fraction == 0.25
+    # RLlib's learner_queue keys: size_count/mean/std/quantiles (0, 10, 50, 90, 100th).
+    assert (q.size_count, q.size_mean) == (3, 2.0)
+    assert q.size_std == pytest.approx((2 / 3) ** 0.5)
+    assert q.size_quantiles == pytest.approx([1.0, 1.2, 2.0, 2.8, 3.0])
     assert snap.stop.criteria == {"timesteps": 100.0, "episodeReturnMean": 5.0}
     assert snap.stop.progress == pytest.approx(0.5)
     summary = stats.summary("Succeeded", "timesteps", None)
@@ -85,11 +94,34 @@ def test_snapshot_and_summary_fields() -> None:
     assert point.env_steps == 50 and point.episode_return_mean == 3.0
 
 
+def test_learner_stats_are_the_mean_over_a_snapshots_updates() -> None:
+    """RLlib's LearnerInfoBuilder: an iteration reports the mean of its updates' stats; with no
+    update since, the previous means stay."""
+    stats = RunStats("job", StopSpec(timesteps=100))
+    stats.add_learner_stats({"entropy": 1.0, "vf_loss": 4.0})
+    stats.add_learner_stats({"entropy": 3.0, "vf_loss": 8.0})
+    assert stats.snapshot("Running", Membership()).learner == {"entropy": 2.0, "vf_loss": 6.0}
+    assert stats.history_point().entropy == 2.0
+    assert stats.snapshot("Running", Membership()).learner == {"entropy": 2.0, "vf_loss": 6.0}
+    stats.add_learner_stats({"entropy": 0.5, "vf_loss": 1.0})
+    assert stats.snapshot("Running", Membership()).learner == {"entropy": 0.5, "vf_loss": 1.0}
+
+
+def test_counters_of_an_older_run_directory_still_load() -> None:
+    """Checkpoints written before the counters took RLlib's names resume with their counts."""
+    old = {"env_steps_sampled": 7, "env_steps_trained": 5, "weight_broadcasts": 3,
+           "learner_queue_full": 1, "episodes": 2}
+    c = Counters(**old)
+    assert (c.num_env_steps_sampled, c.num_env_steps_trained) == (7, 5)
+    assert (c.num_weight_broadcasts, c.num_times_learner_queue_full, c.episodes) == (3, 1, 2)
+    assert Counters(num_env_steps_sampled=9).num_env_steps_sampled == 9
+
+
 def test_plain_progress_lines_when_not_a_tty() -> None:
     out = io.StringIO()
     reporter = ProgressReporter("cartpole", stream=out, tty=False, log_interval=3600)
     stats = RunStats("cartpole", StopSpec(timesteps=1000))
-    stats.counters.env_steps_sampled = 250
+    stats.counters.num_env_steps_sampled = 250
     reporter.update(stats.snapshot("Running", Membership()))
     reporter.update(stats.snapshot("Running", Membership()))  # rate limited
     reporter.update(stats.snapshot("Succeeded", Membership()))  # the end always prints

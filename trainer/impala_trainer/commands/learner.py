@@ -158,7 +158,7 @@ def _train(job: ImpalaJob, run_dir: RunDir, address: str, resume: bool) -> int:
     if result.phase == "Succeeded":
         print(
             f"{job.name}: {result.stopped_by} reached after "
-            f"{stats.counters.env_steps_sampled:,} env steps in {stats.wall_seconds():.1f} s",
+            f"{stats.counters.num_env_steps_sampled:,} env steps in {stats.wall_seconds():.1f} s",
             flush=True,
         )
         return result.exit_code

@@ -21,7 +21,7 @@ def describe(snap: StatusSnapshot) -> str:
     """One-line summary of a snapshot: steps, mean return, throughput."""
     ret = "n/a" if snap.episode_return_mean is None else f"{snap.episode_return_mean:.1f}"
     return (
-        f"steps {snap.counters.env_steps_sampled:,}  return {ret}  "
+        f"steps {snap.counters.num_env_steps_sampled:,}  return {ret}  "
         f"{snap.throughput.env_steps_per_s:,.0f} steps/s  "
         f"updates {snap.counters.learner_updates:,}  workers {snap.membership.rollout_workers}"
     )

@@ -240,7 +240,7 @@ def summary_rows(s: StatusResponse) -> list[tuple[str, str]]:
         ("Phase", s.phase + (f" ({s.message})" if s.message else "")),
         (
             "Env steps sampled / trained",
-            f"{_num(c.env_steps_sampled)} / {_num(c.env_steps_trained)}",
+            f"{_num(c.num_env_steps_sampled)} / {_num(c.num_env_steps_trained)}",
         ),
         ("Episodes", _num(c.episodes)),
         ("Mean return (last 100)", ret),
@@ -256,7 +256,7 @@ def summary_rows(s: StatusResponse) -> list[tuple[str, str]]:
             "Learner queue",
             f"fill {q.fill:.0%} ({q.size_mean:.1f}/{q.capacity}), "
             f"learner idle {q.learner_idle_fraction:.0%}, "
-            f"full {c.learner_queue_full}x",
+            f"full {c.num_times_learner_queue_full}x",
         ),
         (
             "Members",
@@ -267,7 +267,7 @@ def summary_rows(s: StatusResponse) -> list[tuple[str, str]]:
         ("Stop", stop),
         (
             "Last checkpoint",
-            f"{s.checkpoint.path} at {_num(s.checkpoint.env_steps_sampled)} steps"
+            f"{s.checkpoint.path} at {_num(s.checkpoint.num_env_steps_sampled)} steps"
             if s.checkpoint
             else "none",
         ),
@@ -276,8 +276,9 @@ def summary_rows(s: StatusResponse) -> list[tuple[str, str]]:
     ]
     if s.learner:
         rows.append(("Learner", ", ".join(f"{k} {v:.4g}" for k, v in s.learner.items())))
-    if s.timing:
-        rows.append(("Timing (ms)", ", ".join(f"{k} {v:.3g}" for k, v in s.timing.items())))
+    if s.timing_breakdown:
+        timing = ", ".join(f"{k} {v:.3g}" for k, v in s.timing_breakdown.items())
+        rows.append(("Timing (ms)", timing))
     if s.summary is not None:
         rows.append(
             (

@@ -157,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
         ret = summary.return_mean
         print(
             f"{job.name}: {result.stopped_by} reached after "
-            f"{summary.counters.env_steps_sampled:,} env steps in {summary.wall_seconds():.1f} s"
+            f"{summary.counters.num_env_steps_sampled:,} env steps "
+            f"in {summary.wall_seconds():.1f} s"
             + ("" if ret is None else f" (mean return {ret:.1f})")
             + f"; run directory {run_dir.path}"
         )

@@ -41,7 +41,7 @@ class AsyncGradientsDriver(Driver):
         version = self.learner.policy_version
         if self._weights is None or self._weights[1] != version:
             self._weights = (self.backend.put(self.learner.get_weights()), version)
-            self.stats.counters.weight_broadcasts += 1
+            self.stats.counters.num_weight_broadcasts += 1
         return self._weights
 
     def _dispatch(self, actor: ManagedActor) -> None:
@@ -49,7 +49,7 @@ class AsyncGradientsDriver(Driver):
             return
         ref, version = self._current_weights()
         grads = self.backend.compute_gradients(
-            actor.handle, ref, version, self.stats.counters.env_steps_trained
+            actor.handle, ref, version, self.stats.counters.num_env_steps_trained
         )
         self.grad_refs[grads] = actor.actor_id
 
@@ -85,25 +85,25 @@ class AsyncGradientsDriver(Driver):
 
     def _apply(self, actor_id: str, gradients: Gradients) -> None:
         start = time.perf_counter()
-        self.learner.global_timestep = self.stats.counters.env_steps_trained
+        self.learner.global_timestep = self.stats.counters.num_env_steps_trained
         self.learner.apply_gradients(gradients.grads)
         self._apply_ms = 1000.0 * (time.perf_counter() - start)
         self._last_update = time.monotonic()
         meta, c = gradients.meta, self.stats.counters
-        c.env_steps_sampled += meta.env_steps
-        c.env_steps_trained += meta.env_steps
+        c.num_env_steps_sampled += meta.env_steps
+        c.num_env_steps_trained += meta.env_steps
         c.learner_updates += 1
         c.policy_version = self.learner.policy_version
         self.stats.add_episodes(meta.episode_returns, meta.episode_lengths)
         self.stats.add_policy_lag(float(c.policy_version - 1 - meta.policy_version))
-        self.stats.learner = {k: float(v) for k, v in gradients.stats.items()}
+        self.stats.add_learner_stats({k: float(v) for k, v in gradients.stats.items()})
         actor = self.manager.actors.get(actor_id)
         if actor is not None:
             actor.env_steps += meta.env_steps
             self._dispatch(actor)
 
     def _update_learner_stats(self) -> None:
-        self.stats.timing = {
+        self.stats.timing_breakdown = {
             "driver_apply_time_ms": round(self._apply_ms, 3),
             "driver_wait_time_ms": round(self._wait_ms, 3),
         }

@@ -119,9 +119,9 @@ class Driver:
             self.stats.checkpoint = CheckpointInfo(
                 path=str(ckpt.relative_to(self.run_dir.path)),
                 time=ckpt.stat().st_mtime,
-                env_steps_sampled=self.stats.counters.env_steps_sampled,
+                num_env_steps_sampled=self.stats.counters.num_env_steps_sampled,
             )
-        self.learner.global_timestep = self.stats.counters.env_steps_trained
+        self.learner.global_timestep = self.stats.counters.num_env_steps_trained
         self.stats.counters.policy_version = self.learner.policy_version
         # The first snapshot shows the restored counters before anything new is sampled.
         self._report(force=True, phase="Starting")
@@ -172,7 +172,7 @@ class Driver:
         self.stats.checkpoint = CheckpointInfo(
             path=str(path.relative_to(self.run_dir.path)),
             time=time.time(),
-            env_steps_sampled=self.stats.counters.env_steps_sampled,
+            num_env_steps_sampled=self.stats.counters.num_env_steps_sampled,
         )
 
     def _finish(self, result: DriverResult) -> None:

@@ -10,8 +10,8 @@ on the next sample request of an actor that has not got it yet: one Ray call per
 two.
 
 Backpressure instead of dropping: a batch that finds the learner queue full is counted
-(`learner_queue_full`) and kept; while one waits, returning actors are parked instead of asked
-for more, and the loop blocks on the queue itself, so the learner is never starved by the loop
+(`num_times_learner_queue_full`) and kept; while one waits, returning actors are parked instead of
+asked for more, and the loop blocks on the queue itself, so the learner is never starved by the loop
 and data never piles up without bound.
 """
 
@@ -108,7 +108,7 @@ class ImpalaDriver(Driver):
         self._put_weights()
         self.sampled_since_broadcast = False
         self.updates_since_broadcast = 0
-        self.stats.counters.weight_broadcasts += 1
+        self.stats.counters.num_weight_broadcasts += 1
         self._time("broadcast", start)
 
     def _feed_learner(self) -> None:
@@ -118,7 +118,7 @@ class ImpalaDriver(Driver):
             except queue.Full:
                 if not self._head_counted_full:  # once per batch, however long it waits
                     self._head_counted_full = True
-                    self.stats.counters.learner_queue_full += 1
+                    self.stats.counters.num_times_learner_queue_full += 1
                 return
             self._enqueued(self.pending.popleft())
 
@@ -166,7 +166,7 @@ class ImpalaDriver(Driver):
             self._actor_failed(actor_id, err)
             return
         c = self.stats.counters
-        c.env_steps_sampled += meta.env_steps
+        c.num_env_steps_sampled += meta.env_steps
         self.stats.add_episodes(meta.episode_returns, meta.episode_lengths)
         actor = self.manager.actors.get(actor_id)
         if actor is not None:
@@ -255,11 +255,15 @@ class ImpalaDriver(Driver):
     def _update_learner_stats(self) -> None:
         thread_stats = self.thread.stats()
         capacity = self.spec.training.learner_queue_size
-        self.stats.set_learner_queue(thread_stats, capacity)
+        self.stats.set_learner_queue(
+            self.thread.learner_queue_size.stats(),
+            capacity,
+            thread_stats["learner_idle_fraction"],
+        )
         timing = {k: v for k, v in thread_stats.items() if k.endswith("_time_ms")}
         for name, window in self._timers.items():
             timing[f"driver_{name}_time_ms"] = round(1000.0 * sum(window) / len(window), 3)
-        self.stats.timing = timing
+        self.stats.timing_breakdown = timing
 
     def _close(self) -> None:
         self.thread.stop()
@@ -279,12 +283,12 @@ class ImpalaDriver(Driver):
                 env_steps, stats = self.thread.outqueue.get_nowait()
             except queue.Empty:
                 break
-            c.env_steps_trained += env_steps
+            c.num_env_steps_trained += env_steps
             c.learner_updates += 1
             updates += 1
-            self.stats.learner = stats
+            self.stats.add_learner_stats(stats)
         # Schedules run on env steps trained, the clock of RLlib's old stack (its global_vars
         # "timestep" is NUM_AGENT_STEPS_TRAINED): a backlog in the queue does not decay them.
-        self.learner.global_timestep = c.env_steps_trained
+        self.learner.global_timestep = c.num_env_steps_trained
         c.policy_version = self.learner.policy_version
         return updates

@@ -17,6 +17,8 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from impala_trainer.learning.minibatch_buffer import BufferItem, MinibatchBuffer
 from impala_trainer.rollouts.batches import TrainBatch
 
@@ -65,19 +67,29 @@ class TimerStat:
 
 
 class WindowStat:
-    """Mean/max of the last `window` values (the learner queue size after each update)."""
+    """RLlib's WindowStat: statistics of the last `window` values (the learner queue size after
+    each update), reported as `{name}_count/_mean/_std/_quantiles` like RLlib's."""
 
-    def __init__(self, window: int = STATS_WINDOW) -> None:
+    QUANTILES = (0, 10, 50, 90, 100)
+
+    def __init__(self, name: str, window: int = STATS_WINDOW) -> None:
+        self.name = name
         self.values: deque[float] = deque(maxlen=window)
 
     def push(self, value: float) -> None:
         self.values.append(value)
 
-    def stats(self) -> dict[str, float]:
-        values = list(self.values)
-        if not values:
-            return {"mean": 0.0, "max": 0.0, "count": 0.0}
-        return {"mean": sum(values) / len(values), "max": max(values), "count": len(values)}
+    def stats(self) -> dict[str, Any]:
+        values = np.asarray(self.values, np.float64)
+        n = self.name
+        if not len(values):
+            return {f"{n}_count": 0, f"{n}_mean": 0.0, f"{n}_std": 0.0, f"{n}_quantiles": []}
+        return {
+            f"{n}_count": len(values),
+            f"{n}_mean": float(values.mean()),
+            f"{n}_std": float(values.std()),
+            f"{n}_quantiles": [float(q) for q in np.percentile(values, self.QUANTILES)],
+        }
 
 
 def starved_message(timeout: float) -> str:
@@ -114,7 +126,7 @@ class LearnerThread(threading.Thread):
         self.grad_timer = TimerStat()  # learn_on_batch / learn_on_loaded_batch
         self.load_timer = TimerStat()  # copying a batch onto the device(s)
         self.load_wait_timer = TimerStat()  # a loader waiting for an idle tower stack
-        self.learner_queue_size = WindowStat()
+        self.learner_queue_size = WindowStat("size")
         self._waits: deque[float] = deque(maxlen=STATS_WINDOW)
         self._busy: deque[float] = deque(maxlen=STATS_WINDOW)
         self._waiting_since: float | None = None
@@ -203,8 +215,8 @@ class LearnerThread(threading.Thread):
             "learner_grad_time_ms": self.grad_timer.mean_ms,
             "learner_load_time_ms": self.load_timer.mean_ms,
             "learner_load_wait_time_ms": self.load_wait_timer.mean_ms,
-            "learner_queue_size_mean": queue_stats["mean"],
-            "learner_queue_size_max": queue_stats["max"],
+            "learner_queue_size_mean": queue_stats["size_mean"],
+            "learner_queue_size_max": max(queue_stats["size_quantiles"], default=0.0),
             "learner_queue_size_now": float(self.inqueue.qsize()),
             "learner_queue_capacity": float(self.inqueue.maxsize),
             "learner_idle_fraction": round(self.idle_fraction(), 4),

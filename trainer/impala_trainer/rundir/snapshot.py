@@ -12,9 +12,9 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 STATUS_FILE = "status.json"
 HISTORY_FILE = "history.jsonl"
@@ -29,18 +29,25 @@ class Snap(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+def _was(old: str, new: str) -> Any:
+    """A field that also reads its name before RLlib's was adopted (older checkpoints)."""
+    return Field(default=0, validation_alias=AliasChoices(new, old))
+
+
 class Counters(Snap):
-    env_steps_sampled: int = 0
+    """The run's counters, under RLlib's result names where RLlib has one."""
+
+    num_env_steps_sampled: int = _was("env_steps_sampled", "num_env_steps_sampled")
     """Env steps returned by rollout workers."""
-    env_steps_trained: int = 0
+    num_env_steps_trained: int = _was("env_steps_trained", "num_env_steps_trained")
     """Env steps the learner has trained on (once per batch, not per SGD pass)."""
     episodes: int = 0
     """Completed episodes."""
     learner_updates: int = 0
     """Optimiser steps taken."""
-    weight_broadcasts: int = 0
+    num_weight_broadcasts: int = _was("weight_broadcasts", "num_weight_broadcasts")
     """Times the weights were put in the object store for the workers."""
-    learner_queue_full: int = 0
+    num_times_learner_queue_full: int = _was("learner_queue_full", "num_times_learner_queue_full")
     """Times a train batch found the learner queue full (RLlib's num_times_learner_queue_full)."""
     policy_version: int = 0
     """Version of the learner's weights (incremented per update)."""
@@ -60,10 +67,19 @@ class Throughput(Snap):
 
 
 class LearnerQueue(Snap):
+    """RLlib's learner_queue stats (size_count/mean/std/quantiles of the queue size after each of
+    the last updates), with the capacity, the fill and the learner's idle share."""
+
     capacity: int = 0
     """learnerQueueSize."""
+    size_count: int = 0
+    """Updates the size statistics cover."""
     size_mean: float = 0.0
     """Mean queue size over the recent window."""
+    size_std: float = 0.0
+    """Standard deviation of the queue size over the window."""
+    size_quantiles: list[float] = Field(default_factory=list)
+    """The 0/10/50/90/100th percentiles of the queue size over the window (RLlib's)."""
     fill: float = 0.0
     """size_mean / capacity, in [0, 1]: near 0 the learner starves, near 1 it is saturated."""
     learner_idle_fraction: float = 0.0
@@ -106,7 +122,9 @@ class CheckpointInfo(Snap):
     """Checkpoint directory, relative to the run directory."""
     time: float
     """Unix time it was written."""
-    env_steps_sampled: int
+    num_env_steps_sampled: int = Field(
+        validation_alias=AliasChoices("num_env_steps_sampled", "env_steps_sampled")
+    )
     """Counter value at that checkpoint."""
 
 
@@ -143,9 +161,12 @@ class StatusSnapshot(Snap):
     """Mean length of the last 100 episodes."""
     throughput: Throughput = Field(default_factory=Throughput)
     learner: dict[str, float] = Field(default_factory=dict)
-    """Latest learner stats: policy_loss, vf_loss, entropy, grad_gnorm, cur_lr, ..."""
-    timing: dict[str, float] = Field(default_factory=dict)
-    """Timing breakdown in ms: learner dequeue/grad/load/load_wait, driver sample wait, ..."""
+    """Learner stats (policy_loss, vf_loss, entropy, grad_gnorm, cur_lr, ...), each the mean over
+    the updates since the previous snapshot, as RLlib's LearnerInfoBuilder averages an
+    iteration's; unchanged while no update finished."""
+    timing_breakdown: dict[str, float] = Field(default_factory=dict)
+    """RLlib's timing_breakdown in ms (learner_dequeue/grad/load/load_wait_time_ms, under the
+    same names) plus the driver's own (driver_sample_wait_time_ms, ...)."""
     learner_queue: LearnerQueue = Field(default_factory=LearnerQueue)
     membership: Membership = Field(default_factory=Membership)
     checkpoint: CheckpointInfo | None = None
@@ -160,7 +181,7 @@ class HistoryPoint(Snap):
     """Unix time."""
     wall_seconds: float
     env_steps: int
-    """env_steps_sampled at this point."""
+    """num_env_steps_sampled at this point."""
     episodes: int = 0
     learner_updates: int = 0
     episode_return_mean: float | None = None
@@ -175,7 +196,7 @@ class HistoryPoint(Snap):
 class Summary(Snap):
     job: str
     timesteps: int
-    """env_steps_sampled at the end."""
+    """num_env_steps_sampled at the end."""
     episodes: int = 0
     episode_return_mean: float | None = None
     wall_seconds: float

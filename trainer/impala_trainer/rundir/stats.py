@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from statistics import fmean
 from typing import Any
 
 from impala_trainer.job.spec import StopSpec
@@ -44,7 +45,9 @@ class RunStats:
         self._wall_before = state.wall_seconds
         self._t0 = time.monotonic()
         self.learner: dict[str, float] = {}
-        self.timing: dict[str, float] = {}
+        """Learner stats of the last snapshot: each the mean over that snapshot's updates."""
+        self._learner_pending: list[dict[str, float]] = []
+        self.timing_breakdown: dict[str, float] = {}
         self.queue = LearnerQueue()
         self.checkpoint: CheckpointInfo | None = None
         self._lags: deque[float] = deque(maxlen=50)
@@ -58,6 +61,17 @@ class RunStats:
         self.lengths.extend(lengths)
         self.counters.episodes += len(returns)
 
+    def add_learner_stats(self, stats: dict[str, float]) -> None:
+        """One update's learner stats; the next snapshot reports their mean over its updates
+        (RLlib's LearnerInfoBuilder), not the last update's noise."""
+        self._learner_pending.append(stats)
+
+    def _fold_learner_stats(self) -> None:
+        pending, self._learner_pending = self._learner_pending, []
+        if pending:
+            keys = dict.fromkeys(k for stats in pending for k in stats)
+            self.learner = {k: fmean(s[k] for s in pending if k in s) for k in keys}
+
     def add_policy_lag(self, lag: float) -> None:
         self._lags.append(lag)
 
@@ -69,15 +83,17 @@ class RunStats:
         """Refresh throughput over the last few seconds."""
         now = time.monotonic()
         c = self.counters
-        self._rates.append((now, c.env_steps_sampled, c.env_steps_trained, c.learner_updates))
+        self._rates.append(
+            (now, c.num_env_steps_sampled, c.num_env_steps_trained, c.learner_updates)
+        )
         while len(self._rates) > 2 and now - self._rates[0][0] > RATE_WINDOW_SECONDS:
             self._rates.popleft()
         t0, s0, tr0, u0 = self._rates[0]
         dt = now - t0
         if dt > 0:
             self.throughput = Throughput(
-                env_steps_per_s=(c.env_steps_sampled - s0) / dt,
-                trained_steps_per_s=(c.env_steps_trained - tr0) / dt,
+                env_steps_per_s=(c.num_env_steps_sampled - s0) / dt,
+                trained_steps_per_s=(c.num_env_steps_trained - tr0) / dt,
                 learner_updates_per_s=(c.learner_updates - u0) / dt,
             )
 
@@ -104,7 +120,7 @@ class RunStats:
         episodes cannot end the run.
         """
         s = self.stop
-        if s.timesteps is not None and self.counters.env_steps_sampled >= s.timesteps:
+        if s.timesteps is not None and self.counters.num_env_steps_sampled >= s.timesteps:
             return "timesteps"
         mean = self.return_mean
         if (
@@ -123,7 +139,7 @@ class RunStats:
         fractions = [0.0]
         s = self.stop
         if s.timesteps:
-            fractions.append(self.counters.env_steps_sampled / s.timesteps)
+            fractions.append(self.counters.num_env_steps_sampled / s.timesteps)
         mean = self.return_mean
         if s.episode_return_mean is not None and mean is not None:
             target = s.episode_return_mean
@@ -144,6 +160,7 @@ class RunStats:
     ) -> StatusSnapshot:
         returns = list(self.returns)
         lengths = list(self.lengths)
+        self._fold_learner_stats()
         return StatusSnapshot(
             job=self.job,
             phase=phase,
@@ -159,7 +176,7 @@ class RunStats:
             episode_len_mean=sum(lengths) / len(lengths) if lengths else None,
             throughput=self.throughput,
             learner=dict(self.learner),
-            timing=dict(self.timing),
+            timing_breakdown=dict(self.timing_breakdown),
             learner_queue=self.queue,
             membership=membership,
             checkpoint=self.checkpoint,
@@ -174,7 +191,7 @@ class RunStats:
         return HistoryPoint(
             time=time.time(),
             wall_seconds=self.wall_seconds(),
-            env_steps=c.env_steps_sampled,
+            env_steps=c.num_env_steps_sampled,
             episodes=c.episodes,
             learner_updates=c.learner_updates,
             episode_return_mean=self.return_mean,
@@ -189,7 +206,7 @@ class RunStats:
     def summary(self, phase: RunPhase, stopped_by: str | None, message: str | None) -> Summary:
         return Summary(
             job=self.job,
-            timesteps=self.counters.env_steps_sampled,
+            timesteps=self.counters.num_env_steps_sampled,
             episodes=self.counters.episodes,
             episode_return_mean=self.return_mean,
             wall_seconds=self.wall_seconds(),
@@ -208,11 +225,17 @@ class RunStats:
             started_at=self.started_at,
         )
 
-    def set_learner_queue(self, stats: dict[str, Any], capacity: int) -> None:
-        mean = float(stats.get("learner_queue_size_mean", 0.0))
+    def set_learner_queue(
+        self, size_stats: dict[str, Any], capacity: int, idle_fraction: float
+    ) -> None:
+        """From the learner thread's WindowStat("size").stats() (RLlib's keys)."""
+        mean = float(size_stats.get("size_mean", 0.0))
         self.queue = LearnerQueue(
             capacity=capacity,
+            size_count=int(size_stats.get("size_count", 0)),
             size_mean=mean,
+            size_std=float(size_stats.get("size_std", 0.0)),
+            size_quantiles=list(size_stats.get("size_quantiles", [])),
             fill=min(1.0, mean / capacity) if capacity else 0.0,
-            learner_idle_fraction=float(stats.get("learner_idle_fraction", 0.0)),
+            learner_idle_fraction=idle_fraction,
         )

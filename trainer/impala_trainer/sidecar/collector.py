@@ -22,15 +22,15 @@ PHASES: tuple[str, ...] = get_args(RunPhase)
 
 # (counter name without _total, help, attribute of Counters)
 _COUNTERS = (
-    ("impala_env_steps_sampled", "Env steps returned by rollout workers.", "env_steps_sampled"),
-    ("impala_env_steps_trained", "Env steps the learner trained on.", "env_steps_trained"),
+    ("impala_env_steps_sampled", "Env steps returned by rollout workers.", "num_env_steps_sampled"),
+    ("impala_env_steps_trained", "Env steps the learner trained on.", "num_env_steps_trained"),
     ("impala_episodes", "Completed episodes.", "episodes"),
     ("impala_learner_updates", "Optimiser steps taken.", "learner_updates"),
-    ("impala_weight_broadcasts", "Weight broadcasts to the workers.", "weight_broadcasts"),
+    ("impala_weight_broadcasts", "Weight broadcasts to the workers.", "num_weight_broadcasts"),
     (
         "impala_learner_queue_full",
         "Train batches that found the learner queue full.",
-        "learner_queue_full",
+        "num_times_learner_queue_full",
     ),
     ("impala_replayed_batches", "Train batches served from the replay buffer.", "replayed_batches"),
     (
@@ -165,7 +165,7 @@ def snapshot_metrics(snap: StatusSnapshot, job: str) -> Iterator[Metric]:
             "impala_checkpoint_env_steps",
             "Env steps at the last checkpoint.",
             job,
-            snap.checkpoint.env_steps_sampled,
+            snap.checkpoint.num_env_steps_sampled,
         )
 
     members = GaugeMetricFamily(
@@ -186,6 +186,6 @@ def snapshot_metrics(snap: StatusSnapshot, job: str) -> Iterator[Metric]:
     timing = GaugeMetricFamily(
         "impala_timing_seconds", "Timing breakdown by section.", labels=["job", "section"]
     )
-    for key, value in sorted(snap.timing.items()):
+    for key, value in sorted(snap.timing_breakdown.items()):
         timing.add_metric([job, key], float(value) / 1000.0)
     yield timing

@@ -145,7 +145,7 @@ function renderStatus(s) {
   const stop = s.stop.stopped_by ? `done (${s.stop.stopped_by})`
     : `${Math.round(s.stop.progress * 100)}%`;
   $("cards").replaceChildren(
-    card("Env steps sampled", count(c.env_steps_sampled)),
+    card("Env steps sampled", count(c.num_env_steps_sampled)),
     card("Episodes", count(c.episodes)),
     card("Mean return (100 ep)", fmt(s.episode_return_mean)),
     card("Mean episode length", fmt(s.episode_len_mean, 1)),
@@ -158,10 +158,10 @@ function renderStatus(s) {
     card("Policy lag", fmt(s.policy_lag_mean, 1)),
     card("Training time", fmtDuration(s.wall_seconds)),
     card("Stop progress", stop, s.stop.progress),
-    card("Last checkpoint (steps)", s.checkpoint ? count(s.checkpoint.env_steps_sampled) : "none"),
+    card("Last checkpoint (steps)", s.checkpoint ? count(s.checkpoint.num_env_steps_sampled) : "none"),
   );
   table("learner", Object.entries(s.learner).map(([k, v]) => [k, fmt(v, 4)]));
-  table("timing", Object.entries(s.timing).map(([k, v]) => [k, fmt(v, 2)]));
+  table("timing", Object.entries(s.timing_breakdown).map(([k, v]) => [k, fmt(v, 2)]));
   const counts = {};
   for (const x of m.members) {
     const key = `${x.role} ${x.state}`;
