@@ -13,12 +13,17 @@ env steps sampled in it.
 
     python bench/cpu_budget.py --seconds 60 --runs 1
     python bench/cpu_budget.py --manifest pong --seconds 120
+
+`--attach PID --run-dir DIR` profiles a run already going (a long `impalajob train`, e.g. the Pong
+run to 18) instead of starting one: the train process and every process under it, with the env
+steps read from the run directory's status.json at both ends of the window.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import sys
 import threading
 import time
@@ -154,6 +159,51 @@ def budget(
     }
 
 
+def _sampled(run_dir: Path) -> int:
+    counters = json.loads((run_dir / "status.json").read_text())["counters"]
+    return int(counters.get("num_env_steps_sampled", counters.get("env_steps_sampled", 0)))
+
+
+def attached(pid: int, run_dir: Path, seconds: float) -> dict[str, Any]:
+    """CPU ms per 1,000 env steps of a running train process tree over `seconds`."""
+    root = psutil.Process(pid)
+
+    def snapshot() -> dict[str, float]:
+        # From outside, the train process's threads have no Python names: driver loop, learner
+        # thread and torch's threads are one component here.
+        cpu = root.cpu_times()
+        out = {f"train process (driver + learner)#{pid}": cpu.user + cpu.system}
+        for child in root.children(recursive=True):
+            try:
+                c = child.cpu_times()
+                out[f"{_component(child)}#{child.pid}"] = c.user + c.system
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return out
+
+    t0, s0, steps0 = time.time(), snapshot(), _sampled(run_dir)
+    time.sleep(seconds)
+    t1, s1, steps1 = time.time(), snapshot(), _sampled(run_dir)
+    steps = steps1 - steps0
+    if steps <= 0:
+        return {"error": "no env steps in the window"}
+    per: dict[str, float] = {}
+    for key, v1 in s1.items():
+        comp = key.split("#", 1)[0]
+        per[comp] = per.get(comp, 0.0) + max(0.0, v1 - s0.get(key, 0.0))
+    ms_per_k = {k: round(1e6 * v / steps, 2) for k, v in sorted(per.items()) if v > 0}
+    total = sum(ms_per_k.values())
+    return {
+        "window_s": round(t1 - t0, 1),
+        "env_steps": steps,
+        "steps_per_s": round(steps / (t1 - t0), 1),
+        "cpu_ms_per_1k_steps": ms_per_k,
+        "total_cpu_ms_per_1k_steps": round(total, 2),
+        "cpu_bound_steps_per_s": round(CORES * 1e6 / total, 1) if total else None,
+        "cores_used": round(sum(per.values()) / (t1 - t0), 2),
+    }
+
+
 def trial(args: argparse.Namespace) -> dict[str, Any]:
     import tempfile
 
@@ -208,7 +258,20 @@ def main(argv: list[str]) -> int:
         default=0,
         help="ablation: torch.set_num_threads in our driver process (0: leave the default)",
     )
+    parser.add_argument("--attach", type=int, help="PID of a running `impalajob train` to profile")
+    parser.add_argument("--run-dir", type=Path, help="that run's --run-dir (with --attach)")
     args = parser.parse_args(argv)
+    if args.attach:
+        if args.run_dir is None:
+            parser.error("--attach needs --run-dir")
+        b = attached(args.attach, args.run_dir, args.seconds)
+        rows = [[c, v] for c, v in b.get("cpu_ms_per_1k_steps", {}).items()]
+        rows += [["TOTAL CPU ms / 1k steps", b.get("total_cpu_ms_per_1k_steps")],
+                 ["cores busy", b.get("cores_used")], ["measured steps/s", b.get("steps_per_s")],
+                 [f"CPU bound ({CORES} cores)", b.get("cpu_bound_steps_per_s")]]
+        print(table(["component (CPU ms per 1k env steps)", "attached run"], rows))
+        print(json.dumps(b))
+        return 0 if "error" not in b else 1
     if is_child(args):
         write_trial(args, trial(args))
         exit_child()
