@@ -30,8 +30,6 @@ CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
 RUN_DIR = "/var/lib/impalajob/run"
 CHECKPOINT_DIR = f"{RUN_DIR}/checkpoints"  # snapshot.CHECKPOINT_DIR inside the run directory
 
-LEARNER_GRACE_SECONDS = 120
-"""SIGTERM to SIGKILL for the learner: time to write a final checkpoint."""
 NODE_GRACE_SECONDS = 60
 """SIGTERM to SIGKILL for rollout/aggregator pods: time to finish and hand over the in-flight
 fragment. The node process drains on SIGTERM itself, so no preStop hook is needed: one would
@@ -163,7 +161,7 @@ def build_learner_pod(job: ImpalaJob, uid: str, *, restart_count: int = 0) -> Ma
         "spec": {
             **pod_template.pod_defaults(),
             "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": LEARNER_GRACE_SECONDS,
+            "terminationGracePeriodSeconds": spec.learner.termination_grace_period_seconds,
             "initContainers": [sidecar],
             "containers": [trainer],
             "volumes": volumes,
@@ -243,6 +241,24 @@ def build_node_deployment(job: ImpalaJob, uid: str, role: NodeRole, replicas: in
                     ),
                 },
             },
+        },
+    }
+
+
+def build_learner_disruption_budget(job: ImpalaJob, uid: str) -> Manifest:
+    """PodDisruptionBudget `<job>-learner`: no voluntary eviction of the learner pod (drains wait
+    for the job). Only the pod API's eviction honours it; disruptions it cannot stop restart
+    the learner from its checkpoint without using a retry (run_policy)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(job, uid, names.child_name(job.name, "learner"), "learner"),
+        "spec": {
+            "maxUnavailable": 0,
+            "selector": {"matchLabels": names.selector_labels(job.name, "learner")},
+            # A learner that is not Ready (stuck pulling, crash-looping sidecar) protects no
+            # progress: let a drain take it rather than block the node.
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }
 

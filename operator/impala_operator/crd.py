@@ -221,6 +221,11 @@ def status_schema() -> dict[str, Any]:
         {
             "ready": {"type": "boolean", "description": "The learner pod is Ready."},
             "restarts": _int("Learner restarts so far (each resumes from the latest checkpoint)."),
+            "failures": _int("Restarts after the learner failed: what backoffLimit counts."),
+            "disruptions": _int(
+                "Restarts after the cluster ended the learner (eviction, preemption, node "
+                "shutdown or loss): retried without using backoffLimit."
+            ),
             "podName": _str("Name of the current learner pod."),
             "lastExitCode": _int("Exit code of the last learner container that ended."),
         },

@@ -187,8 +187,11 @@ async def apply_children(
         await api.post_event(body, Event("Warning", "InvalidSpec", message), time.time())
         raise kopf.PermanentError(f"invalid spec: {message}") from exc
     manifests = plan.plan_children(job, uid, _deployment_views(node_deployments, uid))
+    namespace = job.metadata.namespace or ""
     try:
         await asyncio.gather(*(api.apply(m) for m in manifests))
+        for api_version, kind, name in plan.removed_children(job):
+            await api.delete(api_version, kind, namespace, name)
     except kube.ApiError as exc:
         metrics.ERRORS.labels("children").inc()
         raise kopf.TemporaryError(f"applying children: {exc}", delay=5) from exc

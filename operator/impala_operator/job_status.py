@@ -53,6 +53,29 @@ def _learner_container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return {}
 
 
+DISRUPTED_POD_REASONS = frozenset(
+    {"Evicted", "Preempting", "Shutdown", "NodeShutdown", "Terminated"}
+)
+"""Pod `status.reason`s the kubelet or node controllers set when they end a pod (node-pressure
+eviction, graceful node shutdown, a lost node): the cluster's doing, not the learner's."""
+SIGTERM_EXIT_CODES = frozenset({130, 143})
+"""The learner's exits on SIGTERM (130: it stopped cleanly after its final checkpoint; 143: the
+signal's default). Only the kubelet sends it, when something ends the pod from outside."""
+
+
+def disruption(pod_status: Mapping[str, Any], exit_code: int | None) -> str:
+    """Why a pod ended from outside ("" if nothing says so): the DisruptionTarget condition
+    (eviction, preemption, taint manager, kubelet, pod GC), a node reason, or a SIGTERM exit."""
+    for cond in pod_status.get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            return f"DisruptionTarget: {cond.get('reason') or 'unknown reason'}"
+    if pod_status.get("reason") in DISRUPTED_POD_REASONS:
+        return str(pod_status["reason"])
+    if exit_code in SIGTERM_EXIT_CODES:
+        return f"exit code {exit_code} after SIGTERM"
+    return ""
+
+
 def learner_pod_view(pod: Mapping[str, Any]) -> LearnerPod:
     """A learner pod's name, attempt, phase, readiness and learner-container outcome."""
     meta = pod.get("metadata", {})
@@ -74,6 +97,7 @@ def learner_pod_view(pod: Mapping[str, Any]) -> LearnerPod:
         deleting=bool(meta.get("deletionTimestamp")),
         finished_at=parse_time(terminated.get("finishedAt")),
         spec_hash=(meta.get("annotations") or {}).get(SPEC_HASH_ANNOTATION),
+        disruption=disruption(pod_status, terminated.get("exitCode")),
     )
 
 
@@ -133,11 +157,17 @@ def job_state(status: Mapping[str, Any]) -> JobState:
     reason = ""
     if phase in ("Succeeded", "Failed"):
         reason = next((c.get("reason", "") for c in conditions if c.get("type") == phase), "")
+    learner = status.get("learner") or {}
+    restarts = int(learner.get("restarts") or 0)
+    disruptions = int(learner.get("disruptions") or 0)
     return JobState(
         phase=phase,
         reason=reason,
         message=status.get("message") or "",
-        restarts=int((status.get("learner") or {}).get("restarts") or 0),
+        restarts=restarts,
+        # A status from before failures were counted apart: every restart was a failure.
+        failures=int(learner.get("failures", restarts - disruptions) or 0),
+        disruptions=disruptions,
         start_time=parse_time(status.get("startTime")),
         completion_time=parse_time(status.get("completionTime")),
         conditions=conditions,
@@ -193,6 +223,8 @@ def compute_status(
     learner: dict[str, Any] = {
         "ready": bool(current and current.ready and not current.deleting),
         "restarts": state.restarts,
+        "failures": state.failures,
+        "disruptions": state.disruptions,
         "podName": current.name if current else names.learner_pod_name(name, state.restarts),
     }
     if last_exit is not None:

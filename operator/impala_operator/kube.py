@@ -35,6 +35,7 @@ PLURALS = {
     "Pod": "pods",
     "Deployment": "deployments",
     "NetworkPolicy": "networkpolicies",
+    "PodDisruptionBudget": "poddisruptionbudgets",
     "Event": "events",
     KIND: PLURAL,
 }

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from impala_operator import autoscaler, children, job_status, run_policy
+from impala_operator import autoscaler, children, job_status, names, run_policy
 from impala_operator.children import Manifest
 from impala_operator.run_policy import Event, LearnerPod
 from impala_operator.settings import Settings
@@ -76,6 +76,8 @@ def plan_children(
         children.build_status_service(job, uid),
         children.build_network_policy(job, uid),
     ]
+    if job.spec.run_policy.learner_disruption_budget:
+        manifests.append(children.build_learner_disruption_budget(job, uid))
     for role in ROLES:
         view = deployments.get(role)
         if view is not None and view.requested is not None:
@@ -85,6 +87,13 @@ def plan_children(
             start = 0 if suspended else group.initial_replicas
             manifests.append(deployment(job, uid, role, start, requested(job, role)))
     return manifests
+
+
+def removed_children(job: ImpalaJob) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of children the spec no longer wants (a budget switched off)."""
+    if job.spec.run_policy.learner_disruption_budget:
+        return []
+    return [("policy/v1", "PodDisruptionBudget", names.child_name(job.name, "learner"))]
 
 
 def _rollouts(

@@ -6,8 +6,10 @@ named by attempt (`<job>-learner-<n>`, n = `status.learner.restarts`), so "resta
 attempt n+1": the attempt number in status is the whole restart record, which makes a restart
 idempotent across operator crashes (a failure of attempt n always leads to attempt n+1, however
 often it is observed). Semantics follow the Kubernetes Job and Kubeflow's runPolicy: backoffLimit
-counts retries, activeDeadlineSeconds runs from startTime (reset by suspend/resume, as for Jobs),
-cleanPodPolicy applies on both success and failure, ttlSecondsAfterFinished deletes the job.
+counts retries of real failures only (a disrupted attempt, as the Job's podFailurePolicy `Ignore`
+on DisruptionTarget, restarts at once and uses none), activeDeadlineSeconds runs from startTime
+(reset by suspend/resume, as for Jobs), cleanPodPolicy applies on both success and failure,
+ttlSecondsAfterFinished deletes the job.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ class LearnerPod:
     """When the learner container terminated (unix seconds)."""
     spec_hash: str | None = None
     """Hash of the pod spec the operator created it with (None: not recorded)."""
+    disruption: str = ""
+    """Why the pod was disrupted rather than failed ("" if it was not): its DisruptionTarget
+    condition's reason, a kubelet/node reason (Evicted, Shutdown, ...), or a SIGTERM exit."""
 
     @property
     def finished(self) -> bool:
@@ -70,6 +75,11 @@ class LearnerPod:
         return (self.exit_code is not None and self.exit_code != 0) or (
             self.phase == "Failed" and self.exit_code is None
         )
+
+    @property
+    def disrupted(self) -> bool:
+        """Ended by the cluster, not by a fault of its own: the attempt is retried for free."""
+        return self.failed and bool(self.disruption)
 
 
 @dataclass(frozen=True)
@@ -89,7 +99,11 @@ class JobState:
     reason: str = ""
     message: str = ""
     restarts: int = 0
-    """Learner attempt in force (= restarts so far)."""
+    """Learner attempt in force (= restarts so far, failures plus disruptions)."""
+    failures: int = 0
+    """Attempts that failed on their own: what backoffLimit counts."""
+    disruptions: int = 0
+    """Attempts the cluster ended (evicted, preempted, node lost): retried without a count."""
     start_time: float | None = None
     completion_time: float | None = None
     last_failure_time: float | None = None
@@ -252,15 +266,33 @@ def step(
         msg = current.message or "learner finished: a stop criterion was met"
         state = _transition(state, "Succeeded", "Completed", msg, now, events)
         return _finish(replace(state, completion_time=now), pods, policy, now, events)
-    if current is not None and current.failed:
+    if current is not None and current.disrupted:
+        msg = (
+            f"learner attempt {current.attempt} was disrupted ({current.disruption}); attempt "
+            f"{state.restarts + 1} resumes from the latest checkpoint (no retry used)"
+        )
+        events.append(Event("Normal", "LearnerDisrupted", msg))
+        conds = set_condition(state.conditions, "Restarting", True, "LearnerDisrupted", msg, now)
+        state = replace(
+            state,
+            phase="Pending",
+            reason="LearnerDisrupted",
+            message=msg,
+            restarts=state.restarts + 1,
+            disruptions=state.disruptions + 1,
+            last_failure_time=None,
+            conditions=conds,
+        )
+        current = None
+    elif current is not None and current.failed:
         why = f"learner attempt {current.attempt} exited with code {current.exit_code}"
         why += f" ({current.reason})" if current.reason else ""
-        if state.restarts >= policy.backoff_limit:
+        if state.failures >= policy.backoff_limit:
             msg = f"{why}; backoffLimit {policy.backoff_limit} reached"
             state = _transition(state, "Failed", "BackoffLimitExceeded", msg, now, events)
             return _finish(replace(state, completion_time=now), pods, policy, now, events)
-        restarts = state.restarts + 1
-        msg = f"{why}; restart {restarts} of {policy.backoff_limit} from the latest checkpoint"
+        failures = state.failures + 1
+        msg = f"{why}; retry {failures} of {policy.backoff_limit} from the latest checkpoint"
         events.append(Event("Warning", "LearnerFailed", msg))
         conds = set_condition(state.conditions, "Restarting", True, "LearnerFailed", msg, now)
         state = replace(
@@ -268,7 +300,8 @@ def step(
             phase="Pending",
             reason="LearnerFailed",
             message=msg,
-            restarts=restarts,
+            restarts=state.restarts + 1,
+            failures=failures,
             last_failure_time=now,
             conditions=conds,
         )
@@ -282,11 +315,17 @@ def step(
 
     waits = [] if deadline is None else [started + deadline - now]
     run_learner = True
+    # Back off after a failure only: a disrupted attempt is replaced at once.
     failed_at = state.last_failure_time or next(
-        (p.finished_at for p in pods if p.attempt == state.restarts - 1 and p.finished_at), None
+        (
+            p.finished_at
+            for p in pods
+            if p.attempt == state.restarts - 1 and p.finished_at and not p.disrupted
+        ),
+        None,
     )
-    if current is None and state.restarts > 0 and failed_at is not None:
-        due = failed_at + restart_delay(state.restarts, restart_backoff)
+    if current is None and state.failures > 0 and failed_at is not None:
+        due = failed_at + restart_delay(state.failures, restart_backoff)
         if now < due:
             run_learner = False
             waits.append(due - now)

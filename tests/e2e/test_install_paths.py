@@ -31,6 +31,7 @@ NEEDED = [
             "configmaps",
             "deployments.apps",
             "networkpolicies.networking.k8s.io",
+            "poddisruptionbudgets.policy",
         )
         for v in ("create", "get", "list", "watch", "patch", "update", "delete")
     ],

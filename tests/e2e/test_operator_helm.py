@@ -287,6 +287,17 @@ class OperatorSuite:
         assert learner_svc["spec"]["clusterIP"] == "None"
         kube.get("service", "cartpole-status", "-n", ns)
         kube.get("networkpolicy", "cartpole-network", "-n", ns)
+        # The learner's budget: the API server computes it against the running learner pod.
+        pdb = kube.get("poddisruptionbudget", "cartpole-learner", "-n", ns)
+        assert pdb["spec"]["maxUnavailable"] == 0
+        assert pdb["metadata"]["ownerReferences"][0]["uid"] == uid
+        wait_for(
+            lambda: kube.get("pdb", "cartpole-learner", "-n", ns).get("status", {}).get(
+                "expectedPods"
+            ) == 1,
+            timeout=60,
+            what="the learner PodDisruptionBudget to cover the learner pod",
+        )
         assert self.replicas(kube, ns, "cartpole-rollout") == n
         assert self.replicas(kube, ns, "cartpole-aggregator") == 0
         rollout_pods = kube.pods(
@@ -536,6 +547,54 @@ class OperatorSuite:
         reasons = self.events(kube, ns, "flaky")
         assert reasons.count("LearnerFailed") == 2 and "BackoffLimitExceeded" in reasons
 
+    def test_a_disrupted_learner_uses_no_retry_and_its_budget_refuses_eviction(
+        self, kube: Kube, ns: str, operator: Operator
+    ) -> None:
+        """backoffLimit 0: two SIGTERM ends (a spot reclaim, a drain) restart the learner and the
+        job runs on; the learner's PodDisruptionBudget makes the API server refuse an eviction;
+        the first real crash fails the job."""
+        self.create(kube, ns, job_manifest("spot", SMALL_JOB, runPolicy={"backoffLimit": 0}))
+        for attempt, code in enumerate((143, 130)):
+            self.wait_status(
+                kube,
+                ns,
+                "spot",
+                lambda s, a=attempt: s.get("phase") == "Running" and s["learner"]["restarts"] == a,
+                f"attempt {attempt} running",
+            )
+            if attempt == 0:
+                wait_for(
+                    lambda: kube.get("pdb", "spot-learner", "-n", ns)
+                    .get("status", {})
+                    .get("currentHealthy")
+                    == 1,
+                    timeout=60,
+                    what="the learner budget to see the ready learner",
+                )
+                eviction = {
+                    "apiVersion": "policy/v1",
+                    "kind": "Eviction",
+                    "metadata": {"name": "spot-learner-0", "namespace": ns},
+                }
+                res = kube.kubectl(
+                    "create", "--raw", f"/api/v1/namespaces/{ns}/pods/spot-learner-0/eviction",
+                    "-f", "-", stdin=json.dumps(eviction), check=False,
+                )
+                assert res.returncode != 0 and "disruption budget" in res.stderr, res.stderr
+            kube.end_pod(ns, f"spot-learner-{attempt}", exit_code=code, reason="Error")
+        st = self.wait_status(
+            kube,
+            ns,
+            "spot",
+            lambda s: s.get("phase") == "Running" and s["learner"]["restarts"] == 2,
+            "attempt 2 running after two disruptions",
+        )
+        assert (st["learner"]["failures"], st["learner"]["disruptions"]) == (0, 2)
+        assert self.events(kube, ns, "spot").count("LearnerDisrupted") == 2
+        kube.end_pod(ns, "spot-learner-2", exit_code=1, reason="Error")
+        st = self.wait_status(kube, ns, "spot", lambda s: s.get("phase") == "Failed", "Failed")
+        assert self.condition(st, "Failed")["reason"] == "BackoffLimitExceeded"
+
     def test_stop_succeeds_and_cleans_up(self, kube: Kube, ns: str, operator: Operator) -> None:
         self.create(kube, ns, job_manifest("done", SMALL_JOB, runPolicy={"cleanPodPolicy": "All"}))
         self.create(kube, ns, job_manifest("keep", SMALL_JOB, runPolicy={"cleanPodPolicy": "None"}))
@@ -625,7 +684,11 @@ class OperatorSuite:
         for name in names:
             sel = f"app.kubernetes.io/instance={name}"
             kinds = kube.get(
-                "configmaps,services,deployments,networkpolicies,pods", "-n", ns, "-l", sel
+                "configmaps,services,deployments,networkpolicies,poddisruptionbudgets,pods",
+                "-n",
+                ns,
+                "-l",
+                sel,
             )["items"]
             counts: dict[str, int] = {}
             for obj in kinds:
@@ -636,6 +699,7 @@ class OperatorSuite:
                 "Service": 2,
                 "Deployment": 2,
                 "NetworkPolicy": 1,
+                "PodDisruptionBudget": 1,
                 "Pod": 2,
             }, (name, counts)
             assert self.learner_pods(kube, ns, name) == [f"{name}-learner-0"]

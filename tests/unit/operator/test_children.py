@@ -71,7 +71,9 @@ def test_all_children_exist_with_owner_labels_and_short_names() -> None:
     job = _job("j" + "x" * 39, labels={"team": "rl", names.COMPONENT: "hijack"})  # 40 characters
     manifests = _all_children(job, attempt=999)
     kinds = {c["kind"] for c in manifests}
-    assert kinds == {"ConfigMap", "Pod", "Service", "Deployment", "NetworkPolicy"}
+    assert kinds == {
+        "ConfigMap", "Pod", "Service", "Deployment", "NetworkPolicy", "PodDisruptionBudget"
+    }
     for child in manifests:
         meta = child["metadata"]
         assert len(meta["name"]) <= 63, meta["name"]

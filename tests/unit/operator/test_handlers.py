@@ -163,6 +163,7 @@ def test_apply_children_applies_the_spec_children_of_a_new_job() -> None:
         ("apply", "Deployment/cp-aggregator"),
         ("apply", "Deployment/cp-rollout"),
         ("apply", "NetworkPolicy/cp-network"),
+        ("apply", "PodDisruptionBudget/cp-learner"),
         ("apply", "Service/cp-learner"),
         ("apply", "Service/cp-status"),
     ]  # no learner pod: the timer creates it

@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from impala_operator.crd import status_schema
 from impala_operator.job_status import (
     REQUESTED_ANNOTATION,
     compute_status,
     deployment_view,
+    disruption,
     invalid_spec_status,
     job_state,
     learner_pod_view,
@@ -148,6 +150,8 @@ def test_compute_status_fields() -> None:
     assert st["learner"] == {
         "ready": True,
         "restarts": 1,
+        "failures": 0,
+        "disruptions": 0,
         "podName": "cp-learner-1",
         "lastExitCode": 1,
     }
@@ -257,3 +261,32 @@ def test_sidecar_client_unreachable_is_none() -> None:
             await client.aclose()
 
     assert asyncio.run(go()) is None
+
+
+@pytest.mark.parametrize(
+    ("pod_status", "exit_code", "expected"),
+    [
+        ({"conditions": [{"type": "DisruptionTarget", "status": "True",
+                          "reason": "EvictionByEvictionAPI"}]}, 143,
+         "DisruptionTarget: EvictionByEvictionAPI"),
+        ({"conditions": [{"type": "DisruptionTarget", "status": "True",
+                          "reason": "TerminationByKubelet"}], "reason": "Evicted"}, None,
+         "DisruptionTarget: TerminationByKubelet"),
+        ({"reason": "Shutdown", "phase": "Failed"}, None, "Shutdown"),
+        ({}, 143, "exit code 143 after SIGTERM"),
+        ({}, 130, "exit code 130 after SIGTERM"),
+        ({}, 1, ""),  # a crash is a failure
+        ({}, 137, ""),  # OOM: the container's own doing
+        ({"conditions": [{"type": "DisruptionTarget", "status": "False"}]}, 2, ""),
+    ],
+)
+def test_disruption_is_read_from_the_pod(
+    pod_status: dict[str, Any], exit_code: int | None, expected: str
+) -> None:
+    assert disruption(pod_status, exit_code) == expected
+
+
+def test_a_status_from_before_disruptions_counts_every_restart_as_a_failure() -> None:
+    assert job_state({"phase": "Running", "learner": {"restarts": 2}}).failures == 2
+    state = job_state({"learner": {"restarts": 3, "failures": 1, "disruptions": 2}})
+    assert (state.restarts, state.failures, state.disruptions) == (3, 1, 2)

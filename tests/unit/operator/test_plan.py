@@ -6,7 +6,7 @@ from typing import Any
 
 from impala_operator import job_status
 from impala_operator.autoscaler import MetricSample
-from impala_operator.plan import TickPlan, plan_children, plan_tick
+from impala_operator.plan import TickPlan, learner_pod, plan_children, plan_tick, removed_children
 from impala_operator.run_policy import LearnerPod
 from impala_operator.settings import Settings
 from impala_trainer.job.spec import ImpalaJob
@@ -186,6 +186,7 @@ def test_plan_children_keeps_live_replicas() -> None:
         "Service/cp-learner",
         "Service/cp-status",
         "NetworkPolicy/cp-network",
+        "PodDisruptionBudget/cp-learner",
         "Deployment/cp-rollout",
         "Deployment/cp-aggregator",
     }
@@ -211,3 +212,19 @@ def test_changed_learner_spec_recreates_the_pod_without_counting_a_failure() -> 
     assert plan.status["learner"]["restarts"] == 0
     unknown = LearnerPod("cp-learner-0", 0, phase="Running", ready=True, spec_hash=None)
     assert _plan(bigger, status=first.status, pods=[unknown], deployments=deps).delete_pods == []
+
+
+def test_learner_budget_and_grace_follow_the_spec() -> None:
+    job = _job()
+    (pdb,) = [m for m in plan_children(job, UID, {}) if m["kind"] == "PodDisruptionBudget"]
+    assert pdb["spec"]["maxUnavailable"] == 0
+    assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "learner"
+    assert removed_children(job) == []
+    assert learner_pod(job, UID, 0)["spec"]["terminationGracePeriodSeconds"] == 120
+    off = _job(
+        runPolicy={"learnerDisruptionBudget": False}, learner={"terminationGracePeriodSeconds": 900}
+    )
+    assert not [m for m in plan_children(off, UID, {}) if m["kind"] == "PodDisruptionBudget"]
+    # Switched off on a live job: the budget it had is deleted.
+    assert removed_children(off) == [("policy/v1", "PodDisruptionBudget", "cp-learner")]
+    assert learner_pod(off, UID, 0)["spec"]["terminationGracePeriodSeconds"] == 900

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from impala_operator.run_policy import (
     JobState,
     LearnerPod,
@@ -91,7 +93,7 @@ def test_failure_restarts_with_backoff_then_fails() -> None:
     out = _run(policy, state, [_pod(0, phase="Running", exit_code=137, reason="OOMKilled")], T0)
     assert out.state.restarts == 1 and out.state.phase == "Pending"
     assert _reasons(out) == ["LearnerFailed"] and out.events[0].type == "Warning"
-    assert "OOMKilled" in out.events[0].message and "restart 1 of 2" in out.events[0].message
+    assert "OOMKilled" in out.events[0].message and "retry 1 of 2" in out.events[0].message
     assert _cond(out, "Restarting")["status"] == "True"
     # The failed attempt-0 pod is kept for its logs; attempt 1 waits for the backoff delay.
     assert not out.run_learner and out.requeue_after == 10.0 and out.delete_pods == ()
@@ -115,6 +117,38 @@ def test_failure_restarts_with_backoff_then_fails() -> None:
     # Terminal is sticky: a later observation never revives the job.
     later = _run(policy, out.state, [_pod(2, **RUNNING)], T0 + 70)
     assert later.state.phase == "Failed" and not later.run_learner
+
+
+@pytest.mark.parametrize(
+    ("how", "pod"),
+    [
+        ("spot reclaim", {"exit_code": 143, "disruption": "exit code 143 after SIGTERM"}),
+        ("node drain, final checkpoint", {"exit_code": 130, "disruption": "exit code 130"}),
+        ("node shutdown", {"disruption": "Shutdown"}),
+        ("preemption", {"exit_code": 137, "disruption": "DisruptionTarget: PreemptionByScheduler"}),
+    ],
+)
+def test_a_disrupted_learner_restarts_at_once_without_using_a_retry(
+    how: str, pod: dict[str, object]
+) -> None:
+    """Three reclaims in a row with backoffLimit 0 do not fail the job: each attempt is replaced
+    at once (no backoff) and only `disruptions` counts them."""
+    policy = RunPolicy(backoff_limit=0)
+    state = JobState(phase="Running", start_time=T0)
+    for attempt in range(3):
+        gone = _pod(attempt, phase="Failed", finished_at=T0 + attempt, **pod)
+        out = _run(policy, state, [gone], T0 + attempt + 1)
+        assert out.state.phase == "Pending", how
+        assert (out.state.restarts, out.state.failures) == (attempt + 1, 0)
+        assert out.state.disruptions == attempt + 1
+        assert out.run_learner and out.requeue_after is None  # the next attempt starts now
+        assert _reasons(out) == ["LearnerDisrupted"] and out.events[0].type == "Normal"
+        assert _cond(out, "Restarting")["reason"] == "LearnerDisrupted"
+        state = out.state
+    # A real failure after them is still the first one counted.
+    crashed = _pod(3, phase="Failed", exit_code=1)
+    out = _run(RunPolicy(backoff_limit=1), state, [crashed], T0 + 10)
+    assert (out.state.failures, out.state.restarts, out.state.phase) == (1, 4, "Pending")
 
 
 def test_backoff_limit_zero_fails_on_first_failure() -> None:

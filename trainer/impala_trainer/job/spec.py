@@ -314,6 +314,10 @@ class LearnerSpec(SpecModel):
     gpus: int = Field(default=0, ge=0, le=16)
     """GPUs for the learner; more than one uses the multi-device learner (one tower per GPU)."""
 
+    termination_grace_period_seconds: int = Field(default=120, ge=1, le=86_400)
+    """SIGTERM to SIGKILL for the learner pod: time to write the final checkpoint (a large
+    model on a slow volume needs more)."""
+
     fake_devices: int = Field(default=0, ge=0, le=16)
     """With gpus 0: run the multi-device learner on this many CPU towers (like _fake_gpus)."""
 
@@ -468,7 +472,9 @@ class RunPolicy(SpecModel):
     """Scale everything to zero and keep the checkpoint; false resumes."""
 
     backoff_limit: int = Field(default=3, ge=0, le=1000)
-    """Learner restarts (each resuming from the latest checkpoint) before the job fails."""
+    """Learner failures retried (each attempt resumes from the latest checkpoint) before the job
+    fails. A disruption (eviction, preemption, node shutdown or loss, spot reclaim: a
+    DisruptionTarget condition or a SIGTERM exit) restarts the learner without using one."""
 
     active_deadline_seconds: int | None = Field(default=None, ge=1)
     """Seconds since start after which the job fails with DeadlineExceeded."""
@@ -478,6 +484,11 @@ class RunPolicy(SpecModel):
 
     clean_pod_policy: Literal["All", "Running", "None"] = "All"
     """Pods removed when the job finishes: All, only Running ones, or None."""
+
+    learner_disruption_budget: bool = True
+    """A PodDisruptionBudget (maxUnavailable 0) on the learner pod: `kubectl drain` and other
+    evictions wait for the job to end instead of interrupting it. False lets a drain take the
+    learner (it resumes from the checkpoint elsewhere, without using a retry)."""
 
 
 class ImpalaJobSpec(SpecModel):
