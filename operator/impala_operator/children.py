@@ -254,7 +254,10 @@ def build_learner_disruption_budget(job: ImpalaJob, uid: str) -> Manifest:
         "kind": "PodDisruptionBudget",
         "metadata": _meta(job, uid, names.child_name(job.name, "learner"), "learner"),
         "spec": {
-            "maxUnavailable": 0,
+            # minAvailable, not maxUnavailable 0: a maxUnavailable budget makes the disruption
+            # controller read the pods' owner's scale, and the ImpalaJob's scale subresource is
+            # its rollouts'.
+            "minAvailable": 1,
             "selector": {"matchLabels": names.selector_labels(job.name, "learner")},
             # A learner that is not Ready (stuck pulling, crash-looping sidecar) protects no
             # progress: let a drain take it rather than block the node.

@@ -289,7 +289,7 @@ class OperatorSuite:
         kube.get("networkpolicy", "cartpole-network", "-n", ns)
         # The learner's budget: the API server computes it against the running learner pod.
         pdb = kube.get("poddisruptionbudget", "cartpole-learner", "-n", ns)
-        assert pdb["spec"]["maxUnavailable"] == 0
+        assert pdb["spec"]["minAvailable"] == 1
         assert pdb["metadata"]["ownerReferences"][0]["uid"] == uid
         wait_for(
             lambda: kube.get("pdb", "cartpole-learner", "-n", ns).get("status", {}).get(
@@ -311,7 +311,13 @@ class OperatorSuite:
             assert owners[0]["uid"] == uid and owners[0]["controller"] is True
 
         assert st["statusURL"] == f"http://cartpole-status.{ns}.svc:8080/status"
-        assert st["learner"] == {"ready": True, "restarts": 0, "podName": "cartpole-learner-0"}
+        assert st["learner"] == {
+            "ready": True,
+            "restarts": 0,
+            "failures": 0,
+            "disruptions": 0,
+            "podName": "cartpole-learner-0",
+        }
         assert st["observedGeneration"] == live["metadata"]["generation"]
         assert st["startTime"] and self.condition(st, "Running")["status"] == "True"
 

@@ -217,7 +217,7 @@ def test_changed_learner_spec_recreates_the_pod_without_counting_a_failure() -> 
 def test_learner_budget_and_grace_follow_the_spec() -> None:
     job = _job()
     (pdb,) = [m for m in plan_children(job, UID, {}) if m["kind"] == "PodDisruptionBudget"]
-    assert pdb["spec"]["maxUnavailable"] == 0
+    assert pdb["spec"]["minAvailable"] == 1
     assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "learner"
     assert removed_children(job) == []
     assert learner_pod(job, UID, 0)["spec"]["terminationGracePeriodSeconds"] == 120

@@ -486,7 +486,7 @@ class RunPolicy(SpecModel):
     """Pods removed when the job finishes: All, only Running ones, or None."""
 
     learner_disruption_budget: bool = True
-    """A PodDisruptionBudget (maxUnavailable 0) on the learner pod: `kubectl drain` and other
+    """A PodDisruptionBudget (minAvailable 1) on the learner pod: `kubectl drain` and other
     evictions wait for the job to end instead of interrupting it. False lets a drain take the
     learner (it resumes from the checkpoint elsewhere, without using a retry)."""
 
