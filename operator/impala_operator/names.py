@@ -28,6 +28,11 @@ RESTART_KEY = f"{API_GROUP}/restart"
 CONFIG_HASH_KEY = f"{API_GROUP}/config-hash"
 """Annotation on the learner pod: hash of the job.yaml it was started with."""
 
+JOB_ONLY_LABEL_PREFIXES = ("kueue.x-k8s.io/", "scheduling.x-k8s.io/")
+"""Labels that admit the job as one workload (Kueue's queue-name, priority-class, ...; the
+scheduler-plugins' pod-group): copied onto the pods and Deployments, they would make Kueue queue
+every child as a workload of its own, so they stay on the ImpalaJob."""
+
 MAX_NAME = 63
 """DNS-1123/1035 label limit: Service names and label values must fit in it."""
 
@@ -76,8 +81,11 @@ def selector_string(job_name: str, component: Component) -> str:
 def child_labels(
     job_name: str, component: Component, job_labels: Mapping[str, str] | None = None
 ) -> dict[str, str]:
-    """Every child's labels: the job's own labels, then the operator's (which win on conflict)."""
-    labels = dict(job_labels or {})
+    """Every child's labels: the job's own labels (less the JOB_ONLY ones), then the operator's
+    (which win on conflict)."""
+    labels = {
+        k: v for k, v in (job_labels or {}).items() if not k.startswith(JOB_ONLY_LABEL_PREFIXES)
+    }
     labels.update(selector_labels(job_name, component))
     labels[PART_OF_KEY] = PART_OF
     labels[MANAGED_BY_KEY] = MANAGED_BY

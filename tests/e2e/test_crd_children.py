@@ -61,9 +61,12 @@ def test_children_pass_strict_validation_and_restricted_pod_security(
 
 def test_children_are_garbage_collected_with_the_job(kube: Kube, namespace: str) -> None:
     install_crd(kube)
-    manifest = VALID["base"]
+    # A Kueue queue label admits the job as one workload; it must not reach any child.
+    manifest = json.loads(json.dumps(VALID["base"]))
+    manifest["metadata"].setdefault("labels", {})["kueue.x-k8s.io/queue-name"] = "team-q"
     kube.kubectl("create", "-n", namespace, "-f", "-", stdin=json.dumps(manifest))
     live = kube.get("ij", manifest["metadata"]["name"], "-n", namespace)
+    assert live["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-q"
     children = _children(live)
     kube.kubectl(
         "apply",
@@ -82,5 +85,7 @@ def test_children_are_garbage_collected_with_the_job(kube: Kube, namespace: str)
 
     built = {(c["kind"], c["metadata"]["name"]) for c in children}
     assert built <= live_children()  # (plus the Deployments' pods)
+    for obj in kube.get(kinds, "-n", namespace, "-l", selector)["items"]:
+        assert "kueue.x-k8s.io/queue-name" not in obj["metadata"].get("labels", {}), obj["kind"]
     kube.kubectl("delete", "ij", manifest["metadata"]["name"], "-n", namespace, "--wait=true")
     wait_for(lambda: not live_children(), timeout=90, what="garbage collection of the children")

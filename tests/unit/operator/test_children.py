@@ -101,6 +101,24 @@ def test_all_children_exist_with_owner_labels_and_short_names() -> None:
         assert labels[names.INSTANCE] == job.name
 
 
+def test_queue_labels_stay_on_the_job() -> None:
+    """Kueue admits the ImpalaJob as one workload by its queue-name label: on a child it would
+    make Kueue queue that pod or Deployment as a workload of its own."""
+    kueue = {
+        "kueue.x-k8s.io/queue-name": "team-q",
+        "kueue.x-k8s.io/priority-class": "high",
+        "scheduling.x-k8s.io/pod-group": "g",
+    }
+    job = _job(labels={"team": "rl", **kueue})
+    for child in _all_children(job):
+        metas = [child["metadata"]]
+        if child["kind"] == "Deployment":
+            metas.append(child["spec"]["template"]["metadata"])
+        for meta in metas:
+            assert meta["labels"]["team"] == "rl", child["kind"]
+            assert not set(kueue) & set(meta["labels"]), (child["kind"], meta["labels"])
+
+
 def test_deployment_selectors_match_their_pod_templates() -> None:
     job = _job(labels={"team": "rl"})
     for dep in _by_kind(_all_children(job))["Deployment"]:
