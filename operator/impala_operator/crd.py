@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from impala_operator import cel, names
+from impala_operator.run_policy import CONDITION_TYPES
 from impala_trainer.job.spec import (
     API_GROUP,
     API_VERSION,
@@ -176,6 +177,7 @@ def _group_status(what: str) -> dict[str, Any]:
     return _obj(
         {
             "desired": _int(f"{what} pods the operator wants (after autoscaling and suspend)."),
+            "replicas": _int(f"{what} pods that exist (the scale subresource's status.replicas)."),
             "ready": _int(f"{what} pods that are Ready."),
             "selector": _str(f"Label selector of the {what.lower()} pods (scale subresource)."),
             "summary": _str("ready/desired, e.g. 2/3 (printer column)."),
@@ -188,15 +190,15 @@ def status_schema() -> dict[str, Any]:
     """`.status`: written only by the operator; every field is described (`kubectl explain`)."""
     condition = _obj(
         {
-            "type": _str("Condition type, e.g. Ready, Suspended, Succeeded, Failed."),
+            "type": _str(f"Condition type: {', '.join(CONDITION_TYPES)}."),
             "status": _str("True, False or Unknown.", enum=["True", "False", "Unknown"]),
             "reason": _str("One-word CamelCase reason."),
             "message": _str("Human-readable detail."),
             "lastTransitionTime": _time("When status last changed."),
-            "observedGeneration": _int("Generation the condition was computed from."),
+            "observedGeneration": _int("metadata.generation the condition describes."),
         },
         "A condition, as metav1.Condition.",
-        required=["type", "status"],
+        required=["type", "status", "reason", "message", "lastTransitionTime"],
     )
     progress = _obj(
         {
@@ -235,10 +237,16 @@ def status_schema() -> dict[str, Any]:
         {
             "phase": _str("Lifecycle phase.", enum=PHASES),
             "message": _str("Why the job is in this phase."),
-            "observedGeneration": _int("metadata.generation the status was computed from."),
+            "observedGeneration": _int(
+                "metadata.generation whose children the operator applied (a generation it "
+                "could not apply is never reported)."
+            ),
             "conditions": {
                 "type": "array",
-                "description": "Conditions with reasons (Ready, Suspended, Succeeded, Failed).",
+                "description": (
+                    f"Conditions ({', '.join(CONDITION_TYPES)}); `kubectl wait "
+                    "--for=condition=Succeeded` waits for the job to finish."
+                ),
                 "items": condition,
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],
@@ -251,11 +259,6 @@ def status_schema() -> dict[str, Any]:
             "completionTime": _time("When the job reached Succeeded or Failed."),
             "lastScaleTime": _time("Last autoscaling decision that changed replicas."),
             "statusURL": _str("URL of the job's status sidecar /status (/metrics beside it)."),
-            "kopf": {
-                "type": "object",
-                "description": "kopf's own bookkeeping (handler progress), if it keeps any here.",
-                "x-kubernetes-preserve-unknown-fields": True,
-            },
         },
         "Observed state, written by the operator.",
     )
@@ -322,7 +325,7 @@ def build_crd() -> dict[str, Any]:
                         "status": {},
                         "scale": {
                             "specReplicasPath": ".spec.rollouts.replicas",
-                            "statusReplicasPath": ".status.rollouts.ready",
+                            "statusReplicasPath": ".status.rollouts.replicas",
                             "labelSelectorPath": ".status.rollouts.selector",
                         },
                     },

@@ -173,11 +173,15 @@ def track_phase(event: kopf.RawEvent, uid: str, status: kopf.Status, **_: Any) -
 async def apply_children(
     body: kopf.Body,
     uid: str,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
     memo: kopf.Memo,
     node_deployments: kopf.Index,
     **_: Any,
 ) -> None:
-    """Edge-triggered: the spec is new or changed (or the operator restarted)."""
+    """Edge-triggered: the spec is new or changed (or the operator restarted). Once its
+    children are applied, the generation is recorded as `status.observedGeneration` (API
+    conventions: the generation the controller acted on, never one whose apply failed)."""
     api: kube.Api = memo.api
     metrics.RECONCILES.labels("children").inc()
     try:
@@ -195,6 +199,7 @@ async def apply_children(
     except kube.ApiError as exc:
         metrics.ERRORS.labels("children").inc()
         raise kopf.TemporaryError(f"applying children: {exc}", delay=5) from exc
+    patch.status["observedGeneration"] = meta.get("generation")
     log.info("%s/%s children applied", job.metadata.namespace, job.name)
 
 
@@ -216,7 +221,8 @@ async def tick(
     try:
         job = parse_job(body)
     except ManifestError as exc:
-        new = job_status.invalid_spec_status("; ".join(exc.problems), meta.get("generation"), now)
+        problems = "; ".join(exc.problems)
+        new = job_status.invalid_spec_status(problems, meta.get("generation"), status, now)
         patch.status.update(job_status.status_patch(dict(status), new))
         return
     snapshot = None
@@ -229,7 +235,6 @@ async def tick(
     tick_plan = plan.plan_tick(
         job,
         uid,
-        generation=meta.get("generation"),
         status=status,
         pods=list(learner_pods.get(uid, [])),
         deployments=_deployment_views(node_deployments, uid),

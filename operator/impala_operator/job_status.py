@@ -41,9 +41,12 @@ class DeploymentView:
 
     name: str
     replicas: int
+    """spec.replicas: what the operator last set."""
     ready: int
     requested: str | None
     """REQUESTED_ANNOTATION's value ("" for no request), None if the annotation is absent."""
+    observed: int = 0
+    """status.replicas: pods that exist (what the scale subresource reports)."""
 
 
 def _learner_container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -108,6 +111,7 @@ def deployment_view(deployment: Mapping[str, Any]) -> DeploymentView:
         name=meta.get("name", ""),
         replicas=int(deployment.get("spec", {}).get("replicas") or 0),
         ready=int(deployment.get("status", {}).get("readyReplicas") or 0),
+        observed=int(deployment.get("status", {}).get("replicas") or 0),
         requested=(meta.get("annotations") or {}).get(REQUESTED_ANNOTATION),
     )
 
@@ -174,14 +178,30 @@ def job_state(status: Mapping[str, Any]) -> JobState:
     )
 
 
-def invalid_spec_status(message: str, generation: int | None, now: float) -> dict[str, Any]:
-    """The status of a job whose spec the model rejects (the API server let it through)."""
-    conds = set_condition((), "Failed", True, INVALID_SPEC, message, now)
+def stamp_conditions(
+    conditions: Sequence[Mapping[str, Any]], generation: int | None
+) -> list[dict[str, Any]]:
+    """Conditions with `observedGeneration` (metav1.Condition's), when a generation is known."""
+    if generation is None:
+        return [dict(c) for c in conditions]
+    return [{**c, "observedGeneration": generation} for c in conditions]
+
+
+def invalid_spec_status(
+    message: str, generation: int | None, previous: Mapping[str, Any], now: float
+) -> dict[str, Any]:
+    """The status of a job whose spec the model rejects (the API server let it through): Failed
+    with InvalidSpec for that generation. The top-level observedGeneration stays the last one
+    applied; the earlier conditions stay, set False, beside it."""
+    conds: Sequence[dict[str, Any]] = [dict(c) for c in previous.get("conditions") or ()]
+    for type_ in ("Running", "Restarting"):
+        if any(c.get("type") == type_ and c.get("status") == "True" for c in conds):
+            conds = set_condition(conds, type_, False, INVALID_SPEC, message, now)
+    conds = set_condition(conds, "Failed", True, INVALID_SPEC, message, now)
     return {
         "phase": "Failed",
         "message": message,
-        "observedGeneration": generation,
-        "conditions": list(conds),
+        "conditions": stamp_conditions(conds, generation),
     }
 
 
@@ -189,6 +209,7 @@ def _group(view: DeploymentView | None, desired: int, selector: str) -> dict[str
     ready = view.ready if view is not None else 0
     return {
         "desired": desired,
+        "replicas": view.observed if view is not None else 0,
         "ready": ready,
         "selector": selector,
         "summary": f"{ready}/{desired}",
@@ -199,7 +220,6 @@ def compute_status(
     *,
     name: str,
     namespace: str,
-    generation: int | None,
     state: JobState,
     learner_pods: Sequence[LearnerPod],
     rollouts: DeploymentView | None,
@@ -210,7 +230,11 @@ def compute_status(
     previous: Mapping[str, Any],
     last_scale_time: float | None,
 ) -> dict[str, Any]:
-    """The whole `.status` (progress kept from `previous` while the sidecar is unreachable)."""
+    """The whole `.status` (progress kept from `previous` while the sidecar is unreachable).
+
+    `observedGeneration` is not computed here: it means "applied", and only the handler that
+    applied a generation's children writes it. Every condition carries it too: they describe
+    the job as of that generation."""
     current = next((p for p in learner_pods if p.attempt == state.restarts), None)
     last_exit = next(
         (
@@ -229,11 +253,11 @@ def compute_status(
     }
     if last_exit is not None:
         learner["lastExitCode"] = last_exit
+    applied = previous.get("observedGeneration")
     status: dict[str, Any] = {
         "phase": state.phase,
         "message": state.message,
-        "observedGeneration": generation,
-        "conditions": list(state.conditions),
+        "conditions": stamp_conditions(state.conditions, applied),
         "learner": learner,
         "rollouts": _group(rollouts, desired_rollouts, names.selector_string(name, "rollout")),
         "aggregators": _group(

@@ -134,7 +134,6 @@ def plan_tick(
     job: ImpalaJob,
     uid: str,
     *,
-    generation: int | None,
     status: Mapping[str, Any],
     pods: Sequence[LearnerPod],
     deployments: Mapping[str, job_status.DeploymentView | None],
@@ -199,7 +198,6 @@ def plan_tick(
     plan.status = job_status.compute_status(
         name=job.name,
         namespace=job.metadata.namespace or "",
-        generation=generation,
         state=outcome.state,
         learner_pods=pods,
         rollouts=rollout_view,

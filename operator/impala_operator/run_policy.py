@@ -23,6 +23,8 @@ from impala_trainer.job.spec import RunPolicy
 
 Phase = Literal["Pending", "Starting", "Running", "Suspended", "Succeeded", "Failed"]
 INVALID_SPEC = "InvalidSpec"
+CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+"""Every condition type the lifecycle sets (the CRD documents exactly these)."""
 MAX_RESTART_DELAY = 360.0  # the Job controller's cap on its exponential pod-failure backoff
 
 
@@ -241,7 +243,10 @@ def step(
     """One reconcile of the run policy. Pure: the caller applies the Outcome and saves the state."""
     events: list[Event] = []
     if state.phase is None or (state.phase == "Failed" and state.reason == INVALID_SPEC):
-        conds = set_condition(state.conditions, "Created", True, "Created", "job accepted", now)
+        conds = state.conditions
+        if state.phase == "Failed":  # the spec was fixed: no stale terminal condition stays
+            conds = set_condition(conds, "Failed", False, "SpecFixed", "spec is valid again", now)
+        conds = set_condition(conds, "Created", True, "Created", "job accepted", now)
         state = replace(state, phase="Pending", reason="Created", conditions=conds)
         events.append(Event("Normal", "Created", "job accepted; creating its children"))
     if state.terminal:

@@ -320,6 +320,9 @@ class OperatorSuite:
         }
         assert st["observedGeneration"] == live["metadata"]["generation"]
         assert st["startTime"] and self.condition(st, "Running")["status"] == "True"
+        for cond in st["conditions"]:  # metav1.Condition's shape, on the applied generation
+            assert cond["observedGeneration"] == st["observedGeneration"], cond
+            assert cond["reason"] and cond["message"] and cond["lastTransitionTime"], cond
 
         # The status follows the sidecar.
         sidecar.write(fill=0.5, idle=0.1, steps=12_500)
@@ -607,6 +610,8 @@ class OperatorSuite:
         for name in ("done", "keep"):
             self.wait_status(kube, ns, name, lambda s: s.get("phase") == "Running", "Running")
             kube.end_pod(ns, f"{name}-learner-0", exit_code=0)
+        # What a pipeline runs to wait for a job: the Succeeded condition, per API conventions.
+        kube.kubectl("wait", "--for=condition=Succeeded", "ij/done", "-n", ns, "--timeout=90s")
         for name in ("done", "keep"):
             st = self.wait_status(
                 kube, ns, name, lambda s: s.get("phase") == "Succeeded", "Succeeded"

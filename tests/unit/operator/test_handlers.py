@@ -125,12 +125,20 @@ def _tick(
 
 def _apply_children(
     body: kopf.Body, memo: kopf.Memo, deployments: Iterable[tuple[str, Any]] = ()
-) -> None:
+) -> dict[str, Any]:
+    """Run the create/update handler; the status patch it leaves for kopf to write."""
+    patch = kopf.Patch()
     asyncio.run(
         handlers.apply_children(
-            body=body, uid=UID, memo=memo, node_deployments={UID: list(deployments)}
+            body=body,
+            uid=UID,
+            meta=body.meta,
+            patch=patch,
+            memo=memo,
+            node_deployments={UID: list(deployments)},
         )
     )
+    return dict(patch.get("status", {}))
 
 
 def _snapshot(fill: float, idle: float) -> StatusSnapshot:
@@ -157,7 +165,7 @@ def _errors(kind: str) -> float:
 
 def test_apply_children_applies_the_spec_children_of_a_new_job() -> None:
     api = FakeApi()
-    _apply_children(_body(), _memo(api))
+    assert _apply_children(_body(), _memo(api)) == {"observedGeneration": 3}
     assert sorted(api.calls) == [
         ("apply", "ConfigMap/cp-config"),
         ("apply", "Deployment/cp-aggregator"),
@@ -191,9 +199,21 @@ def test_apply_children_rejects_an_invalid_spec_with_an_event() -> None:
 
 def test_apply_children_retries_when_the_api_fails() -> None:
     before = _errors("children")
+    body, patch = _body(), kopf.Patch()
     with pytest.raises(kopf.TemporaryError, match="applying children"):
-        _apply_children(_body(), _memo(FakeApi(fail_on="apply")))
+        asyncio.run(
+            handlers.apply_children(
+                body=body,
+                uid=UID,
+                meta=body.meta,
+                patch=patch,
+                memo=_memo(FakeApi(fail_on="apply")),
+                node_deployments={},
+            )
+        )
     assert _errors("children") == before + 1
+    # A generation whose children could not be applied is not reported as observed.
+    assert "observedGeneration" not in patch.get("status", {})
 
 
 # --- tick (the timer) ---
@@ -207,7 +227,8 @@ def test_first_tick_creates_the_learner_and_reports_pending() -> None:
     assert api.calls == [("create", "Pod/cp-learner-0"), ("event", "Created")]
     pod = api.written["Pod/cp-learner-0"]
     assert job_status.SPEC_HASH_ANNOTATION in pod["metadata"]["annotations"]
-    assert status["phase"] == "Pending" and status["observedGeneration"] == 3
+    # observedGeneration means "applied": only the handler that applied the children writes it.
+    assert status["phase"] == "Pending" and "observedGeneration" not in status
     assert sidecar.urls == [SIDECAR]  # the status-url annotation overrides the Service
     assert [s.available for s in memo.samples] == [False]  # no snapshot: metrics unavailable
 

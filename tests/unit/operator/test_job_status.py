@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from impala_operator.job_status import (
     learner_pod_view,
     metric_sample,
     sidecar_url,
+    stamp_conditions,
     status_patch,
 )
 from impala_operator.run_policy import JobState, rfc3339, set_condition
@@ -120,8 +122,12 @@ def _compute(**kw: Any) -> dict:
     args: dict[str, Any] = {
         "name": "cp",
         "namespace": "ns",
-        "generation": 3,
-        "state": JobState(phase="Running", restarts=1, start_time=T0, conditions=()),
+        "state": JobState(
+            phase="Running",
+            restarts=1,
+            start_time=T0,
+            conditions=set_condition((), "Running", True, "Running", "learner running", T0),
+        ),
         "learner_pods": [
             learner_pod_view(_pod(0, "Failed", exit_code=1)),
             learner_pod_view(_pod(1, "Running", ready=True)),
@@ -130,14 +136,14 @@ def _compute(**kw: Any) -> dict:
             {
                 "metadata": {"name": "cp-rollout"},
                 "spec": {"replicas": 3},
-                "status": {"readyReplicas": 2},
+                "status": {"replicas": 3, "readyReplicas": 2},
             }
         ),
         "aggregators": None,
         "desired_rollouts": 3,
         "desired_aggregators": 0,
         "snapshot": _snapshot(),
-        "previous": {},
+        "previous": {"observedGeneration": 3},
         "last_scale_time": T0 + 60,
     }
     args.update(kw)
@@ -146,7 +152,19 @@ def _compute(**kw: Any) -> dict:
 
 def test_compute_status_fields() -> None:
     st = _compute()
-    assert st["phase"] == "Running" and st["observedGeneration"] == 3
+    # observedGeneration is the apply handler's to write; each condition carries the applied
+    # generation, in metav1.Condition's full shape.
+    assert st["phase"] == "Running" and "observedGeneration" not in st
+    assert st["conditions"] == [
+        {
+            "type": "Running",
+            "status": "True",
+            "reason": "Running",
+            "message": "learner running",
+            "lastTransitionTime": rfc3339(T0),
+            "observedGeneration": 3,
+        }
+    ]
     assert st["learner"] == {
         "ready": True,
         "restarts": 1,
@@ -157,6 +175,7 @@ def test_compute_status_fields() -> None:
     }
     assert st["rollouts"] == {
         "desired": 3,
+        "replicas": 3,
         "ready": 2,
         "selector": "app.kubernetes.io/component=rollout,app.kubernetes.io/instance=cp,"
         "app.kubernetes.io/name=impalajob",
@@ -191,7 +210,11 @@ def test_status_fits_the_crd_schema() -> None:
     conds = set_condition((), "Running", True, "Running", "ok", T0)
     st = _compute(state=JobState(phase="Running", start_time=T0, conditions=conds))
     check(st, status_schema(), "status")
-    check(invalid_spec_status("spec.x: bad", 1, T0), status_schema(), "status")
+    check(invalid_spec_status("spec.x: bad", 1, st, T0), status_schema(), "status")
+    # Every condition written has metav1.Condition's required fields.
+    required = status_schema()["properties"]["conditions"]["items"]["required"]
+    for cond in [*st["conditions"], *invalid_spec_status("x", 1, st, T0)["conditions"]]:
+        assert set(required) <= set(cond), cond
     assert st["phase"] in status_schema()["properties"]["phase"]["enum"]
 
 
@@ -215,7 +238,8 @@ def test_job_state_round_trip() -> None:
     )
     st = _compute(state=state)
     back = job_state(st)
-    assert back == state
+    # The conditions come back stamped with the applied generation (3 in _compute's status).
+    assert back == replace(state, conditions=tuple(stamp_conditions(conds, 3)))
     assert job_state({}).phase is None and job_state({}).restarts == 0
 
 

@@ -40,7 +40,6 @@ def _dep(replicas: int, requested: str = "", ready: int | None = None) -> job_st
 
 def _plan(job: ImpalaJob, **kw: Any) -> TickPlan:
     args: dict[str, Any] = {
-        "generation": 1,
         "status": {},
         "pods": [],
         "deployments": {"rollout": None, "aggregator": None},

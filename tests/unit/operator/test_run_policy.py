@@ -207,10 +207,15 @@ def test_ttl_deletes_finished_job() -> None:
     assert not _run(RunPolicy(), done, [], T0 + 10_000).delete_job
 
 
-def test_invalid_spec_failure_is_not_terminal() -> None:
-    state = JobState(phase="Failed", reason="InvalidSpec", message="spec.x: bad")
-    out = _run(RunPolicy(), state, [], T0)
+def test_invalid_spec_failure_is_not_terminal_and_leaves_no_stale_condition() -> None:
+    failed = set_condition((), "Failed", True, "InvalidSpec", "spec.x: bad", T0)
+    state = JobState(phase="Failed", reason="InvalidSpec", message="spec.x: bad", conditions=failed)
+    out = _run(RunPolicy(), state, [], T0 + 5)
     assert out.state.phase == "Pending" and out.run_learner
+    # A fixed spec clears Failed: `kubectl wait --for=condition=Failed` must not fire on it.
+    failed_now = _cond(out, "Failed")
+    assert (failed_now["status"], failed_now["reason"]) == ("False", "SpecFixed")
+    assert failed_now["lastTransitionTime"] == rfc3339(T0 + 5)
 
 
 def test_lost_learner_pod_is_recreated_without_counting_a_failure() -> None:
