@@ -232,6 +232,30 @@ def _transition(
     return replace(state, phase=phase, reason=reason, message=message, conditions=conds)
 
 
+def _restarting(
+    conditions: Sequence[dict[str, Any]], reason: str, message: str, now: float
+) -> tuple[dict[str, Any], ...]:
+    """Restarting=True, and Running=False if it was set: no learner runs until the next one."""
+    conds = set_condition(conditions, "Restarting", True, reason, message, now)
+    if any(c.get("type") == "Running" for c in conds):
+        conds = set_condition(conds, "Running", False, reason, message, now)
+    return conds
+
+
+def _not_running_since(state: JobState, started: float, now: float) -> float:
+    """Since when the job has had no running learner: now if it was running until this step,
+    else the Running condition's last flip to False (a learner that ran and was lost), else the
+    job's start."""
+    if state.phase == "Running":
+        return now
+    running = next((c for c in state.conditions if c.get("type") == "Running"), None)
+    if running is not None and running.get("status") == "False":
+        flipped = parse_time(running.get("lastTransitionTime"))
+        if flipped is not None:
+            return max(started, flipped)
+    return started
+
+
 def step(
     policy: RunPolicy,
     pods: Sequence[LearnerPod],
@@ -277,7 +301,7 @@ def step(
             f"{state.restarts + 1} resumes from the latest checkpoint (no retry used)"
         )
         events.append(Event("Normal", "LearnerDisrupted", msg))
-        conds = set_condition(state.conditions, "Restarting", True, "LearnerDisrupted", msg, now)
+        conds = _restarting(state.conditions, "LearnerDisrupted", msg, now)
         state = replace(
             state,
             phase="Pending",
@@ -299,7 +323,7 @@ def step(
         failures = state.failures + 1
         msg = f"{why}; retry {failures} of {policy.backoff_limit} from the latest checkpoint"
         events.append(Event("Warning", "LearnerFailed", msg))
-        conds = set_condition(state.conditions, "Restarting", True, "LearnerFailed", msg, now)
+        conds = _restarting(state.conditions, "LearnerFailed", msg, now)
         state = replace(
             state,
             phase="Pending",
@@ -319,6 +343,14 @@ def step(
         return _finish(replace(state, completion_time=now), pods, policy, now, events)
 
     waits = [] if deadline is None else [started + deadline - now]
+    startup = policy.startup_deadline_seconds
+    if startup is not None and not (current is not None and current.ready):
+        waiting_since = _not_running_since(state, started, now)
+        if now - waiting_since >= startup:
+            msg = f"the learner did not become ready within startupDeadlineSeconds ({startup}s)"
+            state = _transition(state, "Failed", "StartupDeadlineExceeded", msg, now, events)
+            return _finish(replace(state, completion_time=now), pods, policy, now, events)
+        waits.append(waiting_since + startup - now)
     run_learner = True
     # Back off after a failure only: a disrupted attempt is replaced at once.
     failed_at = state.last_failure_time or next(

@@ -235,3 +235,41 @@ def test_set_condition_keeps_transition_time_unless_status_flips() -> None:
 def test_time_round_trip() -> None:
     assert parse_time(rfc3339(T0)) == T0 and parse_time(None) is None
     assert rfc3339(0) == "1970-01-01T00:00:00Z"
+
+
+def test_startup_deadline_fails_a_learner_that_never_gets_ready() -> None:
+    """KubeRay's preRunningDeadlineSeconds: e.g. a GPU no node has keeps the learner Pending."""
+    policy = RunPolicy(startup_deadline_seconds=300)
+    pending = [_pod(0, phase="Pending")]
+    out = _run(policy, JobState(), pending, T0)
+    assert out.state.phase == "Pending" and out.requeue_after == 300.0  # woken when it is due
+    out = _run(policy, out.state, pending, T0 + 299)
+    assert out.state.phase == "Pending" and out.requeue_after == 1.0
+    out = _run(policy, out.state, pending, T0 + 300)
+    assert (out.state.phase, out.state.reason) == ("Failed", "StartupDeadlineExceeded")
+    assert _cond(out, "Failed")["reason"] == "StartupDeadlineExceeded"
+    assert not out.run_learner
+
+
+def test_startup_deadline_runs_from_the_last_running_learner() -> None:
+    policy = RunPolicy(startup_deadline_seconds=300)
+    running = _run(policy, JobState(phase="Running", start_time=T0), [_pod(**RUNNING)], T0)
+    # Hours of training: a ready learner is never past its startup deadline.
+    assert _run(policy, running.state, [_pod(**RUNNING)], T0 + 7200).state.phase == "Running"
+    # Its pod is lost at T0 + 7200: the replacement has 300 s from then.
+    lost = _run(policy, running.state, [], T0 + 7200)
+    assert lost.state.phase == "Pending" and lost.requeue_after == 300.0
+    still = _run(policy, lost.state, [_pod(0, phase="Pending")], T0 + 7499)
+    assert still.state.phase == "Pending"
+    late = _run(policy, still.state, [_pod(0, phase="Pending")], T0 + 7500)
+    assert late.state.reason == "StartupDeadlineExceeded"
+
+
+def test_running_is_false_while_the_learner_restarts() -> None:
+    policy = RunPolicy()
+    out = _run(policy, JobState(), [_pod(**RUNNING)], T0)
+    assert _cond(out, "Running")["status"] == "True"
+    out = _run(policy, out.state, [_pod(0, phase="Failed", exit_code=1)], T0 + 60)
+    assert _cond(out, "Running")["status"] == "False"
+    assert _cond(out, "Restarting")["status"] == "True"
+    assert _cond(out, "Running")["lastTransitionTime"] == rfc3339(T0 + 60)

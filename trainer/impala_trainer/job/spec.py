@@ -479,6 +479,12 @@ class RunPolicy(SpecModel):
     active_deadline_seconds: int | None = Field(default=None, ge=1)
     """Seconds since start after which the job fails with DeadlineExceeded."""
 
+    startup_deadline_seconds: int | None = Field(default=None, ge=1)
+    """Seconds a learner may take to become ready (from the job's start or its last running
+    attempt: scheduling, image pull, start-up) before the job fails with
+    StartupDeadlineExceeded, like KubeRay's preRunningDeadlineSeconds: a learner no node can
+    fit fails the job instead of waiting forever. Omitted: no limit."""
+
     ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
     """Seconds after Succeeded/Failed after which the ImpalaJob is deleted."""
 
