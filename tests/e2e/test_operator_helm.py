@@ -635,6 +635,27 @@ class OperatorSuite:
         assert self.condition(st, "Failed")["reason"] == "DeadlineExceeded"
         assert "DeadlineExceeded" in self.events(kube, ns, "late")
 
+    def test_startup_deadline_fails_a_learner_no_node_fits(
+        self, kube: Kube, ns: str, operator: Operator
+    ) -> None:
+        manifest = job_manifest(
+            "unfit",
+            SMALL_JOB,
+            learner={"nodeSelector": {"e2e.impala.dev/no-such-node": "true"}},
+            runPolicy={"startupDeadlineSeconds": 5},
+        )
+        self.create(kube, ns, manifest)
+        wait_for(
+            lambda: self.learner_pods(kube, ns, "unfit") == ["unfit-learner-0"],
+            timeout=30,
+            what="the learner pod",
+        )
+        pod = kube.get("pod", "unfit-learner-0", "-n", ns)  # created, and never scheduled
+        assert pod["status"]["phase"] == "Pending"
+        st = self.wait_status(kube, ns, "unfit", lambda s: s.get("phase") == "Failed", "Failed")
+        assert self.condition(st, "Failed")["reason"] == "StartupDeadlineExceeded"
+        assert "StartupDeadlineExceeded" in self.events(kube, ns, "unfit")
+
     def test_ttl_deletes_the_finished_job(self, kube: Kube, ns: str, operator: Operator) -> None:
         self.create(
             kube, ns, job_manifest("brief", SMALL_JOB, runPolicy={"ttlSecondsAfterFinished": 1})
