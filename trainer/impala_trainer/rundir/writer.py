@@ -3,7 +3,8 @@
 The file formats are `snapshot.py`'s; this module only decides when to write. status.json is
 replaced atomically at most every `status_interval` seconds (the sidecar and the operator poll
 it; rewriting it on every fast driver iteration would only burn the driver's time), history.jsonl
-gets a line at most every `history_interval` seconds.
+gets a line at most every `history_interval` seconds, and each line's scalars go to TensorBoard
+event files under `tensorboard/` (step: env steps sampled).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from impala_trainer.rundir.snapshot import (
     append_history,
     write_json_atomic,
 )
+from impala_trainer.rundir.tensorboard import TENSORBOARD_DIR, EventFileWriter
 
 LOG_FILE = "trainer.log"
 """The trainer's log (actor failures, tracebacks); the console only gets progress and a reason."""
@@ -45,6 +47,7 @@ class RunDir:
         self.history_interval = history_interval
         self._last_status = float("-inf")
         self._last_history = float("-inf")
+        self._events: EventFileWriter | None = None
 
     @property
     def checkpoints(self) -> Path:
@@ -62,6 +65,10 @@ class RunDir:
     def summary_file(self) -> Path:
         return self.path / SUMMARY_FILE
 
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.path / TENSORBOARD_DIR
+
     def has_previous_run(self) -> bool:
         """True when the directory already holds a run's checkpoints or status."""
         return bool(list_checkpoints(self.checkpoints)) or self.status_file.exists()
@@ -71,6 +78,7 @@ class RunDir:
         for name in (STATUS_FILE, HISTORY_FILE, SUMMARY_FILE, CONFIG_FILE, LOG_FILE):
             (self.path / name).unlink(missing_ok=True)
         shutil.rmtree(self.checkpoints, ignore_errors=True)
+        shutil.rmtree(self.tensorboard_dir, ignore_errors=True)
 
     def prepare(self, job: ImpalaJob) -> None:
         """Create the directory and write config.yaml (the manifest with defaults filled in)."""
@@ -102,6 +110,9 @@ class RunDir:
         if not force and now - self._last_history < self.history_interval:
             return False
         append_history(self.history_file, point)
+        if self._events is None:
+            self._events = EventFileWriter(self.tensorboard_dir)
+        self._events.add_scalars(point.env_steps, tensorboard_scalars(point), point.time)
         self._last_history = now
         return True
 
@@ -117,3 +128,18 @@ class RunDir:
     def write_summary(self, summary: Summary) -> None:
         """Write summary.json (once, at the end)."""
         write_json_atomic(self.summary_file, summary)
+
+
+def tensorboard_scalars(point: HistoryPoint) -> dict[str, float | None]:
+    """A history line as TensorBoard tags: return, throughput, losses, the learner queue."""
+    return {
+        "episode/return_mean": point.episode_return_mean,
+        "episode/count": float(point.episodes),
+        "throughput/env_steps_per_s": point.env_steps_per_s,
+        "throughput/trained_steps_per_s": point.trained_steps_per_s,
+        "learner/policy_loss": point.policy_loss,
+        "learner/vf_loss": point.vf_loss,
+        "learner/entropy": point.entropy,
+        "learner/updates": float(point.learner_updates),
+        "learner_queue/fill": point.learner_queue_fill,
+    }
