@@ -146,10 +146,10 @@ def job_status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
     return dict(kube.get("ij", name, "-n", namespace).get("status") or {})
 
 
-def impalajob_status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
-    """`impalajob status NAME -n NS --json` from outside the cluster (through the API server)."""
+def impalajob(kube: Kube, *args: str) -> str:
+    """`impalajob ARGS...` from outside the cluster with the admin kubeconfig; its stdout."""
     proc = subprocess.run(
-        [sys.executable, "-m", "impala_trainer.cli", "status", name, "-n", namespace, "--json"],
+        [sys.executable, "-m", "impala_trainer.cli", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -157,7 +157,12 @@ def impalajob_status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    return dict(json.loads(proc.stdout))
+    return proc.stdout
+
+
+def impalajob_status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    """`impalajob status NAME -n NS --json` from outside the cluster (through the API server)."""
+    return dict(json.loads(impalajob(kube, "status", name, "-n", namespace, "--json")))
 
 
 def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
@@ -287,6 +292,13 @@ def test_progress_rises_and_reads_live(real_kube: Kube, faulty_job: tuple[str, P
     assert live["phase"] == "Running"
     assert live["counters"]["num_env_steps_sampled"] >= seen[-1]
 
+    # `impalajob logs` finds the pods by the job's name: the learner's progress lines, and each
+    # rollout pod's lines under its pod's name.
+    learner_log = impalajob(kube, "logs", FAULT_JOB, "-n", ns, "--tail", "20")
+    assert f"[{FAULT_JOB}]" in learner_log and "steps" in learner_log, learner_log
+    rollout_log = impalajob(kube, "logs", FAULT_JOB, "-n", ns, "--role", "rollout", "--tail", "5")
+    assert f"[{FAULT_JOB}-rollout-" in rollout_log, rollout_log
+
 
 def members(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
     """The driver's actor membership, live from the sidecar (through the API server)."""
@@ -408,7 +420,9 @@ def test_killed_learner_resumes_from_checkpoint(
     assert first >= ckpt_steps > 0
     st = wait_finished(kube, ns, FAULT_JOB, timeout=400)
     assert st["phase"] == "Succeeded", diagnose(kube, ns)
-    assert st["learner"]["restarts"] == 1
+    # SIGKILL is the container's end, not the cluster's: a failure, counted against backoffLimit.
+    learner = st["learner"]
+    assert (learner["restarts"], learner["failures"], learner["disruptions"]) == (1, 1, 0)
 
 
 def test_aggregator_variant_trains(real_kube: Kube, operator: None) -> None:

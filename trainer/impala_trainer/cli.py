@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "train": "train locally from an ImpalaJob manifest",
     "validate": "validate an ImpalaJob manifest",
     "status": "print a job's training status",
+    "logs": "print the logs of a job's learner, sidecar, rollout or aggregator pods",
     "learner": "learner pod: Ray head + driver + learner",
     "rollout-node": "rollout pod: join the learner's Ray cluster",
     "aggregator-node": "aggregator pod: join the learner's Ray cluster",

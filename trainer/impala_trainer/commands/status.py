@@ -21,10 +21,9 @@ from urllib.parse import urlsplit
 import httpx
 
 from impala_trainer.commands import EXIT_FAILED, CommandError
+from impala_trainer.commands.cluster import NoClusterError, connect
 from impala_trainer.job.spec import API_GROUP, API_VERSION, PLURAL
 from impala_trainer.sidecar.models import StatusResponse
-
-_SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 class StatusCommandError(Exception):
@@ -79,29 +78,17 @@ def base_url(url: str) -> str:
 def status_url_from_cluster(name: str, namespace: str | None) -> tuple[str, bool]:
     """Read `status.statusURL` of ImpalaJob `name` through the Kubernetes API; also whether the
     configuration is the in-cluster one (the URL is then directly reachable)."""
-    from kubernetes import client, config
+    from kubernetes import client
     from kubernetes.client.exceptions import ApiException
-    from kubernetes.config.config_exception import ConfigException
 
-    in_cluster = False
     try:
-        config.load_kube_config()
-        if namespace is None:
-            _, active = config.list_kube_config_contexts()
-            namespace = (active or {}).get("context", {}).get("namespace")
-    except ConfigException:
-        try:
-            config.load_incluster_config()
-            in_cluster = True
-        except ConfigException as err:
-            raise StatusCommandError(
-                f"{name!r} is not a URL, and there is no kubeconfig or in-cluster config to "
-                f"look the job up with ({err})"
-            ) from err
-        if namespace is None and os.path.exists(_SA_NAMESPACE):
-            with open(_SA_NAMESPACE) as f:
-                namespace = f.read().strip()
-    namespace = namespace or "default"
+        cluster = connect(namespace)
+    except NoClusterError as err:
+        raise StatusCommandError(
+            f"{name!r} is not a URL, and there is no kubeconfig or in-cluster config to "
+            f"look the job up with ({err})"
+        ) from err
+    namespace, in_cluster = cluster.namespace, cluster.in_cluster
     try:
         obj: dict[str, Any] = client.CustomObjectsApi().get_namespaced_custom_object(
             API_GROUP, API_VERSION, namespace, PLURAL, name
