@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(
             f"--follow streams one pod; {args.role} has {len(pods)}: use kubectl logs -f POD"
         )
-    prefix = len(pods) > 1
+    prefix = args.role in ("rollout", "aggregator")  # a group: say whose line it is
     for pod in pods:
         name = pod["metadata"]["name"]
         try:
