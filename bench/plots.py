@@ -46,3 +46,43 @@ def plot_return_curves(
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
+
+
+def plot_run_history(history: Path, threshold: float, path: Path, title: str) -> None:
+    """One run's learning curve from its history.jsonl: 100-episode mean return against env
+    steps (left) and against training wall time (right)."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in history.read_text().splitlines() if line.strip()]
+    pts = [r for r in rows if r.get("episode_return_mean") is not None]
+    returns = [r["episode_return_mean"] for r in pts]
+    fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110, sharey=True)
+    by_steps.plot([r["env_steps"] / 1e6 for r in pts], returns, color=COLOURS["ours"])
+    by_steps.set_xlabel("env steps (millions; 4 frames each)")
+    by_steps.set_ylabel("mean return, last 100 episodes")
+    by_time.plot([r["wall_seconds"] / 60 for r in pts], returns, color=COLOURS["ours"])
+    by_time.set_xlabel("training wall time (minutes)")
+    for ax in (by_steps, by_time):
+        ax.axhline(threshold, color="black", linestyle="--", linewidth=0.8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="plot a run directory's learning curve")
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--threshold", type=float, required=True)
+    parser.add_argument("--title", default="")
+    parser.add_argument("-o", "--output", type=Path, required=True)
+    args = parser.parse_args()
+    plot_run_history(args.run_dir / "history.jsonl", args.threshold, args.output, args.title)
