@@ -10,7 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from impala_trainer.job.spec import NO_STOP_CRITERION
+from impala_trainer.job.spec import (
+    MOUNT_NAMES_VOLUME_MESSAGE,
+    NO_STOP_CRITERION,
+    ONE_VOLUME_SOURCE_MESSAGE,
+    RESERVED_ENV,
+    RESERVED_ENV_MESSAGE,
+    RESERVED_ENV_PREFIXES,
+    RESERVED_PATH_MESSAGE,
+    RESERVED_PATHS,
+    RESERVED_VOLUME_MESSAGE,
+    RESERVED_VOLUMES,
+    VOLUME_SOURCES,
+)
 
 Rule = dict[str, Any]
 
@@ -85,6 +97,50 @@ def _schedule_point(field: str) -> list[Rule]:
     ]
 
 
+def _cel_list(items: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{i}'" for i in items) + "]"
+
+
+def _pod_overrides(group: str) -> dict[tuple[str, ...], list[Rule]]:
+    """The pod overrides' rules (spec.PodOverrides' validators), for one role's `pod`."""
+    p = f"spec.{group}.pod"
+    prefixes = " && ".join(f"!self.name.startsWith('{x}')" for x in RESERVED_ENV_PREFIXES)
+    sources = ", ".join(f"has(self.{s})" for s in VOLUME_SOURCES)
+    return {
+        (group, "pod"): [
+            _rule(
+                "!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) && "
+                "self.volumes.exists(v, v.name == m.name))",
+                f"{p}.{MOUNT_NAMES_VOLUME_MESSAGE}",
+                ".volumeMounts",
+            )
+        ],
+        (group, "pod", "env", "[]"): [
+            _rule(
+                f"!(self.name in {_cel_list(RESERVED_ENV)}) && {prefixes}",
+                f"{p}.{RESERVED_ENV_MESSAGE}",
+                ".name",
+            )
+        ],
+        (group, "pod", "volumes", "[]"): [
+            _rule(
+                f"!(self.name in {_cel_list(RESERVED_VOLUMES)})",
+                f"{p}.{RESERVED_VOLUME_MESSAGE}",
+                ".name",
+            ),
+            _rule(f"[{sources}].filter(x, x).size() == 1", f"{p}.{ONE_VOLUME_SOURCE_MESSAGE}"),
+        ],
+        (group, "pod", "volumeMounts", "[]"): [
+            _rule(
+                f"!{_cel_list(RESERVED_PATHS)}.exists(r, self.mountPath == r || "
+                "self.mountPath.startsWith(r + '/'))",
+                f"{p}.{RESERVED_PATH_MESSAGE}",
+                ".mountPath",
+            )
+        ],
+    }
+
+
 RULES: dict[tuple[str, ...], list[Rule]] = {
     ("stop",): [
         _rule(
@@ -110,4 +166,7 @@ RULES: dict[tuple[str, ...], list[Rule]] = {
     ("aggregators",): _replica_group("aggregators"),
     ("rollouts", "autoscaling"): _autoscaling("rollouts"),
     ("aggregators", "autoscaling"): _autoscaling("aggregators"),
+    **_pod_overrides("learner"),
+    **_pod_overrides("rollouts"),
+    **_pod_overrides("aggregators"),
 }

@@ -154,20 +154,17 @@ def build_learner_pod(job: ImpalaJob, uid: str, *, restart_count: int = 0) -> Ma
     meta = _meta(job, uid, names.learner_pod_name(job.name, restart_count), "learner")
     meta["labels"][names.RESTART_KEY] = str(restart_count)
     meta["annotations"] = {names.CONFIG_HASH_KEY: config_hash(job)}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": meta,
-        "spec": {
-            **pod_template.pod_defaults(),
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": spec.learner.termination_grace_period_seconds,
-            "initContainers": [sidecar],
-            "containers": [trainer],
-            "volumes": volumes,
-            **pod_template.placement(spec.learner.node_selector, tolerations),
-        },
+    pod_spec = {
+        **pod_template.pod_defaults(),
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": spec.learner.termination_grace_period_seconds,
+        "initContainers": [sidecar],
+        "containers": [trainer],
+        "volumes": volumes,
+        **pod_template.placement(spec.learner.node_selector, tolerations),
     }
+    pod_template.apply_overrides(meta, pod_spec, trainer, spec.learner.pod)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 
 def build_learner_service(job: ImpalaJob, uid: str) -> Manifest:
@@ -220,7 +217,15 @@ def build_node_deployment(job: ImpalaJob, uid: str, role: NodeRole, replicas: in
             ("object-manager", DEFAULT_PORTS.object_manager),
         ],
     )
-    pod_labels = names.child_labels(job.name, role, job.metadata.labels)
+    pod_meta: dict[str, Any] = {"labels": names.child_labels(job.name, role, job.metadata.labels)}
+    pod_spec = {
+        **pod_template.pod_defaults(),
+        "terminationGracePeriodSeconds": NODE_GRACE_SECONDS,
+        "containers": [node],
+        "volumes": pod_template.scratch_volumes(),
+        **pod_template.placement(group.node_selector, pod_template.tolerations(group.tolerations)),
+    }
+    pod_template.apply_overrides(pod_meta, pod_spec, node, group.pod)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -229,18 +234,7 @@ def build_node_deployment(job: ImpalaJob, uid: str, role: NodeRole, replicas: in
             "replicas": replicas,
             "revisionHistoryLimit": 2,
             "selector": {"matchLabels": names.selector_labels(job.name, role)},
-            "template": {
-                "metadata": {"labels": pod_labels},
-                "spec": {
-                    **pod_template.pod_defaults(),
-                    "terminationGracePeriodSeconds": NODE_GRACE_SECONDS,
-                    "containers": [node],
-                    "volumes": pod_template.scratch_volumes(),
-                    **pod_template.placement(
-                        group.node_selector, pod_template.tolerations(group.tolerations)
-                    ),
-                },
-            },
+            "template": {"metadata": pod_meta, "spec": pod_spec},
         },
     }
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from impala_trainer.job.spec import ImpalaJob, Resources, Toleration
+from pydantic import BaseModel
+
+from impala_trainer.job.spec import ImpalaJob, PodOverrides, Resources, Toleration
 
 GPU_RESOURCE = "nvidia.com/gpu"
 RUN_AS = 1000
@@ -137,3 +139,39 @@ def container(
         ],
         "securityContext": container_security_context(),
     }
+
+
+def apply_overrides(
+    meta: dict[str, Any], spec: dict[str, Any], main: dict[str, Any], pod: PodOverrides
+) -> None:
+    """Merge a role's `pod` overrides onto a built pod (metadata, spec, main container), in
+    place. The operator's labels, env, volumes and mounts stay; the spec model has already
+    refused anything that would collide with them or leave the restricted Pod Security
+    Standard, and what is merged carries no securityContext at all."""
+    if pod.labels:
+        meta["labels"] = {**pod.labels, **meta.get("labels", {})}
+    if pod.annotations:
+        meta["annotations"] = {**pod.annotations, **meta.get("annotations", {})}
+
+    def dump(model: BaseModel) -> dict[str, Any]:
+        return model.model_dump(by_alias=True, exclude_none=True)
+
+    if pod.env:
+        main["env"] = [*main["env"], *(dump(e) for e in pod.env)]
+    if pod.env_from:
+        main["envFrom"] = [dump(e) for e in pod.env_from]
+    if pod.volume_mounts:
+        mounts = [dump(m) for m in pod.volume_mounts]
+        main["volumeMounts"] = [*main["volumeMounts"], *mounts]
+    if pod.volumes:
+        spec["volumes"] = [*spec.get("volumes", []), *(dump(v) for v in pod.volumes)]
+    if pod.image_pull_secrets:
+        spec["imagePullSecrets"] = [dict(s) for s in pod.image_pull_secrets]
+    for key, value in (
+        ("affinity", pod.affinity),
+        ("priorityClassName", pod.priority_class_name),
+        ("schedulerName", pod.scheduler_name),
+        ("serviceAccountName", pod.service_account_name),
+    ):
+        if value is not None:
+            spec[key] = value

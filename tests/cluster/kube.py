@@ -226,6 +226,17 @@ class Kube:
         items: list[dict[str, Any]] = self.get(*args)["items"]
         return items
 
+    def wait_crd_established(self, name: str, timeout: float = 60.0) -> None:
+        """Until the API server serves CRD `name`. Polled, not `kubectl wait`: right after an
+        apply the CRD may have no conditions yet, and kubectl wait then fails instead of
+        waiting (seen with a large CRD on a loaded machine)."""
+
+        def established() -> bool:
+            conds = self.get("crd", name).get("status", {}).get("conditions") or []
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+
+        wait_for(established, timeout=timeout, what=f"CRD {name} to be established")
+
     def end_pod(self, namespace: str, pod: str, exit_code: int = 0, reason: str = "") -> None:
         """Make a kwok-run pod terminate with `exit_code` (local cluster only)."""
         if not self.is_local:

@@ -182,9 +182,7 @@ def test_kubectl_apply_manifests_installs_the_operator(kube: Kube) -> None:
     ]
     assert not warnings, proc.stderr
     sa = "system:serviceaccount:impala-system:impala-operator"
-    kube.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/impalajobs.impala.dev"
-    )
+    kube.wait_crd_established("impalajobs.impala.dev")
     kube.kubectl(
         "rollout", "status", "deployment/impala-operator", "-n", "impala-system", "--timeout=120s"
     )

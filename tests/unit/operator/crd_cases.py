@@ -211,6 +211,57 @@ INVALID: list[Invalid] = [
         "spec.training.entropyCoeffSchedule",
     ),
     Invalid("stop-empty", "cel", {"stop": Replace({})}, "spec.stop", NO_STOP_CRITERION),
+    # --- pod overrides: nothing that leaves the restricted Pod Security Standard or collides
+    # with what the operator sets
+    Invalid(
+        "pod-hostpath-volume",
+        "unknown",
+        {"learner": {"pod": {"volumes": [{"name": "host", "hostPath": {"path": "/"}}]}}},
+        "spec.learner.pod.volumes[0]",
+    ),
+    Invalid(
+        "pod-privileged",
+        "unknown",
+        {"rollouts": {"pod": {"securityContext": {"privileged": True}}}},
+        "spec.rollouts.pod.securityContext",
+    ),
+    Invalid(
+        "pod-reserved-env",
+        "cel",
+        {"learner": {"pod": {"env": [{"name": "RAY_ADDRESS", "value": "elsewhere"}]}}},
+        "spec.learner.pod.env[0].name",
+    ),
+    Invalid(
+        "pod-reserved-volume",
+        "cel",
+        {"aggregators": {"pod": {"volumes": [{"name": "tmp", "emptyDir": {}}]}}},
+        "spec.aggregators.pod.volumes[0].name",
+    ),
+    Invalid(
+        "pod-two-volume-sources",
+        "cel",
+        {"learner": {"pod": {"volumes": [{"name": "v", "emptyDir": {}, "secret": {}}]}}},
+        "spec.learner.pod.volumes[0]",
+    ),
+    Invalid(
+        "pod-reserved-mount",
+        "cel",
+        {
+            "learner": {
+                "pod": {
+                    "volumes": [{"name": "v", "emptyDir": {}}],
+                    "volumeMounts": [{"name": "v", "mountPath": "/var/lib/impalajob/run/x"}],
+                }
+            }
+        },
+        "spec.learner.pod.volumeMounts[0].mountPath",
+    ),
+    Invalid(
+        "pod-mount-without-volume",
+        "cel",
+        {"rollouts": {"pod": {"volumeMounts": [{"name": "nope", "mountPath": "/data"}]}}},
+        "spec.rollouts.pod.volumeMounts",
+    ),
     # --- immutable fields (CEL transition rules, checked on update)
     Invalid("env-changed", "immutable", {"env": {"id": "Acrobot-v1"}}, "spec.env"),
     Invalid("model-changed", "immutable", {"model": {"hidden": [64]}}, "spec.model"),
@@ -248,8 +299,47 @@ VALID: dict[str, dict[str, Any]] = {
                     "resources": {"requests": {"cpu": "2", "memory": "4Gi"}},
                     "nodeSelector": {"pool": "gpu"},
                     "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    "pod": {
+                        "labels": {"team": "rl"},
+                        "annotations": {"example.com/owner": "rl-team"},
+                        "env": [
+                            {"name": "WANDB_MODE", "value": "offline"},
+                            {
+                                "name": "WANDB_API_KEY",
+                                "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "key"}},
+                            },
+                        ],
+                        "envFrom": [{"secretRef": {"name": "s3-credentials"}}],
+                        "imagePullSecrets": [{"name": "regcred"}],
+                        "volumes": [
+                            {"name": "datasets", "persistentVolumeClaim": {"claimName": "data"}},
+                            {"name": "extra", "configMap": {"name": "extra-config"}},
+                        ],
+                        "volumeMounts": [
+                            {"name": "datasets", "mountPath": "/data", "readOnly": True},
+                            {"name": "extra", "mountPath": "/etc/extra"},
+                        ],
+                        "affinity": {
+                            "nodeAffinity": {
+                                "requiredDuringSchedulingIgnoredDuringExecution": {
+                                    "nodeSelectorTerms": [
+                                        {
+                                            "matchExpressions": [
+                                                {"key": "pool", "operator": "In",
+                                                 "values": ["gpu"]}
+                                            ]
+                                        }
+                                    ]
+                                }
+                            }
+                        },
+                    },
                 },
-                "rollouts": {"replicas": 2, "workersPerPod": 2},
+                "rollouts": {
+                    "replicas": 2,
+                    "workersPerPod": 2,
+                    "pod": {"env": [{"name": "OMP_NUM_THREADS", "value": "1"}]},
+                },
                 "aggregators": {"minReplicas": 0, "maxReplicas": 2},
                 "stop": {"timesteps": 1000000, "episodeReturnMean": 450},
                 "checkpoint": {"volumeClaim": "ckpt-store", "keep": 5},

@@ -10,7 +10,7 @@ import yaml
 
 from impala_operator import children, names, plan
 from impala_operator.job_status import DeploymentView
-from impala_trainer.job.manifest import parse_manifest
+from impala_trainer.job.manifest import ManifestError, parse_manifest
 from impala_trainer.job.roles import DEFAULT_PORTS, POD_IP, SUBCOMMAND, RayPorts, role_command
 from impala_trainer.job.spec import ImpalaJob
 
@@ -372,3 +372,68 @@ def test_rendered_commands_parse_with_the_role_entrypoints(role: str) -> None:
         assert args.resume is True
     if role == "status":
         assert args.status_port == 8080 and args.host == "0.0.0.0"
+
+
+def test_pod_overrides_merge_onto_the_built_pods_without_loosening_them() -> None:
+    pod = {
+        "labels": {"team": "rl", names.COMPONENT: "hijack"},
+        "annotations": {"example.com/owner": "rl"},
+        "env": [
+            {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "w", "key": "k"}}}
+        ],
+        "envFrom": [{"secretRef": {"name": "s3"}}],
+        "imagePullSecrets": [{"name": "regcred"}],
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}}],
+        "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
+        "affinity": {"podAntiAffinity": {}},
+        "priorityClassName": "training",
+        "schedulerName": "volcano",
+        "serviceAccountName": "trainer",
+    }
+    job = _job(learner={"pod": pod}, rollouts={"pod": {"env": [{"name": "A", "value": "1"}]}})
+    learner = plan.learner_pod(job, UID, 0)
+    spec, meta = learner["spec"], learner["metadata"]
+    main = _container(spec, "learner")
+    assert meta["labels"]["team"] == "rl" and meta["labels"][names.COMPONENT] == "learner"
+    assert meta["annotations"]["example.com/owner"] == "rl"
+    assert meta["annotations"][names.CONFIG_HASH_KEY]  # the operator's stay
+    assert main["env"][-1]["name"] == "WANDB_API_KEY" and main["env"][0]["name"] == "POD_IP"
+    assert main["envFrom"] == [{"secretRef": {"name": "s3"}}]
+    assert {"name": "data", "mountPath": "/data", "readOnly": True} in main["volumeMounts"]
+    assert {v["name"] for v in spec["volumes"]} >= {"config", "run", "tmp", "shm", "data"}
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert (spec["priorityClassName"], spec["schedulerName"]) == ("training", "volcano")
+    assert spec["serviceAccountName"] == "trainer" and spec["affinity"] == {"podAntiAffinity": {}}
+    # The hardening is untouched: the overrides have no field that could change it.
+    assert spec["securityContext"]["runAsNonRoot"] and not spec["automountServiceAccountToken"]
+    assert main["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    # The sidecar gets none of the learner container's env or mounts.
+    assert "envFrom" not in _container(spec, "status")
+    (rollout,) = [d for d in _by_kind(_all_children(job))["Deployment"]
+                  if d["metadata"]["name"].endswith("-rollout")]
+    node = rollout["spec"]["template"]["spec"]["containers"][0]
+    assert node["env"][-1] == {"name": "A", "value": "1"}
+
+
+@pytest.mark.parametrize(
+    ("pod", "says"),
+    [
+        ({"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}, "restricted Pod Security"),
+        ({"securityContext": {"privileged": True}}, "unknown field"),
+        ({"hostNetwork": True}, "unknown field"),
+        ({"env": [{"name": "POD_IP", "value": "1.2.3.4"}]}, "set by the operator"),
+        ({"env": [{"name": "IMPALA_STATUS_TOKEN", "value": "x"}]}, "set by the operator"),
+        ({"volumes": [{"name": "run", "emptyDir": {}}]}, "are the operator's"),
+        ({"volumes": [{"name": "v"}]}, "exactly one of"),
+        ({"volumeMounts": [{"name": "v", "mountPath": "/x"}]}, "must name one of"),
+        (
+            {"volumes": [{"name": "v", "emptyDir": {}}],
+             "volumeMounts": [{"name": "v", "mountPath": "/tmp"}]},
+            "operator's mounts",
+        ),
+    ],
+)
+def test_pod_overrides_refuse_what_would_break_the_pods(pod: dict[str, Any], says: str) -> None:
+    with pytest.raises(ManifestError) as exc:
+        _job(learner={"pod": pod})
+    assert any("spec.learner.pod" in p and says in p for p in exc.value.problems), exc.value
