@@ -213,3 +213,50 @@ def test_kubectl_apply_manifests_installs_the_operator(kube: Kube) -> None:
         )["spec"]["strategy"]["type"]
         == "Recreate"
     )
+
+
+def test_crd_upgrade_path(kube: Kube, namespace: str, tmp_path: Path) -> None:
+    """The documented upgrade (README, "Upgrading"): `helm upgrade` never touches a chart's
+    crds/, so the new CRD is applied server-side first, from the new release's `impalajob crd`.
+    The previous release is simulated by a copy of the chart whose CRD lacks a field this one
+    has (runPolicy.startupDeadlineSeconds), installed by Helm as a real previous install was."""
+    import shutil
+    import subprocess
+    import sys
+
+    old_chart = tmp_path / "impala-operator"
+    shutil.copytree(CHART, old_chart)
+    old_crd = yaml.safe_load((MANIFESTS / "crd.yaml").read_text())
+    schema = old_crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    del schema["properties"]["runPolicy"]["properties"]["startupDeadlineSeconds"]
+    (old_chart / "crds" / "impalajob-crd.yaml").write_text(yaml.safe_dump(old_crd))
+    # Helm installs crds/ only where the CRD is absent: start from a cluster without it.
+    kube.kubectl("delete", "crd", "impalajobs.impala.dev", "--ignore-not-found", "--wait=true")
+    release = "impala-upgrade"
+    kube.helm("install", release, str(old_chart), "--namespace", namespace)
+    try:
+        kube.wait_crd_established("impalajobs.impala.dev")
+        job = {
+            "apiVersion": "impala.dev/v1alpha1",
+            "kind": "ImpalaJob",
+            "metadata": {"name": "upgraded", "namespace": namespace},
+            "spec": {"stop": {"timesteps": 1000}, "runPolicy": {"startupDeadlineSeconds": 600}},
+        }
+        # The old CRD does not know the field: strict validation refuses it.
+        refused = kube.kubectl("apply", "--validate=strict", "--dry-run=server", "-f", "-",
+                               stdin=json.dumps(job), check=False)  # fmt: skip
+        assert refused.returncode != 0 and "startupDeadlineSeconds" in refused.stderr
+        # 1. the new CRD, from the new release's CLI (the same bytes as manifests/crd.yaml)
+        crd = subprocess.run([sys.executable, "-m", "impala_trainer.cli", "crd"],
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=crd)
+        kube.wait_crd_established("impalajobs.impala.dev")
+        # 2. the operator
+        kube.helm("upgrade", release, CHART, "--namespace", namespace)
+        kube.kubectl("apply", "--validate=strict", "-f", "-", stdin=json.dumps(job))
+        live = kube.get("ij", "upgraded", "-n", namespace)
+        assert live["spec"]["runPolicy"]["startupDeadlineSeconds"] == 600
+    finally:
+        kube.kubectl("delete", "ij", "upgraded", "-n", namespace, "--ignore-not-found")
+        kube.helm("uninstall", release, "--namespace", namespace, check=False)
+        install_crd(kube)  # the current CRD for the tests after this one
