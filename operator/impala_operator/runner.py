@@ -1,4 +1,5 @@
-"""Running the operator process: kopf standalone (no peering objects), metrics and liveness.
+"""Running the operator process: leader election (optional), kopf standalone (no peering
+objects: the Lease decides who reconciles), metrics and liveness.
 
 `impalajob operator` (commands/operator.py) parses the flags into `Settings` and calls `serve`.
 """
@@ -8,11 +9,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import kopf
 
 from impala_operator import handlers, kube, metrics
+from impala_operator.leader import LeaderElection
 from impala_operator.settings import Settings
 
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -35,6 +40,56 @@ def current_namespace(kubeconfig: str | None) -> str:
     return "default"
 
 
+def _lead(config: Settings, api_client: object) -> None:
+    """Block until this replica holds the lease; exit the process if it ever loses it."""
+    identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    election = LeaderElection(
+        api_client,
+        current_namespace(config.kubeconfig),
+        config.lease_name,
+        identity,
+        duration=config.lease_duration,
+        renew_every=max(1.0, config.lease_duration / 3),
+        retry_every=max(1.0, config.lease_duration / 7),
+    )
+    # kopf's liveness endpoint starts only with kopf: answer the kubelet's probes meanwhile, or a
+    # standby would be restarted over and over for failing them.
+    standby = _standby_health(config.health_port) if config.health_port else None
+    try:
+        election.acquire()
+    finally:
+        if standby is not None:
+            standby.shutdown()
+            standby.server_close()
+
+    def lost() -> None:
+        # client-go's convention: a replica that may no longer lead stops at once; the kubelet
+        # restarts it as a standby. Exiting beats racing the new leader on the same jobs.
+        log.error("leadership lost; exiting so a standby leads")
+        logging.shutdown()
+        os._exit(1)
+
+    election.keep(lost, threading.Event())
+
+
+def _standby_health(port: int) -> ThreadingHTTPServer:
+    """A /healthz answering 200 while this replica stands by for the lease."""
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path.startswith("/healthz") else 404)
+            self.end_headers()
+            self.wfile.write(b"standing by for the lease\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    ThreadingHTTPServer.allow_reuse_address = True
+    server = ThreadingHTTPServer(("0.0.0.0", port), Health)
+    threading.Thread(target=server.serve_forever, name="standby-health", daemon=True).start()
+    return server
+
+
 def serve(config: Settings, *, verbose: bool = False) -> None:
     """Run the operator until SIGINT/SIGTERM."""
     kopf.configure(verbose=verbose)
@@ -53,8 +108,10 @@ def serve(config: Settings, *, verbose: bool = False) -> None:
     registry = kopf.OperatorRegistry()
     handlers.register(registry, config)
     api_client = kube.load_api_client(config.kubeconfig, pool_size=config.api_concurrency)
-    memo = kopf.Memo(settings=config, api=kube.Api(api_client))
     metrics.serve(config.metrics_port)
+    if config.leader_elect:
+        _lead(config, api_client)
+    memo = kopf.Memo(settings=config, api=kube.Api(api_client))
     liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
     log.info("watching %s", "all namespaces" if config.all_namespaces else ", ".join(namespaces))
     asyncio.run(

@@ -68,6 +68,16 @@ class Settings(BaseSettings):
     metrics_history_seconds: float = Field(default=3600.0, gt=0.0)
     """Sidecar samples kept per job for the autoscaler (at least its longest window)."""
 
+    leader_elect: bool = False
+    """Reconcile only while holding the `lease_name` Lease (run several replicas for HA)."""
+
+    lease_name: str = "impala-operator"
+    """Lease the replicas elect a leader on, in the operator's own namespace."""
+
+    lease_duration: float = Field(default=15.0, ge=2.0, le=600.0)
+    """Seconds a standby waits on an unrenewed lease before taking over (and a leader that
+    cannot renew for this long stops)."""
+
     @field_validator("namespaces", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:

@@ -59,8 +59,15 @@ def _template(kube: Kube, *args: str) -> list[dict[str, Any]]:
     return _docs(out)
 
 
-def _rules(docs: list[dict[str, Any]], kind: str = "ClusterRole") -> list[dict[str, Any]]:
-    (role,) = [d for d in docs if d["kind"] == kind]
+def _rules(
+    docs: list[dict[str, Any]], kind: str = "ClusterRole", leader: bool = False
+) -> list[dict[str, Any]]:
+    """The rules of the one `kind` object (the leader-election Role apart, or only it)."""
+    (role,) = [
+        d
+        for d in docs
+        if d["kind"] == kind and d["metadata"]["name"].endswith("-leader") == leader
+    ]
     return list(role["rules"])
 
 
@@ -87,7 +94,10 @@ def test_helm_lint_is_clean(kube: Kube) -> None:
 def test_template_renders_one_object_per_template_with_short_names(kube: Kube) -> None:
     docs = _template(kube, "--set", "fullnameOverride=" + "x" * 63)
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+    assert kinds == [
+        "ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "Service",
+        "ServiceAccount",
+    ]  # fmt: skip
     for doc in docs:
         assert len(doc["metadata"]["name"]) <= 63, doc["metadata"]["name"]
         for value in doc["metadata"].get("labels", {}).values():
@@ -101,8 +111,14 @@ def test_template_renders_one_object_per_template_with_short_names(kube: Kube) -
 
 def test_chart_and_manifests_grant_the_same_least_privilege(kube: Kube) -> None:
     chart_rules = _rules(_template(kube))
-    manifest_rules = _rules(_docs((MANIFESTS / "rbac.yaml").read_text()))
+    manifest_docs = _docs((MANIFESTS / "rbac.yaml").read_text())
+    manifest_rules = _rules(manifest_docs)
     assert chart_rules == manifest_rules
+    # Leader election: leases in the operator's own namespace, and nothing else.
+    leader = [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+               "verbs": ["get", "create", "update"]}]  # fmt: skip
+    assert _rules(_template(kube), "Role", leader=True) == leader
+    assert _rules(manifest_docs, "Role", leader=True) == leader
     namespaced = _template(kube, "--set", "watchNamespaces={team-a}")
     for rules in (chart_rules, _rules(namespaced), _rules(namespaced, "Role")):
         for rule in rules:
@@ -116,7 +132,11 @@ def test_chart_and_manifests_grant_the_same_least_privilege(kube: Kube) -> None:
             "verbs": ["list", "watch"],
         }
     ]
-    (role,) = [d for d in namespaced if d["kind"] == "Role"]
+    (role,) = [
+        d
+        for d in namespaced
+        if d["kind"] == "Role" and not d["metadata"]["name"].endswith("-leader")
+    ]
     assert role["metadata"]["namespace"] == "team-a"
 
 
@@ -138,6 +158,9 @@ def test_helm_install_grants_the_operator_what_it_needs(kube: Kube, namespace: s
             assert _can(kube, sa, verb, resource, "some-other-namespace"), (verb, resource)
         for verb, resource in FORBIDDEN:
             assert not _can(kube, sa, verb, resource, namespace), (verb, resource)
+        # the leader Lease: in the release namespace only
+        assert _can(kube, sa, "update", "leases.coordination.k8s.io", namespace)
+        assert not _can(kube, sa, "update", "leases.coordination.k8s.io", "kube-system")
         # and the account really works as a client (token from the TokenRequest API)
         env = kube.env_for(kube.sa_kubeconfig(namespace, fullname))
         kube.kubectl("get", "impalajobs", "--all-namespaces", env=env)
@@ -205,14 +228,10 @@ def test_kubectl_apply_manifests_installs_the_operator(kube: Kube) -> None:
         "-f",
         str(MANIFESTS / "examples" / "cartpole.yaml"),
     )
-    assert (
-        json.loads(
-            kube.kubectl(
-                "get", "deployment", "impala-operator", "-n", "impala-system", "-o", "json"
-            ).stdout
-        )["spec"]["strategy"]["type"]
-        == "Recreate"
-    )
+    # Two replicas, one leading on the Lease: a rolling update keeps one running throughout.
+    dep = kube.get("deployment", "impala-operator", "-n", "impala-system")
+    assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert "--leader-elect" in dep["spec"]["template"]["spec"]["containers"][0]["command"]
 
 
 def test_crd_upgrade_path(kube: Kube, namespace: str, tmp_path: Path) -> None:

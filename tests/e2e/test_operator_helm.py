@@ -64,7 +64,7 @@ class Operator:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
-    def start(self) -> None:
+    def start(self, *extra: str) -> None:
         self.starts += 1
         log = (self.logdir / f"operator-{self.starts}.log").open("wb")
         env = {**self.kube.env_for(self.kubeconfig), **OPERATOR_ENV}
@@ -81,6 +81,7 @@ class Operator:
                 "--metrics-port",
                 str(self.metrics_port),
                 *(["--verbose"] if os.environ.get("E2E_OPERATOR_VERBOSE") else []),
+                *extra,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -750,3 +751,46 @@ class TestOperatorHelm(OperatorSuite):
             yield kube.sa_kubeconfig(ns, account)
         finally:
             kube.helm("uninstall", release, "-n", ns, check=False)
+
+    def test_two_replicas_elect_one_leader_and_fail_over(
+        self, kube: Kube, ns: str, operator: Operator, operator_identity: Path,
+        tmp_path: Path,
+    ) -> None:  # fmt: skip
+        """The chart's two replicas: only the Lease holder reconciles; SIGKILL it and the
+        standby takes the Lease and the jobs over (lease 4 s here; the chart's default 15)."""
+        operator.kill()  # the suite's operator (no election) steps aside for this test
+        replicas = [Operator(kube, operator_identity, ns, tmp_path / f"r{i}") for i in (0, 1)]
+        env = {"IMPALA_OPERATOR_LEASE_DURATION": "4"}
+        try:
+            for op in replicas:
+                op.logdir.mkdir()
+                OPERATOR_ENV.update(env)
+                op.start("--leader-elect")
+
+            def holder() -> str:
+                lease = kube.get("lease", "impala-operator", "-n", ns)
+                return str(lease["spec"].get("holderIdentity") or "")
+
+            leader_id = wait_for(holder, timeout=30, what="a lease holder")
+            leading = [op for op in replicas if str(op.proc.pid) in leader_id]  # type: ignore[union-attr]
+            assert len(leading) == 1, (leader_id, [op.proc.pid for op in replicas])  # type: ignore[union-attr]
+            (leader,) = leading
+            (standby,) = [op for op in replicas if op is not leader]
+            self.create(kube, ns, job_manifest("ha-one", SMALL_JOB))
+            self.wait_status(kube, ns, "ha-one", lambda s: s.get("phase") == "Running", "Running")
+            assert "standing by" in standby.log_tail(200)
+            assert "ha-one" not in standby.log_tail(200)  # the standby reconciled nothing
+            leader.kill(signal.SIGKILL)
+            t0 = time.monotonic()
+            wait_for(lambda: holder() not in ("", leader_id), timeout=30, what="a new holder")
+            self.create(kube, ns, job_manifest("ha-two", SMALL_JOB))
+            self.wait_status(kube, ns, "ha-two", lambda s: s.get("phase") == "Running", "Running")
+            print(f"failover: ha-two Running {time.monotonic() - t0:.1f} s after the SIGKILL")
+            assert "took over lease" in standby.log_tail(200)
+        finally:
+            for key in env:
+                OPERATOR_ENV.pop(key, None)
+            for op in replicas:
+                op.kill()
+            operator.start()
+

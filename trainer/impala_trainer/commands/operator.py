@@ -38,6 +38,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reconcile-interval", type=float, help="seconds between level-based reconciles"
     )
+    parser.add_argument(
+        "--leader-elect",
+        action="store_true",
+        default=None,
+        help="reconcile only while holding the operator's Lease (for several replicas)",
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
 
 
@@ -52,6 +58,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             "metrics_port": args.metrics_port,
             "health_port": args.health_port,
             "reconcile_interval": args.reconcile_interval,
+            "leader_elect": args.leader_elect,
         }.items()
         if value is not None
     }
