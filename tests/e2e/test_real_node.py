@@ -89,6 +89,15 @@ def wait_finished(kube: Kube, namespace: str, name: str, timeout: float = 900) -
     return wait_for(done, timeout=timeout, interval=3, what=f"ImpalaJob {name} to finish")
 
 
+def operator_leader(kube: Kube) -> str:
+    """The operator pod holding the leader Lease ("" while none does)."""
+    proc = kube.kubectl("get", "lease", "impala-operator", "-n", OPERATOR_NS, "-o", "json",
+                        check=False)  # fmt: skip
+    if proc.returncode != 0:
+        return ""
+    return str(json.loads(proc.stdout)["spec"].get("holderIdentity") or "")
+
+
 @pytest.fixture(scope="module")
 def operator(real_kube: Kube) -> Iterator[None]:
     """The chart installed into `impala-system`, its operator pod Running on the real node."""
@@ -97,8 +106,10 @@ def operator(real_kube: Kube) -> Iterator[None]:
         "--set", "reconcileInterval=2", "--wait", "--timeout", "5m", timeout=360,
     )  # fmt: skip
     pods = real_kube.pods(OPERATOR_NS)
-    assert [p["spec"]["nodeName"] for p in pods] == [NODE_NAME]
-    log(f"operator pod {pods[0]['metadata']['name']} Running on {NODE_NAME}")
+    # The chart's two replicas, one leading on the Lease.
+    assert [p["spec"]["nodeName"] for p in pods] == [NODE_NAME, NODE_NAME]
+    leader = wait_for(lambda: operator_leader(real_kube), timeout=60, what="an operator leader")
+    log(f"operator pods {[p['metadata']['name'] for p in pods]} Running; {leader} leads")
     yield
     real_kube.helm("uninstall", "impala", "-n", OPERATOR_NS, "--wait", check=False)
 
@@ -343,9 +354,11 @@ def test_deleted_rollout_pod_is_replaced(real_kube: Kube, faulty_job: tuple[str,
 
 def test_deleted_operator_pod_converges(real_kube: Kube, faulty_job: tuple[str, Path]) -> None:
     kube, (ns, _) = real_kube, faulty_job
-    old = kube.pods(OPERATOR_NS)[0]["metadata"]["name"]
+    # The leader goes: the standby must take the Lease over and carry on.
+    old = operator_leader(kube)
+    assert old in [p["metadata"]["name"] for p in kube.pods(OPERATOR_NS)], old
     kube.kubectl("delete", "pod", "-n", OPERATOR_NS, old, "--wait=false")
-    log(f"deleted operator pod {old} at {progress_steps(kube, ns, FAULT_JOB)} steps")
+    log(f"deleted the leading operator pod {old} at {progress_steps(kube, ns, FAULT_JOB)} steps")
     # Until the old pod is gone it may still write status; only the new one's writes count.
     wait_for(
         lambda: [p["metadata"]["name"] for p in kube.pods(OPERATOR_NS)] not in ([old], []),
@@ -359,6 +372,13 @@ def test_deleted_operator_pod_converges(real_kube: Kube, faulty_job: tuple[str, 
         interval=2,
         what=f"the old operator pod {old} to be gone",
     )
+    new = wait_for(
+        lambda: operator_leader(kube) not in ("", old) and operator_leader(kube),
+        timeout=120,
+        interval=2,
+        what="another operator pod to lead",
+    )
+    log(f"{new} leads now")
     before = progress_steps(kube, ns, FAULT_JOB)
     # The new operator picks the job up where it was: status moves again ...
     wait_for(
