@@ -122,6 +122,27 @@ def _steps_at(points: list[list[Any]], t: float) -> float | None:
     return None
 
 
+def _window_budget(
+    s0: dict[str, float], s1: dict[str, float], steps: float, seconds: float
+) -> dict[str, Any]:
+    """CPU ms per 1,000 env steps by component between two samples `seconds` apart."""
+    per: dict[str, float] = {}
+    for key, v1 in s1.items():
+        comp = key.split("#", 1)[0]
+        per[comp] = per.get(comp, 0.0) + max(0.0, v1 - s0.get(key, 0.0))
+    ms_per_k = {k: round(1e6 * v / steps, 2) for k, v in sorted(per.items()) if v > 0}
+    total = sum(ms_per_k.values())
+    return {
+        "window_s": round(seconds, 1),
+        "env_steps": round(steps),
+        "steps_per_s": round(steps / seconds, 1),
+        "cpu_ms_per_1k_steps": ms_per_k,
+        "total_cpu_ms_per_1k_steps": round(total, 2),
+        "cpu_bound_steps_per_s": round(CORES * 1e6 / total, 1) if total else None,
+        "cores_used": round(sum(per.values()) / seconds, 2),
+    }
+
+
 def budget(
     samples: list[tuple[float, dict[str, float]]],
     points: list[list[Any]],
@@ -142,21 +163,7 @@ def budget(
     if steps0 is None or steps1 is None or steps1 <= steps0:
         return {"error": "no steps in window"}
     steps = steps1 - steps0
-    per: dict[str, float] = {}
-    for key, v1 in s1.items():
-        comp = key.split("#", 1)[0]
-        per[comp] = per.get(comp, 0.0) + max(0.0, v1 - s0.get(key, 0.0))
-    ms_per_k = {k: round(1e6 * v / steps, 2) for k, v in sorted(per.items()) if v > 0}
-    total = sum(ms_per_k.values())
-    return {
-        "window_s": round(t1 - t0, 1),
-        "env_steps": round(steps),
-        "steps_per_s": round(steps / (t1 - t0), 1),
-        "cpu_ms_per_1k_steps": ms_per_k,
-        "total_cpu_ms_per_1k_steps": round(total, 2),
-        "cpu_bound_steps_per_s": round(CORES * 1e6 / total, 1) if total else None,
-        "cores_used": round(sum(per.values()) / (t1 - t0), 2),
-    }
+    return _window_budget(s0, s1, steps, t1 - t0)
 
 
 def _sampled(run_dir: Path) -> int:
@@ -187,21 +194,7 @@ def attached(pid: int, run_dir: Path, seconds: float) -> dict[str, Any]:
     steps = steps1 - steps0
     if steps <= 0:
         return {"error": "no env steps in the window"}
-    per: dict[str, float] = {}
-    for key, v1 in s1.items():
-        comp = key.split("#", 1)[0]
-        per[comp] = per.get(comp, 0.0) + max(0.0, v1 - s0.get(key, 0.0))
-    ms_per_k = {k: round(1e6 * v / steps, 2) for k, v in sorted(per.items()) if v > 0}
-    total = sum(ms_per_k.values())
-    return {
-        "window_s": round(t1 - t0, 1),
-        "env_steps": steps,
-        "steps_per_s": round(steps / (t1 - t0), 1),
-        "cpu_ms_per_1k_steps": ms_per_k,
-        "total_cpu_ms_per_1k_steps": round(total, 2),
-        "cpu_bound_steps_per_s": round(CORES * 1e6 / total, 1) if total else None,
-        "cores_used": round(sum(per.values()) / (t1 - t0), 2),
-    }
+    return _window_budget(s0, s1, steps, t1 - t0)
 
 
 def trial(args: argparse.Namespace) -> dict[str, Any]:

@@ -232,14 +232,21 @@ def _transition(
     return replace(state, phase=phase, reason=reason, message=message, conditions=conds)
 
 
-def _restarting(
-    conditions: Sequence[dict[str, Any]], reason: str, message: str, now: float
-) -> tuple[dict[str, Any], ...]:
-    """Restarting=True, and Running=False if it was set: no learner runs until the next one."""
-    conds = set_condition(conditions, "Restarting", True, reason, message, now)
+def _restart(state: JobState, reason: str, message: str, now: float, **counts: Any) -> JobState:
+    """The next attempt, Pending: restarts + 1 and the given counters; Restarting=True, and
+    Running=False if it was set (no learner runs until the next one)."""
+    conds = set_condition(state.conditions, "Restarting", True, reason, message, now)
     if any(c.get("type") == "Running" for c in conds):
         conds = set_condition(conds, "Running", False, reason, message, now)
-    return conds
+    return replace(
+        state,
+        phase="Pending",
+        reason=reason,
+        message=message,
+        restarts=state.restarts + 1,
+        conditions=conds,
+        **counts,
+    )
 
 
 def _not_running_since(state: JobState, started: float, now: float) -> float:
@@ -301,17 +308,10 @@ def step(
             f"{state.restarts + 1} resumes from the latest checkpoint (no retry used)"
         )
         events.append(Event("Normal", "LearnerDisrupted", msg))
-        conds = _restarting(state.conditions, "LearnerDisrupted", msg, now)
-        state = replace(
-            state,
-            phase="Pending",
-            reason="LearnerDisrupted",
-            message=msg,
-            restarts=state.restarts + 1,
-            disruptions=state.disruptions + 1,
+        state = _restart(
+            state, "LearnerDisrupted", msg, now, disruptions=state.disruptions + 1,
             last_failure_time=None,
-            conditions=conds,
-        )
+        )  # fmt: skip
         current = None
     elif current is not None and current.failed:
         why = f"learner attempt {current.attempt} exited with code {current.exit_code}"
@@ -323,16 +323,8 @@ def step(
         failures = state.failures + 1
         msg = f"{why}; retry {failures} of {policy.backoff_limit} from the latest checkpoint"
         events.append(Event("Warning", "LearnerFailed", msg))
-        conds = _restarting(state.conditions, "LearnerFailed", msg, now)
-        state = replace(
-            state,
-            phase="Pending",
-            reason="LearnerFailed",
-            message=msg,
-            restarts=state.restarts + 1,
-            failures=failures,
-            last_failure_time=now,
-            conditions=conds,
+        state = _restart(
+            state, "LearnerFailed", msg, now, failures=failures, last_failure_time=now
         )
         current = None
 

@@ -124,10 +124,14 @@ def _tick(
 
 
 def _apply_children(
-    body: kopf.Body, memo: kopf.Memo, deployments: Iterable[tuple[str, Any]] = ()
+    body: kopf.Body,
+    memo: kopf.Memo,
+    deployments: Iterable[tuple[str, Any]] = (),
+    patch: kopf.Patch | None = None,
 ) -> dict[str, Any]:
-    """Run the create/update handler; the status patch it leaves for kopf to write."""
-    patch = kopf.Patch()
+    """Run the create/update handler; the status patch it leaves for kopf to write (in `patch`
+    if given)."""
+    patch = kopf.Patch() if patch is None else patch
     asyncio.run(
         handlers.apply_children(
             body=body,
@@ -201,16 +205,7 @@ def test_apply_children_retries_when_the_api_fails() -> None:
     before = _errors("children")
     body, patch = _body(), kopf.Patch()
     with pytest.raises(kopf.TemporaryError, match="applying children"):
-        asyncio.run(
-            handlers.apply_children(
-                body=body,
-                uid=UID,
-                meta=body.meta,
-                patch=patch,
-                memo=_memo(FakeApi(fail_on="apply")),
-                node_deployments={},
-            )
-        )
+        _apply_children(body, _memo(FakeApi(fail_on="apply")), patch=patch)
     assert _errors("children") == before + 1
     # A generation whose children could not be applied is not reported as observed.
     assert "observedGeneration" not in patch.get("status", {})
