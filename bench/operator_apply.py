@@ -189,6 +189,7 @@ def api_floor(kube: Kube, names: list[str], ns: str, threads: int) -> list[float
     """The same children written straight through `kube.Api` with no operator, as fast as
     `threads` concurrent calls go: what this control plane allows at best. Per-job seconds
     from the start until that job's last child was written."""
+    from impala_operator.auth import job_tokens
     from impala_operator.kube import Api, load_api_client
     from impala_operator.plan import learner_pod, plan_children
     from impala_trainer.job.manifest import parse_manifest
@@ -212,7 +213,18 @@ def api_floor(kube: Kube, names: list[str], ns: str, threads: int) -> list[float
 
         async def one(body: dict[str, Any]) -> float:
             job, uid = parse_manifest(body), body["metadata"]["uid"]
-            await asyncio.gather(*(api.apply(m) for m in plan_children(job, uid, {})))
+            await asyncio.gather(
+                *(
+                    api.apply(m)
+                    for m in plan_children(
+                        job,
+                        uid,
+                        {},
+                        tokens=job_tokens(b"bench", uid),
+                        operator_namespace="impala-system",
+                    )
+                )
+            )
             await api.create(learner_pod(job, uid, 0))
             return time.monotonic() - t0
 

@@ -21,6 +21,7 @@ from impala_trainer.job.spec import (
     RESERVED_PATHS,
     RESERVED_VOLUME_MESSAGE,
     RESERVED_VOLUMES,
+    SECRET_REF_NEEDS_URI,
     VOLUME_SOURCES,
 )
 
@@ -162,6 +163,13 @@ RULES: dict[tuple[str, ...], list[Rule]] = {
     ("training", "lrSchedule", "[]"): _schedule_point("lrSchedule"),
     ("training", "entropyCoeffSchedule"): _schedule("entropyCoeffSchedule"),
     ("training", "entropyCoeffSchedule", "[]"): _schedule_point("entropyCoeffSchedule"),
+    ("checkpoint",): [
+        _rule(
+            "!has(self.secretRef) || has(self.storageUri)",
+            f"spec.{SECRET_REF_NEEDS_URI}",
+            ".secretRef",
+        )
+    ],
     ("rollouts",): _replica_group("rollouts"),
     ("aggregators",): _replica_group("aggregators"),
     ("rollouts", "autoscaling"): _autoscaling("rollouts"),

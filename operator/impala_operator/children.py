@@ -12,12 +12,14 @@ attempt gets a new name (`<job>-learner-<attempt>`), so the failed pod can stay 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from typing import Any, Literal
 
 import yaml
 
 from impala_operator import names, pod_template
+from impala_operator.auth import JobTokens
 from impala_trainer.job.roles import DEFAULT_PORTS, POD_IP, STATUS_PORT, role_command
 from impala_trainer.job.spec import API_GROUP, API_VERSION, KIND, ImpalaJob
 
@@ -28,7 +30,8 @@ CONFIG_DIR = "/etc/impalajob"
 CONFIG_KEY = "job.yaml"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
 RUN_DIR = "/var/lib/impalajob/run"
-CHECKPOINT_DIR = f"{RUN_DIR}/checkpoints"  # snapshot.CHECKPOINT_DIR inside the run directory
+AUTH_DIR = "/etc/impalajob-auth"
+"""The sidecar's token file lives here (the job's auth Secret, one key): re-read on rotation."""
 
 NODE_GRACE_SECONDS = 60
 """SIGTERM to SIGKILL for rollout/aggregator pods: time to finish and hand over the in-flight
@@ -76,6 +79,30 @@ def config_hash(job: ImpalaJob) -> str:
     return hashlib.sha256(job_config_yaml(job).encode()).hexdigest()[:16]
 
 
+def ray_token_env(job: ImpalaJob) -> dict[str, Any]:
+    """RAY_AUTH_TOKEN from the job's auth Secret: every node of the job's Ray cluster (learner,
+    rollouts, aggregators) shares it, and Ray refuses anyone who has not."""
+    secret = {"name": names.child_name(job.name, "auth"), "key": names.RAY_TOKEN_KEY}
+    return {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": secret}}
+
+
+def build_auth_secret(job: ImpalaJob, uid: str, tokens: JobTokens) -> Manifest:
+    """Secret `<job>-auth`: the sidecar's bearer token and the Ray cluster's token. Readable by
+    whoever may read Secrets in the namespace (`impalajob status` uses it); not by the operator,
+    which derives both (auth.job_tokens)."""
+
+    def b64(value: str) -> str:
+        return base64.b64encode(value.encode()).decode()
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(job, uid, names.child_name(job.name, "auth"), "auth"),
+        "type": "Opaque",
+        "data": {names.STATUS_TOKEN_KEY: b64(tokens.status), names.RAY_TOKEN_KEY: b64(tokens.ray)},
+    }
+
+
 def build_config_map(job: ImpalaJob, uid: str) -> Manifest:
     """ConfigMap `<job>-config` holding job.yaml."""
     return {
@@ -102,18 +129,28 @@ def build_learner_pod(job: ImpalaJob, uid: str, *, restart_count: int = 0) -> Ma
                 {"key": pod_template.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
             )
 
+    claim = spec.checkpoint.volume_claim
+    # On a claim the whole run directory survives the pod (checkpoints, summary, history,
+    # TensorBoard files, the trainer's log): the next attempt, or a resumed suspend, continues
+    # from it, and the results are there after the job. Without one it is an emptyDir, and
+    # only checkpoint.storageUri keeps a copy.
+    run_volume = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
     volumes = [
         {"name": "config", "configMap": {"name": names.child_name(job.name, "config")}},
-        {"name": "run", "emptyDir": {}},
+        {"name": "run", **run_volume},
+        {
+            "name": "auth",
+            "secret": {
+                "secretName": names.child_name(job.name, "auth"),
+                "items": [{"key": names.STATUS_TOKEN_KEY, "path": names.STATUS_TOKEN_KEY}],
+                "defaultMode": 0o440,
+            },
+        },
         *pod_template.scratch_volumes(),
     ]
-    claim = spec.checkpoint.volume_claim
     run_mounts = [{"name": "run", "mountPath": RUN_DIR}]
-    if claim:
-        # Checkpoints on the claim survive the pod: the next attempt (or a resumed suspend)
-        # continues from the newest one. Without a claim they live and die with the pod.
-        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}})
-        run_mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_DIR})
+    # The job's uid tells its run in storageUri from an earlier job's of the same name.
+    learner_env = [{"name": "IMPALA_JOB_UID", "value": uid}, ray_token_env(job)]
 
     trainer = pod_template.container(
         "learner",
@@ -129,17 +166,26 @@ def build_learner_pod(job: ImpalaJob, uid: str, *, restart_count: int = 0) -> Ma
             ("object-manager", DEFAULT_PORTS.object_manager),
             ("ray-metrics", DEFAULT_PORTS.metrics_export),
         ],
+        extra_env=learner_env,
     )
+    if spec.checkpoint.secret_ref is not None:
+        # The store's credentials and endpoint (AWS_*), for the driver's uploads alone.
+        trainer["envFrom"] = [{"secretRef": {"name": spec.checkpoint.secret_ref.name}}]
     sidecar = pod_template.container(
         "status",
         job,
         role_command("status", job, run_dir=RUN_DIR, status_host="0.0.0.0"),
         resources=pod_template.SIDECAR_RESOURCES,
-        # Only the run directory: a checkpoint mount nested in a read-only mount would need its
-        # mount point created inside it, which fails, and the sidecar never reads checkpoints.
-        mounts=[{"name": "run", "mountPath": RUN_DIR, "readOnly": True}],
+        mounts=[
+            {"name": "run", "mountPath": RUN_DIR, "readOnly": True},
+            {"name": "auth", "mountPath": AUTH_DIR, "readOnly": True},
+        ],
         ports=[("http", STATUS_PORT)],
-        extra_env=[{"name": "IMPALA_STATUS_JOB_NAME", "value": job.name}],
+        extra_env=[
+            {"name": "IMPALA_STATUS_JOB_NAME", "value": job.name},
+            # Every endpoint but /healthz and /readyz wants the bearer token.
+            {"name": "IMPALA_STATUS_TOKEN_FILE", "value": f"{AUTH_DIR}/{names.STATUS_TOKEN_KEY}"},
+        ],
     )
     sidecar["readinessProbe"] = pod_template.http_probe(
         "/readyz", STATUS_PORT, period=5, failures=3
@@ -216,6 +262,7 @@ def build_node_deployment(job: ImpalaJob, uid: str, role: NodeRole, replicas: in
             ("node-manager", DEFAULT_PORTS.node_manager),
             ("object-manager", DEFAULT_PORTS.object_manager),
         ],
+        extra_env=[ray_token_env(job)],
     )
     pod_meta: dict[str, Any] = {"labels": names.child_labels(job.name, role, job.metadata.labels)}
     pod_spec = {
@@ -260,9 +307,12 @@ def build_learner_disruption_budget(job: ImpalaJob, uid: str) -> Manifest:
     }
 
 
-def build_network_policy(job: ImpalaJob, uid: str) -> Manifest:
+def build_network_policy(job: ImpalaJob, uid: str, operator_namespace: str) -> Manifest:
     """NetworkPolicy `<job>-network`: the job's pods accept Ray traffic (any port) only from the
-    job's own pods; the status port is open to anyone (operator, Prometheus, users)."""
+    job's own pods, and the status port only from pods labelled `impala.dev/status-access:
+    "true"` in the job's namespace or the operator's (the operator's own pods carry it). What
+    gets through still needs the status token."""
+    access = {names.STATUS_ACCESS_LABEL: "true"}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -272,7 +322,18 @@ def build_network_policy(job: ImpalaJob, uid: str) -> Manifest:
             "policyTypes": ["Ingress"],
             "ingress": [
                 {"from": [{"podSelector": {"matchLabels": names.selector_labels(job.name)}}]},
-                {"ports": [{"protocol": "TCP", "port": STATUS_PORT}]},
+                {
+                    "from": [
+                        {"podSelector": {"matchLabels": access}},
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": operator_namespace}
+                            },
+                            "podSelector": {"matchLabels": access},
+                        },
+                    ],
+                    "ports": [{"protocol": "TCP", "port": STATUS_PORT}],
+                },
             ],
         },
     }

@@ -28,6 +28,7 @@ from typing import Any
 import kopf
 
 from impala_operator import job_status, kube, metrics, names, plan
+from impala_operator.auth import job_tokens
 from impala_operator.autoscaler import MetricSample
 from impala_operator.run_policy import Event
 from impala_operator.settings import Settings
@@ -190,15 +191,28 @@ async def apply_children(
         message = "; ".join(exc.problems)
         await api.post_event(body, Event("Warning", "InvalidSpec", message), time.time())
         raise kopf.PermanentError(f"invalid spec: {message}") from exc
-    manifests = plan.plan_children(job, uid, _deployment_views(node_deployments, uid))
+    manifests = plan.plan_children(
+        job,
+        uid,
+        _deployment_views(node_deployments, uid),
+        tokens=job_tokens(memo.token_key, uid),
+        operator_namespace=memo.operator_namespace,
+    )
     namespace = job.metadata.namespace or ""
     try:
-        await asyncio.gather(*(api.apply(m) for m in manifests))
+        # The Secret before the pods that mount it (a pod whose Secret is missing waits).
+        await api.apply(manifests[0])
+        await asyncio.gather(*(api.apply(m) for m in manifests[1:]))
         for api_version, kind, name in plan.removed_children(job):
             await api.delete(api_version, kind, namespace, name)
     except kube.ApiError as exc:
         metrics.ERRORS.labels("children").inc()
         raise kopf.TemporaryError(f"applying children: {exc}", delay=5) from exc
+    warning = plan.durability_warning(job)
+    if warning is not None and body.get("status", {}).get("observedGeneration") != meta.get(
+        "generation"
+    ):
+        await api.post_event(body, warning, time.time())
     patch.status["observedGeneration"] = meta.get("generation")
     log.info("%s/%s children applied", job.metadata.namespace, job.name)
 
@@ -229,7 +243,8 @@ async def tick(
     if status.get("phase") not in (*TERMINAL, "Suspended"):
         namespace, annotations = job.metadata.namespace or "", job.metadata.annotations
         snapshot = await memo.sidecar.fetch_status(
-            job_status.sidecar_url(job.name, namespace, annotations)
+            job_status.sidecar_url(job.name, namespace, annotations),
+            token=job_tokens(memo.token_key, uid).status,
         )
     sample = job_status.metric_sample(snapshot, now, settings.metrics_stale_after)
     tick_plan = plan.plan_tick(

@@ -11,7 +11,7 @@ from typing import Literal
 
 from impala_trainer.job.spec import API_GROUP
 
-Component = Literal["config", "learner", "rollout", "aggregator", "status", "network"]
+Component = Literal["config", "learner", "rollout", "aggregator", "status", "network", "auth"]
 
 APP_NAME = "impalajob"
 PART_OF = "impalajob"
@@ -27,6 +27,14 @@ RESTART_KEY = f"{API_GROUP}/restart"
 """On the learner pod: which learner attempt it is (0 = first run)."""
 CONFIG_HASH_KEY = f"{API_GROUP}/config-hash"
 """Annotation on the learner pod: hash of the job.yaml it was started with."""
+
+STATUS_ACCESS_LABEL = f"{API_GROUP}/status-access"
+"""Pods labelled `impala.dev/status-access: "true"` (in the job's namespace, and the operator's
+own) may reach a job's status port through its NetworkPolicy."""
+STATUS_TOKEN_KEY = "status-token"
+"""Key of the job's auth Secret (`<job>-auth`) holding the sidecar's bearer token."""
+RAY_TOKEN_KEY = "ray-token"
+"""Key of the job's auth Secret holding the Ray cluster's RAY_AUTH_TOKEN."""
 
 JOB_ONLY_LABEL_PREFIXES = ("kueue.x-k8s.io/", "scheduling.x-k8s.io/")
 """Labels that admit the job as one workload (Kueue's queue-name, priority-class, ...; the

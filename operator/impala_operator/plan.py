@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from impala_operator import autoscaler, children, job_status, names, run_policy
+from impala_operator.auth import JobTokens
 from impala_operator.children import Manifest
 from impala_operator.run_policy import Event, LearnerPod
 from impala_operator.settings import Settings
@@ -64,17 +65,24 @@ def learner_pod(job: ImpalaJob, uid: str, attempt: int) -> Manifest:
 
 
 def plan_children(
-    job: ImpalaJob, uid: str, deployments: Mapping[str, job_status.DeploymentView | None]
+    job: ImpalaJob,
+    uid: str,
+    deployments: Mapping[str, job_status.DeploymentView | None],
+    *,
+    tokens: JobTokens,
+    operator_namespace: str,
 ) -> list[Manifest]:
-    """Children that follow the spec (config, Services, NetworkPolicy, Deployments), for the
-    create/update/resume handlers. Existing Deployments keep their replicas and request marker:
-    replica decisions are the timer's, which sees the request change and acts on it."""
+    """Children that follow the spec (auth Secret, config, Services, NetworkPolicy,
+    Deployments), for the create/update/resume handlers; the Secret first, as the pods mount it.
+    Existing Deployments keep their replicas and request marker: replica decisions are the
+    timer's, which sees the request change and acts on it."""
     suspended = job.spec.run_policy.suspend
     manifests = [
+        children.build_auth_secret(job, uid, tokens),
         children.build_config_map(job, uid),
         children.build_learner_service(job, uid),
         children.build_status_service(job, uid),
-        children.build_network_policy(job, uid),
+        children.build_network_policy(job, uid, operator_namespace),
     ]
     if job.spec.run_policy.learner_disruption_budget:
         manifests.append(children.build_learner_disruption_budget(job, uid))
@@ -87,6 +95,19 @@ def plan_children(
             start = 0 if suspended else group.initial_replicas
             manifests.append(deployment(job, uid, role, start, requested(job, role)))
     return manifests
+
+
+def durability_warning(job: ImpalaJob) -> Event | None:
+    """A Warning when nothing keeps the run's results past the learner pod."""
+    checkpoint = job.spec.checkpoint
+    if checkpoint.volume_claim or checkpoint.storage_uri:
+        return None
+    return Event(
+        "Warning",
+        "ResultsNotDurable",
+        "spec.checkpoint has neither volumeClaim nor storageUri: the run directory "
+        "(checkpoints, summary.json, history.jsonl) is an emptyDir and goes with the learner pod",
+    )
 
 
 def removed_children(job: ImpalaJob) -> list[tuple[str, str, str]]:

@@ -159,7 +159,8 @@ def apply_overrides(
     if pod.env:
         main["env"] = [*main["env"], *(dump(e) for e in pod.env)]
     if pod.env_from:
-        main["envFrom"] = [dump(e) for e in pod.env_from]
+        # The user's sources first: for a key in both, the operator's (later) source wins.
+        main["envFrom"] = [*(dump(e) for e in pod.env_from), *main.get("envFrom", [])]
     if pod.volume_mounts:
         mounts = [dump(m) for m in pod.volume_mounts]
         main["volumeMounts"] = [*main["volumeMounts"], *mounts]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import kopf
 
-from impala_operator import handlers, kube, metrics
+from impala_operator import auth, handlers, kube, metrics
 from impala_operator.leader import LeaderElection
 from impala_operator.settings import Settings
 
@@ -111,7 +111,13 @@ def serve(config: Settings, *, verbose: bool = False) -> None:
     metrics.serve(config.metrics_port)
     if config.leader_elect:
         _lead(config, api_client)
-    memo = kopf.Memo(settings=config, api=kube.Api(api_client))
+    own_namespace = current_namespace(config.kubeconfig)
+    memo = kopf.Memo(
+        settings=config,
+        api=kube.Api(api_client),
+        token_key=auth.operator_key(api_client, own_namespace, config.token_key_secret),
+        operator_namespace=own_namespace,
+    )
     liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
     log.info("watching %s", "all namespaces" if config.all_namespaces else ", ".join(namespaces))
     asyncio.run(

@@ -68,6 +68,10 @@ class Settings(BaseSettings):
     metrics_history_seconds: float = Field(default=3600.0, gt=0.0)
     """Sidecar samples kept per job for the autoscaler (at least its longest window)."""
 
+    token_key_secret: str = "impala-operator-token-key"
+    """Secret in the operator's own namespace holding the key every job's tokens derive from
+    (made at first start); deleting it rotates every job's tokens at their next apply."""
+
     leader_elect: bool = False
     """Reconcile only while holding the `lease_name` Lease (run several replicas for HA)."""
 

@@ -29,10 +29,11 @@ class SidecarClient:
             follow_redirects=False,
         )
 
-    async def fetch_status(self, url: str) -> StatusSnapshot | None:
+    async def fetch_status(self, url: str, token: str | None = None) -> StatusSnapshot | None:
         """The sidecar's latest snapshot at `url`, or None if it cannot be had right now."""
+        headers = {"Authorization": f"Bearer {token}"} if token else None
         try:
-            response = await self._client.get(url)
+            response = await self._client.get(url, headers=headers)
             response.raise_for_status()
             return StatusSnapshot.model_validate_json(response.content)
         except (httpx.HTTPError, ValidationError) as exc:

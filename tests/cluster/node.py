@@ -226,10 +226,18 @@ def _log_links(prefix: str) -> list[Path]:
     return links
 
 
+def _cgroup_dirs(root: Path) -> list[Path]:
+    """Every cgroup under `root`, itself included, deepest first. The kubelet and runc remove
+    cgroups while we walk (pod teardown races ours), so a directory that vanishes mid-walk is
+    skipped rather than raised: `os.walk` ignores scandir errors, `Path.rglob` does not."""
+    dirs = [Path(d) for d, _, _ in os.walk(root)]
+    return sorted(dirs, key=lambda p: -len(p.parts))
+
+
 def _kill_cgroup_tree(root: Path) -> None:
-    for procs in root.rglob("cgroup.procs"):
-        with contextlib.suppress(OSError):
-            for pid in procs.read_text().split():
+    for cg in _cgroup_dirs(root):
+        with contextlib.suppress(OSError):  # removed meanwhile
+            for pid in (cg / "cgroup.procs").read_text().split():
                 with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid), signal.SIGKILL)
 
@@ -239,8 +247,7 @@ def _remove_cgroup_tree(root: Path, timeout: float = 10.0) -> None:
     # are still exiting refuses rmdir for a moment, hence the retry.
     deadline = time.monotonic() + timeout
     while root.exists():
-        dirs = sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
-        for d in [*dirs, root]:
+        for d in _cgroup_dirs(root):
             with contextlib.suppress(OSError):
                 d.rmdir()
         if not root.exists() or time.monotonic() > deadline:

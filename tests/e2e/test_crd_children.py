@@ -14,6 +14,7 @@ from cluster import Kube, wait_for
 from impala_operator.plan import learner_pod, plan_children
 from impala_trainer.job.manifest import parse_manifest
 from tests.e2e.test_crd_validation import install_crd
+from tests.support.jobs import operator_access
 from tests.unit.operator.crd_cases import VALID
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 def _children(live: dict[str, Any]) -> list[dict[str, Any]]:
     """What the operator writes for a new job: `plan_children` and the first learner pod."""
     job, uid = parse_manifest(live), live["metadata"]["uid"]
-    return [*plan_children(job, uid, {}), learner_pod(job, uid, 0)]
+    return [*plan_children(job, uid, {}, **operator_access(uid)), learner_pod(job, uid, 0)]
 
 
 @pytest.mark.parametrize("name", ["base", "everything"])

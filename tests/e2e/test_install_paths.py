@@ -37,9 +37,12 @@ NEEDED = [
     ],
     *[(v, "persistentvolumeclaims") for v in ("get", "list", "watch")],
     ("create", "events"),
+    ("create", "secrets"),  # each job's auth Secret, applied...
+    ("patch", "secrets"),
 ]
 FORBIDDEN = [
-    ("get", "secrets"),
+    ("get", "secrets"),  # ...but never read: the operator derives its tokens
+    ("list", "secrets"),
     ("create", "persistentvolumeclaims"),
     ("create", "impalajobs.impala.dev"),
     ("create", "roles.rbac.authorization.k8s.io"),
@@ -60,23 +63,27 @@ def _template(kube: Kube, *args: str) -> list[dict[str, Any]]:
 
 
 def _rules(
-    docs: list[dict[str, Any]], kind: str = "ClusterRole", leader: bool = False
+    docs: list[dict[str, Any]], kind: str = "ClusterRole", own: bool = False
 ) -> list[dict[str, Any]]:
-    """The rules of the one `kind` object (the leader-election Role apart, or only it)."""
+    """The rules of the one `kind` object (the Role in the operator's own namespace apart, or
+    only it)."""
     (role,) = [
         d
         for d in docs
-        if d["kind"] == kind and d["metadata"]["name"].endswith("-leader") == leader
+        if d["kind"] == kind and d["metadata"]["name"].endswith("-self") == own
     ]
     return list(role["rules"])
 
 
-def _can(kube: Kube, sa: str, verb: str, resource: str, ns: str) -> bool:
+def _can(
+    kube: Kube, sa: str, verb: str, resource: str, ns: str, name: str | None = None
+) -> bool:
     # `can-i VERB a/b` would read b as an object name; subresources need --subresource.
     resource, _, sub = resource.partition("/")
     extra = [f"--subresource={sub}"] if sub else []
+    target = f"{resource}/{name}" if name else resource
     proc = kube.kubectl(
-        "auth", "can-i", verb, resource, *extra, "-n", ns, f"--as={sa}", check=False
+        "auth", "can-i", verb, target, *extra, "-n", ns, f"--as={sa}", check=False
     )
     return proc.stdout.strip() == "yes"
 
@@ -114,11 +121,16 @@ def test_chart_and_manifests_grant_the_same_least_privilege(kube: Kube) -> None:
     manifest_docs = _docs((MANIFESTS / "rbac.yaml").read_text())
     manifest_rules = _rules(manifest_docs)
     assert chart_rules == manifest_rules
-    # Leader election: leases in the operator's own namespace, and nothing else.
-    leader = [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-               "verbs": ["get", "create", "update"]}]  # fmt: skip
-    assert _rules(_template(kube), "Role", leader=True) == leader
-    assert _rules(manifest_docs, "Role", leader=True) == leader
+    # In the operator's own namespace: its token key Secret (by name), making it, and leases.
+    own = [
+        {"apiGroups": [""], "resources": ["secrets"],
+         "resourceNames": ["impala-operator-token-key"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+         "verbs": ["get", "create", "update"]},
+    ]  # fmt: skip
+    assert _rules(_template(kube), "Role", own=True) == own
+    assert _rules(manifest_docs, "Role", own=True) == own
     namespaced = _template(kube, "--set", "watchNamespaces={team-a}")
     for rules in (chart_rules, _rules(namespaced), _rules(namespaced, "Role")):
         for rule in rules:
@@ -135,7 +147,7 @@ def test_chart_and_manifests_grant_the_same_least_privilege(kube: Kube) -> None:
     (role,) = [
         d
         for d in namespaced
-        if d["kind"] == "Role" and not d["metadata"]["name"].endswith("-leader")
+        if d["kind"] == "Role" and not d["metadata"]["name"].endswith("-self")
     ]
     assert role["metadata"]["namespace"] == "team-a"
 
@@ -158,8 +170,11 @@ def test_helm_install_grants_the_operator_what_it_needs(kube: Kube, namespace: s
             assert _can(kube, sa, verb, resource, "some-other-namespace"), (verb, resource)
         for verb, resource in FORBIDDEN:
             assert not _can(kube, sa, verb, resource, namespace), (verb, resource)
-        # the leader Lease: in the release namespace only
+        # the leader Lease and the token key: in the release namespace only, the key by name
         assert _can(kube, sa, "update", "leases.coordination.k8s.io", namespace)
+        key = "impala-operator-token-key"
+        assert _can(kube, sa, "get", "secrets", namespace, name=key)
+        assert not _can(kube, sa, "get", "secrets", "kube-system", name=key)
         assert not _can(kube, sa, "update", "leases.coordination.k8s.io", "kube-system")
         # and the account really works as a client (token from the TokenRequest API)
         env = kube.env_for(kube.sa_kubeconfig(namespace, fullname))

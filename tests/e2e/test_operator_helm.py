@@ -33,7 +33,7 @@ from impala_trainer.rundir.snapshot import (
     Throughput,
     write_json_atomic,
 )
-from tests.support.jobs import job_manifest
+from tests.support.jobs import job_manifest, static_volume
 from tests.support.net import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -258,8 +258,13 @@ class OperatorSuite:
     def test_cartpole_example_children_status_and_printer_columns(
         self, kube: Kube, ns: str, operator: Operator, sidecar: Sidecar
     ) -> None:
-        example = yaml.safe_load(EXAMPLE.read_text())
+        docs = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]
+        (example,) = [d for d in docs if d["kind"] == "ImpalaJob"]
+        (claim,) = [d["metadata"]["name"] for d in docs if d["kind"] == "PersistentVolumeClaim"]
+        assert example["spec"]["checkpoint"]["volumeClaim"] == claim
         n = example["spec"]["rollouts"]["minReplicas"]  # no replicas requested: start at min
+        # No StorageClass here: the example's claim binds to a volume an administrator made.
+        kube.apply(static_volume(ns, claim, "/tmp"))
         kube.kubectl("apply", "-n", ns, "-f", str(EXAMPLE))
         kube.kubectl("annotate", "ij", "cartpole", "-n", ns, f"{URL_ANNOTATION}={sidecar.url}")
         live = self.ij(kube, ns, "cartpole")
@@ -293,9 +298,10 @@ class OperatorSuite:
         assert pdb["spec"]["minAvailable"] == 1
         assert pdb["metadata"]["ownerReferences"][0]["uid"] == uid
         wait_for(
-            lambda: kube.get("pdb", "cartpole-learner", "-n", ns).get("status", {}).get(
-                "expectedPods"
-            ) == 1,
+            lambda: (
+                kube.get("pdb", "cartpole-learner", "-n", ns).get("status", {}).get("expectedPods")
+                == 1
+            ),
             timeout=60,
             what="the learner PodDisruptionBudget to cover the learner pod",
         )
@@ -533,7 +539,8 @@ class OperatorSuite:
     def test_learner_failure_restarts_up_to_backoff_limit(
         self, kube: Kube, ns: str, operator: Operator
     ) -> None:
-        self.create(kube, ns, job_manifest("flaky", SMALL_JOB, runPolicy={"backoffLimit": 2}))
+        policy = {"backoffLimit": 2, "cleanPodPolicy": "All"}
+        self.create(kube, ns, job_manifest("flaky", SMALL_JOB, runPolicy=policy))
         for attempt in range(3):
             pod = f"flaky-learner-{attempt}"
             self.wait_status(
@@ -574,10 +581,12 @@ class OperatorSuite:
             )
             if attempt == 0:
                 wait_for(
-                    lambda: kube.get("pdb", "spot-learner", "-n", ns)
-                    .get("status", {})
-                    .get("currentHealthy")
-                    == 1,
+                    lambda: (
+                        kube.get("pdb", "spot-learner", "-n", ns)
+                        .get("status", {})
+                        .get("currentHealthy")
+                        == 1
+                    ),
                     timeout=60,
                     what="the learner budget to see the ready learner",
                 )
@@ -587,8 +596,13 @@ class OperatorSuite:
                     "metadata": {"name": "spot-learner-0", "namespace": ns},
                 }
                 res = kube.kubectl(
-                    "create", "--raw", f"/api/v1/namespaces/{ns}/pods/spot-learner-0/eviction",
-                    "-f", "-", stdin=json.dumps(eviction), check=False,
+                    "create",
+                    "--raw",
+                    f"/api/v1/namespaces/{ns}/pods/spot-learner-0/eviction",
+                    "-f",
+                    "-",
+                    stdin=json.dumps(eviction),
+                    check=False,
                 )
                 assert res.returncode != 0 and "disruption budget" in res.stderr, res.stderr
             kube.end_pod(ns, f"spot-learner-{attempt}", exit_code=code, reason="Error")
@@ -608,12 +622,13 @@ class OperatorSuite:
     def test_stop_succeeds_and_cleans_up(self, kube: Kube, ns: str, operator: Operator) -> None:
         self.create(kube, ns, job_manifest("done", SMALL_JOB, runPolicy={"cleanPodPolicy": "All"}))
         self.create(kube, ns, job_manifest("keep", SMALL_JOB, runPolicy={"cleanPodPolicy": "None"}))
-        for name in ("done", "keep"):
+        self.create(kube, ns, job_manifest("dflt", SMALL_JOB))  # cleanPodPolicy Running
+        for name in ("done", "keep", "dflt"):
             self.wait_status(kube, ns, name, lambda s: s.get("phase") == "Running", "Running")
             kube.end_pod(ns, f"{name}-learner-0", exit_code=0)
         # What a pipeline runs to wait for a job: the Succeeded condition, per API conventions.
         kube.kubectl("wait", "--for=condition=Succeeded", "ij/done", "-n", ns, "--timeout=90s")
-        for name in ("done", "keep"):
+        for name in ("done", "keep", "dflt"):
             st = self.wait_status(
                 kube, ns, name, lambda s: s.get("phase") == "Succeeded", "Succeeded"
             )
@@ -626,7 +641,16 @@ class OperatorSuite:
         assert self.replicas(kube, ns, "done-rollout") == 0
         assert self.learner_pods(kube, ns, "keep") == ["keep-learner-0"]
         assert self.replicas(kube, ns, "keep-rollout") == 1
+        # The default keeps the finished learner pod (its logs, its exit code), stops the rest.
+        wait_for(
+            lambda: self.replicas(kube, ns, "dflt-rollout") == 0,
+            timeout=30,
+            what="the default cleanPodPolicy scales the rollouts to zero",
+        )
+        assert self.learner_pods(kube, ns, "dflt") == ["dflt-learner-0"]
         assert "Completed" in self.events(kube, ns, "done")
+        # No claim and no storageUri: the user is told the results die with the pod.
+        assert "ResultsNotDurable" in self.events(kube, ns, "done")
 
     def test_deadline_fails_the_job(self, kube: Kube, ns: str, operator: Operator) -> None:
         self.create(
@@ -793,4 +817,3 @@ class TestOperatorHelm(OperatorSuite):
             for op in replicas:
                 op.kill()
             operator.start()
-

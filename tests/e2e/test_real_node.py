@@ -23,7 +23,7 @@ import pytest
 
 from cluster import Kube, wait_for
 from cluster.node import NODE_NAME, RealNode
-from tests.support.jobs import example_manifest
+from tests.support.jobs import EXAMPLES, example_manifest, static_volume
 
 from .conftest import REAL_NODE_REPORT
 
@@ -114,29 +114,20 @@ def operator(real_kube: Kube) -> Iterator[None]:
     real_kube.helm("uninstall", "impala", "-n", OPERATOR_NS, "--wait", check=False)
 
 
-def checkpoint_claim(kube: Kube, namespace: str, name: str, size: str = "1Gi") -> Path:
-    """A PersistentVolumeClaim bound to a static hostPath PersistentVolume on the real node.
-
-    hostPath volumes ignore fsGroup, so the directory is made the pods' user's here, as an
-    administrator would for a static volume."""
-    path = kube.workdir / "volumes" / f"{namespace}-{name}"
+def volume_for(kube: Kube, namespace: str, claim: str, size: str = "1Gi") -> Path:
+    """A static hostPath PersistentVolume on the real node reserved for `namespace/claim`; its
+    directory on the host. hostPath volumes ignore fsGroup, so the directory is made the pods'
+    user's here, as an administrator would for a static volume."""
+    path = kube.workdir / "volumes" / f"{namespace}-{claim}"
     path.mkdir(parents=True)
     os.chown(path, RUN_AS, RUN_AS)
-    kube.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": f"{namespace}-{name}"},
-            "spec": {
-                "capacity": {"storage": size},
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": "",
-                "claimRef": {"namespace": namespace, "name": name},
-                "hostPath": {"path": str(path), "type": "Directory"},
-            },
-        }
-    )
+    kube.apply(static_volume(namespace, claim, str(path), size))
+    return path
+
+
+def checkpoint_claim(kube: Kube, namespace: str, name: str, size: str = "1Gi") -> Path:
+    """A PersistentVolumeClaim bound to a static volume on the real node; its host directory."""
+    path = volume_for(kube, namespace, name, size)
     kube.apply(
         {
             "apiVersion": "v1",
@@ -179,13 +170,11 @@ def impalajob_status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
 def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
     kube = real_kube
     with kube.namespace("cartpole") as ns:
-        checkpoints = checkpoint_claim(kube, ns, "cartpole-checkpoints")
+        # The example as a user applies it: the job and its results claim, which binds here to
+        # a static volume (this cluster has no provisioner).
+        results = volume_for(kube, ns, "cartpole-results")
         t0 = time.monotonic()
-        kube.apply(
-            example_manifest(
-                "cartpole", namespace=ns, checkpoint={"volumeClaim": "cartpole-checkpoints"}
-            )
-        )
+        kube.kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "cartpole.yaml"))
         log(f"applied manifests/examples/cartpole.yaml in {ns}")
         seen: list[int] = []
         running: set[str] = set()
@@ -217,11 +206,19 @@ def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
         # live status are asserted on the longer job below.
         assert seen == sorted(seen), seen
         assert {p["spec"]["nodeName"] for p in pods} <= {NODE_NAME}
-        # The learner and both rollout pods ran (the learner pod is gone after success:
-        # cleanPodPolicy All).
+        # The learner and both rollout pods ran.
         assert {"cartpole-learner-0"} < running and len(running) >= 3, running
-        # The final checkpoint is on the claim, written by the pod's user.
-        assert any(checkpoints.rglob("*")), "no checkpoint on the claim"
+        # The results outlive the pods, on the claim, written by the pods' user: the final
+        # checkpoint, the summary and the learning curve.
+        summary = json.loads((results / "summary.json").read_text())
+        assert summary["phase"] == "Succeeded", summary
+        assert (results / "history.jsonl").read_text().count("\n") >= 3
+        assert sorted(p.name for p in (results / "checkpoints").glob("ckpt-*"))
+        assert (results / "summary.json").stat().st_uid == RUN_AS
+        # cleanPodPolicy's default keeps the finished learner pod, so its log is still there.
+        learner = kube.get("pod", "cartpole-learner-0", "-n", ns)
+        assert learner["status"]["phase"] == "Succeeded"
+        assert "reached after" in impalajob(kube, "logs", "cartpole", "-n", ns)
 
 
 # ---- faults on the real node --------------------------------------------------------------------

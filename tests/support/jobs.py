@@ -92,15 +92,46 @@ def make_spec(spec: Mapping[str, Any] | None = None, **sections: Any) -> ImpalaJ
     return make_job("t", spec, **sections).spec
 
 
+def example_documents(example: str) -> list[dict[str, Any]]:
+    """Every document of manifests/examples/EXAMPLE.yaml (the job and the claim it uses)."""
+    text = (EXAMPLES / f"{example}.yaml").read_text()
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
 def example_manifest(
     example: str, *, name: str | None = None, namespace: str | None = None, **sections: Any
 ) -> dict[str, Any]:
     """manifests/examples/EXAMPLE.yaml as a dict, with `sections` deep-merged into its spec and,
     when given, metadata.name / metadata.namespace set."""
-    manifest: dict[str, Any] = yaml.safe_load((EXAMPLES / f"{example}.yaml").read_text())
+    (manifest,) = [d for d in example_documents(example) if d["kind"] == "ImpalaJob"]
     manifest["spec"] = deep_merge(manifest.get("spec") or {}, sections)
     if name is not None:
         manifest["metadata"]["name"] = name
     if namespace is not None:
         manifest["metadata"]["namespace"] = namespace
     return manifest
+
+
+def static_volume(namespace: str, claim: str, path: str, size: str = "1Gi") -> dict[str, Any]:
+    """A hostPath PersistentVolume reserved for `namespace/claim` (claimRef): what an
+    administrator provides where no StorageClass provisions claims, as on the test clusters."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"{namespace}-{claim}"},
+        "spec": {
+            "capacity": {"storage": size},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "claimRef": {"namespace": namespace, "name": claim},
+            "hostPath": {"path": path, "type": "Directory"},
+        },
+    }
+
+
+def operator_access(uid: str) -> dict[str, Any]:
+    """`plan_children`'s credentials keywords as an operator with a fixed test key derives them."""
+    from impala_operator.auth import job_tokens
+
+    return {"tokens": job_tokens(b"test-key", uid), "operator_namespace": "impala-system"}

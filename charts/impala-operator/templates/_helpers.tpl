@@ -86,6 +86,10 @@ every namespace, namespaces coming and going). */}}
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
   verbs: [get, list, watch]
+# Each job's auth Secret, applied but never read: the operator derives the tokens it holds.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [create, patch]
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import sys
 from typing import Any
 
@@ -13,6 +14,7 @@ from impala_operator.job_status import DeploymentView
 from impala_trainer.job.manifest import ManifestError, parse_manifest
 from impala_trainer.job.roles import DEFAULT_PORTS, POD_IP, SUBCOMMAND, RayPorts, role_command
 from impala_trainer.job.spec import ImpalaJob
+from tests.support.jobs import operator_access
 
 UID = "0c1d2e3f-0000-4000-8000-000000000001"
 
@@ -60,7 +62,10 @@ def _learner(manifests: list[dict[str, Any]]) -> dict[str, Any]:
 def _all_children(job: ImpalaJob, attempt: int = 0) -> list[dict[str, Any]]:
     """Every child of a fresh job: what the create handler applies (`plan.plan_children`) and
     the learner pod of `attempt` that the timer creates."""
-    return [*plan.plan_children(job, UID, {}), plan.learner_pod(job, UID, attempt)]
+    return [
+        *plan.plan_children(job, UID, {}, **operator_access(UID)),
+        plan.learner_pod(job, UID, attempt),
+    ]
 
 
 def _container(pod_spec: dict[str, Any], name: str) -> dict[str, Any]:
@@ -72,7 +77,13 @@ def test_all_children_exist_with_owner_labels_and_short_names() -> None:
     manifests = _all_children(job, attempt=999)
     kinds = {c["kind"] for c in manifests}
     assert kinds == {
-        "ConfigMap", "Pod", "Service", "Deployment", "NetworkPolicy", "PodDisruptionBudget"
+        "ConfigMap",
+        "Pod",
+        "Service",
+        "Deployment",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+        "Secret",
     }
     for child in manifests:
         meta = child["metadata"]
@@ -176,18 +187,39 @@ def test_gpu_request_only_with_gpus() -> None:
     ]
 
 
-def test_checkpoint_claim_or_empty_dir() -> None:
+def test_run_directory_on_the_claim_or_an_empty_dir() -> None:
     spec = _learner(_all_children(_job()))["spec"]
+    assert {"name": "run", "emptyDir": {}} in spec["volumes"]
     assert not any("persistentVolumeClaim" in v for v in spec["volumes"])
-    job = _job(checkpoint={"volumeClaim": "ckpt"})
+    job = _job(checkpoint={"volumeClaim": "results"})
     spec = _learner(_all_children(job))["spec"]
-    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}} in spec[
-        "volumes"
+    # the whole run directory (checkpoints, summary.json, history.jsonl) is the claim
+    assert {"name": "run", "persistentVolumeClaim": {"claimName": "results"}} in spec["volumes"]
+    assert {"name": "run", "mountPath": children.RUN_DIR} in _container(spec, "learner")[
+        "volumeMounts"
     ]
-    mounts = _container(spec, "learner")["volumeMounts"]
-    assert {"name": "checkpoints", "mountPath": children.CHECKPOINT_DIR} in mounts
-    # the sidecar never mounts checkpoints (a nested mount under a read-only mount cannot start)
-    assert all(m["name"] != "checkpoints" for m in _container(spec, "status")["volumeMounts"])
+    assert {"name": "run", "mountPath": children.RUN_DIR, "readOnly": True} in _container(
+        spec, "status"
+    )["volumeMounts"]
+
+
+def test_storage_secret_reaches_the_learner_container_alone() -> None:
+    job = _job(checkpoint={"storageUri": "s3://results/cartpole", "secretRef": {"name": "s3"}})
+    learner = _learner(_all_children(job))
+    trainer = _container(learner["spec"], "learner")
+    assert trainer["envFrom"] == [{"secretRef": {"name": "s3"}}]
+    assert {
+        "name": "IMPALA_JOB_UID",
+        "value": learner["metadata"]["ownerReferences"][0]["uid"],
+    } in (trainer["env"])
+    assert "envFrom" not in _container(learner["spec"], "status")
+    # a user's own envFrom goes first; for a key in both, the operator's secret wins
+    job = _job(
+        checkpoint={"storageUri": "s3://results/cartpole", "secretRef": {"name": "s3"}},
+        learner={"pod": {"envFrom": [{"secretRef": {"name": "wandb"}}]}},
+    )
+    trainer = _container(_learner(_all_children(job))["spec"], "learner")
+    assert trainer["envFrom"] == [{"secretRef": {"name": "wandb"}}, {"secretRef": {"name": "s3"}}]
 
 
 def test_every_container_is_non_root_and_locked_down() -> None:
@@ -237,8 +269,13 @@ def test_replicas_follow_the_decision_and_suspend() -> None:
     rollout = children.build_node_deployment(job, UID, "rollout", 4)  # the autoscaler's decision
     assert rollout["spec"]["replicas"] == 4
     live = {"rollout": DeploymentView("r", 4, 4, ""), "aggregator": DeploymentView("a", 2, 2, "")}
-    assert replicas(plan.plan_children(job, UID, live)) == {"rollout": 4, "aggregator": 2}
-    manifests = plan.plan_children(_job(runPolicy={"suspend": True}), UID, {})
+    assert replicas(plan.plan_children(job, UID, live, **operator_access(UID))) == {
+        "rollout": 4,
+        "aggregator": 2,
+    }
+    manifests = plan.plan_children(
+        _job(runPolicy={"suspend": True}), UID, {}, **operator_access(UID)
+    )
     assert "Pod" not in _by_kind(manifests)
     assert replicas(manifests) == {"rollout": 0, "aggregator": 0}
     assert "ConfigMap" in _by_kind(manifests)  # the job's config survives a suspend
@@ -267,9 +304,8 @@ def test_services_and_network_policy() -> None:
     (policy,) = _by_kind(manifests)["NetworkPolicy"]
     job_pods = {"matchLabels": names.selector_labels(job.name)}
     assert policy["spec"]["podSelector"] == job_pods
-    ray_rule, status_rule = policy["spec"]["ingress"]
+    ray_rule, _status_rule = policy["spec"]["ingress"]  # the status rule: test_network_policy_...
     assert ray_rule == {"from": [{"podSelector": job_pods}]}  # Ray: the job's own pods only
-    assert status_rule == {"ports": [{"protocol": "TCP", "port": 8080}]}  # status: anyone
 
 
 def test_config_map_round_trips_the_job() -> None:
@@ -409,8 +445,11 @@ def test_pod_overrides_merge_onto_the_built_pods_without_loosening_them() -> Non
     assert main["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     # The sidecar gets none of the learner container's env or mounts.
     assert "envFrom" not in _container(spec, "status")
-    (rollout,) = [d for d in _by_kind(_all_children(job))["Deployment"]
-                  if d["metadata"]["name"].endswith("-rollout")]
+    (rollout,) = [
+        d
+        for d in _by_kind(_all_children(job))["Deployment"]
+        if d["metadata"]["name"].endswith("-rollout")
+    ]
     node = rollout["spec"]["template"]["spec"]["containers"][0]
     assert node["env"][-1] == {"name": "A", "value": "1"}
 
@@ -427,8 +466,10 @@ def test_pod_overrides_merge_onto_the_built_pods_without_loosening_them() -> Non
         ({"volumes": [{"name": "v"}]}, "exactly one of"),
         ({"volumeMounts": [{"name": "v", "mountPath": "/x"}]}, "must name one of"),
         (
-            {"volumes": [{"name": "v", "emptyDir": {}}],
-             "volumeMounts": [{"name": "v", "mountPath": "/tmp"}]},
+            {
+                "volumes": [{"name": "v", "emptyDir": {}}],
+                "volumeMounts": [{"name": "v", "mountPath": "/tmp"}],
+            },
             "operator's mounts",
         ),
     ],
@@ -437,3 +478,47 @@ def test_pod_overrides_refuse_what_would_break_the_pods(pod: dict[str, Any], say
     with pytest.raises(ManifestError) as exc:
         _job(learner={"pod": pod})
     assert any("spec.learner.pod" in p and says in p for p in exc.value.problems), exc.value
+
+
+def test_security_is_on_the_auth_secret_tokens_and_every_ray_node() -> None:
+    job = _job(aggregators={"minReplicas": 1, "maxReplicas": 2})
+    manifests = _all_children(job)
+    tokens = operator_access(UID)["tokens"]
+    (secret,) = [m for m in manifests if m["kind"] == "Secret"]
+    assert secret["metadata"]["name"] == "cartpole-auth"
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert data == {"status-token": tokens.status, "ray-token": tokens.ray}
+    assert tokens.status != tokens.ray  # the status token grants no Ray access
+    ray_env = {
+        "name": "RAY_AUTH_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "cartpole-auth", "key": "ray-token"}},
+    }
+    for pod_spec in _pod_specs(manifests):
+        main = pod_spec["containers"][0]
+        assert ray_env in main["env"], main["name"]  # learner, rollout and aggregator alike
+    learner = _learner(manifests)["spec"]
+    sidecar = _container(learner, "status")
+    assert ray_env not in sidecar["env"]
+    assert {"name": "IMPALA_STATUS_TOKEN_FILE", "value": "/etc/impalajob-auth/status-token"} in (
+        sidecar["env"]
+    )
+    (auth,) = [v for v in learner["volumes"] if v["name"] == "auth"]
+    assert auth["secret"]["items"] == [{"key": "status-token", "path": "status-token"}]
+    assert all(m["name"] != "auth" for m in _container(learner, "learner")["volumeMounts"])
+
+
+def test_network_policy_admits_the_status_port_only_from_labelled_pods() -> None:
+    (policy,) = [m for m in _all_children(_job()) if m["kind"] == "NetworkPolicy"]
+    ray, status = policy["spec"]["ingress"]
+    assert ray == {"from": [{"podSelector": {"matchLabels": names.selector_labels("cartpole")}}]}
+    access = {"matchLabels": {"impala.dev/status-access": "true"}}
+    assert status["ports"] == [{"protocol": "TCP", "port": 8080}]
+    assert status["from"] == [
+        {"podSelector": access},  # the job's namespace
+        {
+            "namespaceSelector": {
+                "matchLabels": {"kubernetes.io/metadata.name": "impala-system"}
+            },
+            "podSelector": access,
+        },  # the operator's
+    ]

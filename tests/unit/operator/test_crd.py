@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import io
+import types
+import typing
 from collections.abc import Iterator
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -143,9 +145,12 @@ def _fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, Any
     for name, field in model.model_fields.items():
         alias = field.alias or name
         yield f"{prefix}.{alias}", field
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            yield from _fields(ann, f"{prefix}.{alias}")
+        # A model, or an optional one (`Model | None`); lists of models are `items`, not here
+        optional = typing.get_origin(field.annotation) in (typing.Union, types.UnionType)
+        inner = typing.get_args(field.annotation) if optional else ()
+        for ann in (field.annotation, *inner):
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                yield from _fields(ann, f"{prefix}.{alias}")
 
 
 def test_every_model_field_is_in_the_schema_with_its_docstring() -> None:

@@ -4,6 +4,7 @@ an in-memory Api that records every write: what a job's create/update and its ti
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -12,6 +13,7 @@ import kopf
 import pytest
 
 from impala_operator import handlers, job_status, metrics, plan
+from impala_operator.auth import job_tokens
 from impala_operator.autoscaler import MetricSample
 from impala_operator.kube import ApiError
 from impala_operator.run_policy import Event, LearnerPod, rfc3339
@@ -67,14 +69,26 @@ class FakeSidecar:
     def __init__(self, snapshot: StatusSnapshot | None = None) -> None:
         self.snapshot = snapshot
         self.urls: list[str] = []
+        self.tokens: list[str | None] = []
 
-    async def fetch_status(self, url: str) -> StatusSnapshot | None:
+    async def fetch_status(self, url: str, token: str | None = None) -> StatusSnapshot | None:
         self.urls.append(url)
+        self.tokens.append(token)
         return self.snapshot
 
 
+KEY = b"operator-key"
+
+
 def _memo(api: FakeApi, sidecar: FakeSidecar | None = None, **extra: Any) -> kopf.Memo:
-    return kopf.Memo(settings=SETTINGS, api=api, sidecar=sidecar or FakeSidecar(), **extra)
+    return kopf.Memo(
+        settings=SETTINGS,
+        api=api,
+        sidecar=sidecar or FakeSidecar(),
+        token_key=KEY,
+        operator_namespace="impala-system",
+        **extra,
+    )
 
 
 def _body(spec: dict[str, Any] | None = None, **status: Any) -> kopf.Body:
@@ -170,15 +184,21 @@ def _errors(kind: str) -> float:
 def test_apply_children_applies_the_spec_children_of_a_new_job() -> None:
     api = FakeApi()
     assert _apply_children(_body(), _memo(api)) == {"observedGeneration": 3}
+    # The auth Secret first: the pods mount it.
+    assert api.calls[0] == ("apply", "Secret/cp-auth")
     assert sorted(api.calls) == [
         ("apply", "ConfigMap/cp-config"),
         ("apply", "Deployment/cp-aggregator"),
         ("apply", "Deployment/cp-rollout"),
         ("apply", "NetworkPolicy/cp-network"),
         ("apply", "PodDisruptionBudget/cp-learner"),
+        ("apply", "Secret/cp-auth"),
         ("apply", "Service/cp-learner"),
         ("apply", "Service/cp-status"),
+        ("event", "ResultsNotDurable"),  # no claim, no storageUri
     ]  # no learner pod: the timer creates it
+    secret = api.written["Secret/cp-auth"]["data"]
+    assert base64.b64decode(secret["status-token"]).decode() == job_tokens(KEY, UID).status
     assert api.written["Deployment/cp-rollout"]["spec"]["replicas"] == 1  # minReplicas
     assert api.written["Deployment/cp-aggregator"]["spec"]["replicas"] == 0
     for manifest in api.written.values():
@@ -225,6 +245,7 @@ def test_first_tick_creates_the_learner_and_reports_pending() -> None:
     # observedGeneration means "applied": only the handler that applied the children writes it.
     assert status["phase"] == "Pending" and "observedGeneration" not in status
     assert sidecar.urls == [SIDECAR]  # the status-url annotation overrides the Service
+    assert sidecar.tokens == [job_tokens(KEY, UID).status]  # the job's token, derived
     assert [s.available for s in memo.samples] == [False]  # no snapshot: metrics unavailable
 
 

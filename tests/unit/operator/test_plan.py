@@ -6,10 +6,18 @@ from typing import Any
 
 from impala_operator import job_status
 from impala_operator.autoscaler import MetricSample
-from impala_operator.plan import TickPlan, learner_pod, plan_children, plan_tick, removed_children
+from impala_operator.plan import (
+    TickPlan,
+    durability_warning,
+    learner_pod,
+    plan_children,
+    plan_tick,
+    removed_children,
+)
 from impala_operator.run_policy import LearnerPod
 from impala_operator.settings import Settings
 from impala_trainer.job.spec import ImpalaJob
+from tests.support.jobs import operator_access
 
 T0 = 1_700_000_000.0
 UID = "0f9a5a3c-1111-2222-3333-444455556666"
@@ -169,8 +177,12 @@ def test_success_cleans_up_and_ttl_deletes() -> None:
     deps = {"rollout": _dep(2), "aggregator": _dep(1)}
     done = LearnerPod("cp-learner-0", 0, phase="Succeeded", exit_code=0)
     plan = _plan(job, status={"phase": "Running"}, pods=[done], deployments=deps)
-    assert plan.status["phase"] == "Succeeded" and plan.delete_pods == ["cp-learner-0"]
+    # cleanPodPolicy Running (the default): the finished learner pod stays, with its logs
+    assert plan.status["phase"] == "Succeeded" and plan.delete_pods == []
     assert _replicas(plan) == {"cp-rollout": 0, "cp-aggregator": 0} and not plan.delete_job
+    everything = _job(runPolicy={"ttlSecondsAfterFinished": 5, "cleanPodPolicy": "All"})
+    plan = _plan(everything, status={"phase": "Running"}, pods=[done], deployments=deps)
+    assert plan.status["phase"] == "Succeeded" and plan.delete_pods == ["cp-learner-0"]
     gone = _plan(
         job, status=plan.status, now=T0 + 6, deployments={"rollout": _dep(0), "aggregator": _dep(0)}
     )
@@ -179,8 +191,12 @@ def test_success_cleans_up_and_ttl_deletes() -> None:
 
 def test_plan_children_keeps_live_replicas() -> None:
     job = _job()
-    fresh = {m["kind"] + "/" + m["metadata"]["name"]: m for m in plan_children(job, UID, {})}
+    fresh = {
+        m["kind"] + "/" + m["metadata"]["name"]: m
+        for m in plan_children(job, UID, {}, **operator_access(UID))
+    }
     assert set(fresh) == {
+        "Secret/cp-auth",
         "ConfigMap/cp-config",
         "Service/cp-learner",
         "Service/cp-status",
@@ -190,10 +206,10 @@ def test_plan_children_keeps_live_replicas() -> None:
         "Deployment/cp-aggregator",
     }
     assert fresh["Deployment/cp-rollout"]["spec"]["replicas"] == 1
-    live = plan_children(job, UID, {"rollout": _dep(4, "")})
+    live = plan_children(job, UID, {"rollout": _dep(4, "")}, **operator_access(UID))
     rollout = next(m for m in live if m["metadata"]["name"] == "cp-rollout")
     assert rollout["spec"]["replicas"] == 4
-    suspended = plan_children(_job(runPolicy={"suspend": True}), UID, {})
+    suspended = plan_children(_job(runPolicy={"suspend": True}), UID, {}, **operator_access(UID))
     assert all(m["spec"]["replicas"] == 0 for m in suspended if m["kind"] == "Deployment")
 
 
@@ -215,7 +231,11 @@ def test_changed_learner_spec_recreates_the_pod_without_counting_a_failure() -> 
 
 def test_learner_budget_and_grace_follow_the_spec() -> None:
     job = _job()
-    (pdb,) = [m for m in plan_children(job, UID, {}) if m["kind"] == "PodDisruptionBudget"]
+    (pdb,) = [
+        m
+        for m in plan_children(job, UID, {}, **operator_access(UID))
+        if m["kind"] == "PodDisruptionBudget"
+    ]
     assert pdb["spec"]["minAvailable"] == 1
     assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "learner"
     assert removed_children(job) == []
@@ -223,7 +243,22 @@ def test_learner_budget_and_grace_follow_the_spec() -> None:
     off = _job(
         runPolicy={"learnerDisruptionBudget": False}, learner={"terminationGracePeriodSeconds": 900}
     )
-    assert not [m for m in plan_children(off, UID, {}) if m["kind"] == "PodDisruptionBudget"]
+    assert not [
+        m
+        for m in plan_children(off, UID, {}, **operator_access(UID))
+        if m["kind"] == "PodDisruptionBudget"
+    ]
     # Switched off on a live job: the budget it had is deleted.
     assert removed_children(off) == [("policy/v1", "PodDisruptionBudget", "cp-learner")]
     assert learner_pod(off, UID, 0)["spec"]["terminationGracePeriodSeconds"] == 900
+
+
+def test_a_job_whose_results_die_with_the_pod_is_warned_about() -> None:
+    warning = durability_warning(_job())
+    assert warning is not None and (warning.type, warning.reason) == (
+        "Warning",
+        "ResultsNotDurable",
+    )
+    assert "volumeClaim" in warning.message and "storageUri" in warning.message
+    assert durability_warning(_job(checkpoint={"volumeClaim": "results"})) is None
+    assert durability_warning(_job(checkpoint={"storageUri": "s3://results/cp"})) is None

@@ -46,7 +46,7 @@ def test_camel_case_round_trip() -> None:
     assert job.spec.training.train_batch_size == 1000
     manifest = job.to_manifest()
     assert manifest["spec"]["training"]["trainBatchSize"] == 1000
-    assert manifest["spec"]["runPolicy"]["cleanPodPolicy"] == "All"
+    assert manifest["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
     assert ImpalaJob.model_validate(manifest) == job
 
 
@@ -174,3 +174,18 @@ def test_defaults_are_rllibs_or_say_why_not() -> None:
         else:
             assert ours == rllib, (path, ours, rllib)
     assert set(DEFAULTS_APART_FROM_RLLIB) <= set(RLLIB_IMPALA_DEFAULTS)
+
+
+def test_storage_uri_and_its_secret() -> None:
+    job = parse_manifest(
+        job_manifest(checkpoint={"storageUri": "s3://results/runs/cp", "secretRef": {"name": "s3"}})
+    )
+    assert job.spec.checkpoint.storage_uri == "s3://results/runs/cp"
+    ref = job.spec.checkpoint.secret_ref
+    assert ref is not None and ref.name == "s3"
+    (problem,) = _problems({"checkpoint": {"secretRef": {"name": "s3"}}})
+    assert "secretRef" in problem and "set storageUri" in problem
+    (problem,) = _problems({"checkpoint": {"storageUri": "gs://results/cp"}})
+    assert "checkpoint.storageUri" in problem
+    (problem,) = _problems({"checkpoint": {"storageUri": "s3://Results"}})
+    assert "checkpoint.storageUri" in problem

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from impala_trainer.job.spec import ImpalaJob
+    from impala_trainer.rundir.remote import Mirror
+    from impala_trainer.rundir.writer import RunDir
 
 EXIT_FAILED = 1
 """Training (or the command's own work) failed."""
@@ -71,3 +73,31 @@ def load_job(args: argparse.Namespace) -> ImpalaJob:
     if problem is not None:
         raise CommandError(str(ManifestError(str(args.file), [f"spec.env.id: {problem}"])))
     return job
+
+
+def mirror_run(
+    job: ImpalaJob, run_dir: RunDir, *, resume: bool, overwrite: bool = False
+) -> Mirror | None:
+    """The mirror of the run directory at `checkpoint.storageUri` (None without one), claimed
+    for this run; when resuming, its newest checkpoint is brought down first, so a learner on a
+    new pod or machine continues the run. `IMPALA_JOB_UID` (set by the operator) tells this job
+    from an earlier one of the same name."""
+    uri = job.spec.checkpoint.storage_uri
+    if uri is None:
+        return None
+    import os
+
+    from impala_trainer.rundir.remote import Mirror, StorageError, open_remote
+
+    try:
+        remote = open_remote(
+            uri,
+            job.name,
+            run_dir.path,
+            resume=resume,
+            overwrite=overwrite,
+            uid=os.environ.get("IMPALA_JOB_UID") or None,
+        )
+    except StorageError as err:
+        raise CommandError(str(err), EXIT_FAILED) from None
+    return Mirror(remote, run_dir.path, job.spec.checkpoint.keep)

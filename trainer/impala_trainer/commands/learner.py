@@ -31,6 +31,7 @@ from impala_trainer.commands import (
     add_manifest_arguments,
     add_resume_argument,
     load_job,
+    mirror_run,
 )
 from impala_trainer.job.roles import DEFAULT_PORTS
 from impala_trainer.node.ray_node import (
@@ -45,6 +46,7 @@ HEAD_ATTEMPTS = 3
 
 if TYPE_CHECKING:
     from impala_trainer.job.spec import ImpalaJob
+    from impala_trainer.rundir.remote import Mirror
     from impala_trainer.rundir.writer import RunDir
 
 
@@ -75,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
     from impala_trainer.rundir.writer import RunDir
 
     run_dir = RunDir(args.run_dir)
+    # Before the local look: on a new pod the newest checkpoint may be only in storageUri.
+    mirror = mirror_run(job, run_dir, resume=args.resume)
     resume = args.resume and bool(list_checkpoints(run_dir.checkpoints))
     if not resume and run_dir.has_previous_run():
         run_dir.clear()  # no --resume, or nothing to resume from: a fresh run
@@ -93,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(
                 f"the Ray head did not come up on {host}:{args.gcs_port}", EXIT_FAILED
             )
-        return _train(job, run_dir, f"{host}:{args.gcs_port}", resume)
+        return _train(job, run_dir, f"{host}:{args.gcs_port}", resume, mirror)
     except KeyboardInterrupt:
         return EXIT_STOPPED
     finally:
@@ -138,7 +142,9 @@ def _connect(head: RayNodeProcess, host: str, port: int, timeout: float) -> bool
     return False
 
 
-def _train(job: ImpalaJob, run_dir: RunDir, address: str, resume: bool) -> int:
+def _train(
+    job: ImpalaJob, run_dir: RunDir, address: str, resume: bool, mirror: Mirror | None
+) -> int:
     import ray
 
     from impala_trainer.commands.progress import ProgressReporter
@@ -150,7 +156,7 @@ def _train(job: ImpalaJob, run_dir: RunDir, address: str, resume: bool) -> int:
     print(f"learner: driver connected to the Ray head at {address}", flush=True)
     reporter = ProgressReporter(job.name)
     try:
-        wiring = Wiring(elastic=True, resume=resume, on_report=reporter.update)
+        wiring = Wiring(elastic=True, resume=resume, on_report=reporter.update, mirror=mirror)
         result, stats = train(job, run_dir, RayBackend(), wiring)
     finally:
         reporter.close()

@@ -22,6 +22,7 @@ import httpx
 
 from impala_trainer.commands import EXIT_FAILED, CommandError
 from impala_trainer.commands.cluster import NoClusterError, connect
+from impala_trainer.job.roles import STATUS_PORT
 from impala_trainer.job.spec import API_GROUP, API_VERSION, PLURAL
 from impala_trainer.sidecar.models import StatusResponse
 
@@ -51,11 +52,7 @@ def run(args: argparse.Namespace) -> int:
         if is_url(args.target):
             data = fetch_status(base_url(args.target), token, args.timeout)
         else:
-            url, in_cluster = status_url_from_cluster(args.target, args.namespace)
-            if in_cluster or not is_service_url(url):
-                data = fetch_status(url, token, args.timeout)
-            else:
-                data = fetch_status_via_api_server(url, token, args.timeout)
+            data = fetch_job_status(args.target, args.namespace, token, args.timeout)
     except StatusCommandError as err:
         raise CommandError(str(err), EXIT_FAILED) from None
     if args.json:
@@ -75,9 +72,136 @@ def base_url(url: str) -> str:
     return url.removesuffix("/status")
 
 
-def status_url_from_cluster(name: str, namespace: str | None) -> tuple[str, bool]:
+def fetch_job_status(
+    name: str, namespace: str | None, token: str | None, timeout: float
+) -> dict[str, Any]:
+    """/status of ImpalaJob `name`: the token from the job's auth Secret unless one was given;
+    in a pod straight from `status.statusURL`; from a kubeconfig through a port-forward to the
+    learner pod (what `kubectl port-forward` does: the job's NetworkPolicy admits only labelled
+    pods, and a forward enters the pod's own network), else the API server's Service proxy."""
+    url, in_cluster, namespace = status_url_from_cluster(name, namespace)
+    secret_note = ""
+    if token is None:
+        token, secret_note = job_token(name, namespace)
+    try:
+        if in_cluster or not is_service_url(url):
+            return fetch_status(url, token, timeout)
+        pod = learner_pod(name, namespace)
+        if pod is not None:
+            return fetch_status_via_port_forward(namespace, pod, token, timeout)
+        return fetch_status_via_api_server(url, token, timeout)
+    except StatusCommandError as err:
+        raise StatusCommandError(f"{err}{secret_note}") from None
+
+
+def job_token(name: str, namespace: str) -> tuple[str | None, str]:
+    """The job's status token from its auth Secret (`<job>-auth`, made by the operator), and a
+    note for a 401 when it could not be read."""
+    import base64
+
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from impala_operator import names
+
+    secret_name = names.child_name(name, "auth")
+    try:
+        secret = client.CoreV1Api().read_namespaced_secret(secret_name, namespace)
+        value = (secret.data or {}).get(names.STATUS_TOKEN_KEY)
+        return (base64.b64decode(value).decode() if value else None), ""
+    except ApiException as err:
+        note = (
+            f"\n  the status token is in Secret {namespace}/{secret_name}, which could not be "
+            f"read ({err.status} {err.reason}): pass --token, or ask for get on that Secret"
+        )
+        return None, note
+    except Exception as err:  # urllib3 connection errors and the like
+        return None, f"\n  reading Secret {namespace}/{secret_name} failed: {err}"
+
+
+def learner_pod(name: str, namespace: str) -> str | None:
+    """The running learner pod of the job's current attempt, or None (none running, or the
+    pods cannot be listed)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from impala_operator import names
+
+    try:
+        pods = client.CoreV1Api().list_namespaced_pod(
+            namespace, label_selector=names.selector_string(name, "learner")
+        )
+    except (ApiException, ValueError):
+        return None
+    running = [
+        p
+        for p in pods.items
+        if p.status is not None
+        and p.status.phase == "Running"
+        and p.metadata.deletion_timestamp is None
+    ]
+    if not running:
+        return None
+
+    def attempt(pod: Any) -> int:
+        value = (pod.metadata.labels or {}).get(names.RESTART_KEY, "0")
+        return int(value) if value.isdigit() else 0
+
+    return str(max(running, key=attempt).metadata.name)
+
+
+def fetch_status_via_port_forward(
+    namespace: str, pod: str, token: str | None, timeout: float
+) -> dict[str, Any]:
+    """GET /status of the sidecar in `pod` through a port-forward (the pods/portforward
+    subresource, over a websocket), with the bearer token."""
+    import http.client
+
+    from kubernetes import client
+    from kubernetes.stream import portforward
+
+    where = f"pod {namespace}/{pod} port {STATUS_PORT} (port-forward)"
+    try:
+        forward = portforward(
+            client.CoreV1Api().connect_get_namespaced_pod_portforward,
+            pod,
+            namespace,
+            ports=str(STATUS_PORT),
+        )
+    except Exception as err:
+        raise StatusCommandError(f"cannot port-forward to {where}: {err}") from err
+    try:
+        conn = http.client.HTTPConnection("localhost", STATUS_PORT, timeout=timeout)
+        sock = forward.socket(STATUS_PORT)
+        sock.settimeout(timeout)
+        conn.sock = sock
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        conn.request("GET", "/status", headers=headers)
+        resp = conn.getresponse()
+        body = resp.read()
+    except (OSError, http.client.HTTPException) as err:
+        raise StatusCommandError(f"{where} did not answer: {err}") from err
+    finally:
+        forward.close()
+    if resp.status != 200:
+        try:
+            why = _why(json.loads(body), "")
+        except ValueError:
+            why = body[:200].decode(errors="replace")
+        raise StatusCommandError(f"{where} answered {resp.status}: {why}")
+    try:
+        data = json.loads(body)
+    except ValueError as err:
+        raise StatusCommandError(f"{where} did not answer JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise StatusCommandError(f"{where} answered {data!r}")
+    return data
+
+
+def status_url_from_cluster(name: str, namespace: str | None) -> tuple[str, bool, str]:
     """Read `status.statusURL` of ImpalaJob `name` through the Kubernetes API; also whether the
-    configuration is the in-cluster one (the URL is then directly reachable)."""
+    configuration is the in-cluster one (the URL is then directly reachable), and the
+    namespace."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
@@ -108,7 +232,7 @@ def status_url_from_cluster(name: str, namespace: str | None) -> tuple[str, bool
             "and the learner pod scheduled?)"
         )
     # The operator may publish the base URL or its /status endpoint: accept both.
-    return base_url(str(url)), in_cluster
+    return base_url(str(url)), in_cluster, namespace
 
 
 def is_service_url(url: str) -> bool:
@@ -132,10 +256,13 @@ def fetch_status_via_api_server(url: str, token: str | None, timeout: float) -> 
     """GET /status of the Service behind `url` through the API server's Service proxy
     (`/api/v1/namespaces/NS/services/SVC:PORT/proxy/status`), with the kubeconfig's identity.
 
-    The API server consumes the `Authorization` header itself, so a sidecar that wants its own
-    bearer token is reached with a port-forward instead (the 401 message says so)."""
+    The API server consumes the `Authorization` header itself, so the token goes as the
+    sidecar's cookie (which the proxy passes on); the port-forward path is the one the job's
+    NetworkPolicy admits, this one serves where no learner pod can be forwarded to."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
+
+    from impala_trainer.sidecar.auth import TOKEN_COOKIE
 
     namespace, service, port = service_of(url)
     try:
@@ -147,6 +274,7 @@ def fetch_status_via_api_server(url: str, token: str | None, timeout: float) -> 
             "status",
             _preload_content=False,
             _request_timeout=timeout,
+            _headers={"Cookie": f"{TOKEN_COOKIE}={token}"} if token else None,
         )
         body = json.loads(resp.data)
     except ApiException as err:
@@ -155,11 +283,10 @@ def fetch_status_via_api_server(url: str, token: str | None, timeout: float) -> 
         except (TypeError, ValueError):
             why = f"{err.reason} {str(err.body or '')[:200]}".strip()
         hint = ""
-        if err.status == 401 or token:
+        if err.status in (401, 503):
             hint = (
-                f"\n  the sidecar wants its token, which the API server's proxy cannot pass: run "
-                f"`kubectl port-forward -n {namespace} svc/{service} {port}` and "
-                f"`impalajob status http://localhost:{port}`"
+                f"\n  or reach the sidecar yourself: `kubectl port-forward -n {namespace} "
+                f"svc/{service} {port}` and `impalajob status http://localhost:{port} --token ...`"
             )
         raise StatusCommandError(
             f"{url}/status (through the API server's Service proxy) answered {err.status}: "

@@ -22,6 +22,7 @@ from impala_trainer.commands import (
     add_manifest_arguments,
     add_resume_argument,
     load_job,
+    mirror_run,
 )
 from impala_trainer.job.roles import STATUS_PORT
 
@@ -49,21 +50,46 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--overwrite", action="store_true", help="replace a previous run in the run directory"
     )
-    parser.add_argument("--num-rollout-workers", type=_positive, metavar="N",
-                        help="rollout actors (default: rollouts replicas x workersPerPod)")
-    parser.add_argument("--num-aggregator-workers", type=_non_negative, metavar="N",
-                        help="aggregator actors (default: aggregators replicas)")
-    parser.add_argument("--dashboard", action="store_true",
-                        help="also serve the run directory with the status server")
-    parser.add_argument("--status-port", type=_positive, default=STATUS_PORT,
-                        help=f"the status server's port with --dashboard (default {STATUS_PORT})")
+    parser.add_argument(
+        "--num-rollout-workers",
+        type=_positive,
+        metavar="N",
+        help="rollout actors (default: rollouts replicas x workersPerPod)",
+    )
+    parser.add_argument(
+        "--num-aggregator-workers",
+        type=_non_negative,
+        metavar="N",
+        help="aggregator actors (default: aggregators replicas)",
+    )
+    parser.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="also serve the run directory with the status server",
+    )
+    parser.add_argument(
+        "--status-port",
+        type=_positive,
+        default=STATUS_PORT,
+        help=f"the status server's port with --dashboard (default {STATUS_PORT})",
+    )
 
 
 def _start_dashboard(run_dir: Path, port: int) -> subprocess.Popen[bytes]:
     # The status server is its own process: it must not share the driver's GIL, and it is
     # exactly what the status sidecar runs on a cluster.
-    cmd = [sys.executable, "-m", "impala_trainer.cli", "status-server",
-           "--run-dir", str(run_dir), "--host", "127.0.0.1", "--status-port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "impala_trainer.cli",
+        "status-server",
+        "--run-dir",
+        str(run_dir),
+        "--host",
+        "127.0.0.1",
+        "--status-port",
+        str(port),
+    ]
     print(f"dashboard: http://127.0.0.1:{port}/ (log: {run_dir / 'status-server.log'})", flush=True)
     with open(run_dir / "status-server.log", "ab") as log:  # the child keeps its own descriptor
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -103,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
     from impala_trainer.rundir.writer import RunDir
 
     run_dir = RunDir(args.run_dir or Path("runs") / job.name)
+    # Before the local look: `--resume` on another machine continues from storageUri.
+    mirror = mirror_run(job, run_dir, resume=args.resume, overwrite=args.overwrite)
     resume = args.resume and bool(list_checkpoints(run_dir.checkpoints))
     if run_dir.has_previous_run() and not resume:
         if not (args.overwrite or args.resume):  # --resume with nothing to resume: fresh run
@@ -143,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
             aggregator_workers=num_aggregator,
             resume=resume,
             on_report=reporter.update,
+            mirror=mirror,
         )
         result, summary = train(job, run_dir, RayBackend(), wiring)
     finally:

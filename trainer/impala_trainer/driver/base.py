@@ -26,6 +26,7 @@ from impala_trainer.learning.learner import Learner
 from impala_trainer.rollouts.batches import Fragment
 from impala_trainer.rollouts.envs import env_spaces
 from impala_trainer.rundir.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from impala_trainer.rundir.remote import Mirror
 from impala_trainer.rundir.snapshot import CheckpointInfo, RunPhase, StatusSnapshot
 from impala_trainer.rundir.stats import RunStats
 from impala_trainer.rundir.writer import RunDir
@@ -66,6 +67,7 @@ class Driver:
         membership: ElasticMembership | None = None,
         resume: bool = False,
         on_report: Callable[[StatusSnapshot], None] | None = None,
+        mirror: Mirror | None = None,
     ) -> None:
         self.job = job
         self.spec = job.spec
@@ -78,6 +80,8 @@ class Driver:
         self.membership = membership
         self.resume = resume
         self.on_report = on_report
+        # checkpoint.storageUri: each checkpoint goes up in the background, everything at the end.
+        self.mirror = mirror
         self.stats = RunStats(job.name, self.spec.stop)
         self._last_checkpoint = time.monotonic()
         self._last_nodes = float("-inf")
@@ -174,6 +178,8 @@ class Driver:
             time=time.time(),
             num_env_steps_sampled=self.stats.counters.num_env_steps_sampled,
         )
+        if self.mirror is not None:
+            self.mirror.request()
 
     def _finish(self, result: DriverResult) -> None:
         try:
@@ -190,6 +196,12 @@ class Driver:
         self.run_dir.write_summary(
             self.stats.summary(result.phase, result.stopped_by, result.message)
         )
+        if self.mirror is not None and not self.mirror.close():
+            logger.error(
+                "the run's files did not all reach %s: %s",
+                self.mirror.remote.location,
+                self.mirror.last_error or "timed out",
+            )
         if self.on_report is not None:
             self.on_report(snap)
 

@@ -17,6 +17,7 @@ from impala_trainer.driver.backend import Backend
 from impala_trainer.driver.base import Driver, DriverResult, one_line, resolve_seed
 from impala_trainer.driver.membership import ElasticActorManager, ElasticMembership
 from impala_trainer.job.spec import ImpalaJob
+from impala_trainer.rundir.remote import Mirror
 from impala_trainer.rundir.snapshot import StatusSnapshot
 from impala_trainer.rundir.stats import RunStats
 from impala_trainer.rundir.writer import RunDir
@@ -36,6 +37,8 @@ class Wiring:
     """Continue from the newest checkpoint in the run directory, when there is one."""
     on_report: Callable[[StatusSnapshot], None] | None = None
     """Called with every snapshot the driver writes (the console progress)."""
+    mirror: Mirror | None = None
+    """Uploads the run directory to `checkpoint.storageUri`."""
 
 
 def build_driver(
@@ -58,6 +61,7 @@ def build_driver(
         "membership": membership,
         "resume": wiring.resume,
         "on_report": wiring.on_report,
+        "mirror": wiring.mirror,
     }
     if job.spec.training.mode == "async-gradients":
         from impala_trainer.driver.async_gradients import AsyncGradientsDriver
@@ -79,5 +83,7 @@ def train(
         result = DriverResult("Failed", None, one_line(exc))
         stats = RunStats(job.name, job.spec.stop)
         run_dir.write_summary(stats.summary(result.phase, None, result.message))
+        if wiring.mirror is not None:
+            wiring.mirror.close()
         return result, stats
     return driver.run(), driver.stats

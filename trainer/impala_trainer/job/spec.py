@@ -312,9 +312,9 @@ RESERVED_ENV = ("POD_IP", "POD_NAME", "POD_NAMESPACE", "HOME", "PYTHONUNBUFFERED
 """Variables the operator sets in every container (Ray advertises POD_IP; caches live in HOME)."""
 RESERVED_ENV_PREFIXES = ("IMPALA_", "RAY_")
 """The trainer's and Ray's own settings: the operator sets them from the spec."""
-RESERVED_VOLUMES = ("config", "run", "checkpoints", "tmp", "shm")
+RESERVED_VOLUMES = ("config", "run", "checkpoints", "auth", "tmp", "shm")
 """Volume names the operator's pods use."""
-RESERVED_PATHS = ("/tmp", "/dev/shm", "/etc/impalajob", "/var/lib/impalajob")
+RESERVED_PATHS = ("/tmp", "/dev/shm", "/etc/impalajob", "/etc/impalajob-auth", "/var/lib/impalajob")
 """Mount points the operator's containers use (and what lies under them)."""
 VOLUME_SOURCES = (
     "configMap",
@@ -636,11 +636,28 @@ class StopSpec(SpecModel):
 
     @model_validator(mode="after")
     def _some_criterion(self) -> StopSpec:
-        if self.timesteps is None and self.episode_return_mean is None and (
-            self.time_limit_seconds is None
+        if (
+            self.timesteps is None
+            and self.episode_return_mean is None
+            and (self.time_limit_seconds is None)
         ):
             raise ValueError(NO_STOP_CRITERION)
         return self
+
+
+STORAGE_URI_PATTERN = r"^s3://[a-z0-9][-.a-z0-9]{1,61}[a-z0-9](/[^\s]*)?$"
+"""`s3://bucket[/prefix]` with an S3 bucket name (3-63 lowercase letters, digits, dots, dashes)."""
+SECRET_REF_NEEDS_URI = (
+    "checkpoint.secretRef holds the credentials of checkpoint.storageUri: set storageUri "
+    "(s3://bucket/prefix) or remove secretRef"
+)
+
+
+class SecretReference(SpecModel):
+    """A Secret in the job's namespace (core/v1 LocalObjectReference)."""
+
+    name: str = Field(pattern=r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$", max_length=253)
+    """The Secret's name."""
 
 
 class CheckpointSpec(SpecModel):
@@ -653,7 +670,39 @@ class CheckpointSpec(SpecModel):
     """Newest checkpoints kept."""
 
     volume_claim: str | None = Field(default=None, pattern=r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$")
-    """Existing PersistentVolumeClaim for checkpoints (cluster only; else an emptyDir)."""
+    """Existing PersistentVolumeClaim holding the whole run directory (cluster only): checkpoints,
+    summary.json, history.jsonl, TensorBoard files and the trainer's log outlive the learner pod,
+    and each learner attempt resumes from it. One claim per job. Without a claim or a storageUri
+    the run directory is an emptyDir and dies with the pod (the operator warns with an Event)."""
+
+    storage_uri: str | None = Field(default=None, pattern=STORAGE_URI_PATTERN)
+    """An S3-compatible location (`s3://bucket/prefix`) the run directory is mirrored to: each
+    checkpoint as it is written, then summary.json, history.jsonl, config.yaml and the TensorBoard
+    files, and everything once more at the end. A learner with no local checkpoint (a new pod,
+    a new machine) resumes from the newest one there. The prefix belongs to one job: another
+    job's run there is refused, not overwritten. Credentials and endpoint come from `secretRef`
+    on a cluster and from the usual AWS_* variables locally."""
+
+    secret_ref: SecretReference | None = None
+    """Secret whose keys become the learner's environment for `storageUri`: AWS_ACCESS_KEY_ID,
+    AWS_SECRET_ACCESS_KEY, and for S3-compatible stores AWS_ENDPOINT_URL and AWS_REGION."""
+
+    @field_validator("storage_uri", mode="before")
+    @classmethod
+    def _s3_uri(cls, value: Any) -> Any:
+        # Before the pattern, to say what is wrong in words rather than as a regex.
+        if isinstance(value, str) and not re.match(STORAGE_URI_PATTERN, value):
+            raise ValueError(
+                "must be s3://BUCKET or s3://BUCKET/PREFIX (any S3-compatible store; the bucket "
+                "is 3-63 lowercase letters, digits, dots and dashes, no spaces)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _secret_needs_uri(self) -> CheckpointSpec:
+        if self.secret_ref is not None and self.storage_uri is None:
+            raise ValueError(SECRET_REF_NEEDS_URI)
+        return self
 
 
 class RunPolicy(SpecModel):
@@ -679,8 +728,11 @@ class RunPolicy(SpecModel):
     ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
     """Seconds after Succeeded/Failed after which the ImpalaJob is deleted."""
 
-    clean_pod_policy: Literal["All", "Running", "None"] = "All"
-    """Pods removed when the job finishes: All, only Running ones, or None."""
+    clean_pod_policy: Literal["All", "Running", "None"] = "Running"
+    """Pods removed when the job finishes. Running (the default): what still runs (rollout and
+    aggregator pods, which only served the learner) goes, the finished learner pod stays with its
+    logs and exit status. All: the learner pod too (its logs go with it). None: nothing, the
+    rollout and aggregator Deployments keep running until the job is deleted."""
 
     learner_disruption_budget: bool = True
     """A PodDisruptionBudget (minAvailable 1) on the learner pod: `kubectl drain` and other
