@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepare the e2e control plane before pytest runs: Debian packages the harness needs, then the
-# cached Kubernetes binaries (build.sh; a no-op once they are built).
+# cached Kubernetes binaries (build.sh; a no-op once they are built), and versitygw (build-s3.sh).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
@@ -23,3 +23,4 @@ if ! command -v go >/dev/null 2>&1; then
 fi
 
 bash "$here/build.sh" >/dev/null
+bash "$here/build-s3.sh" >/dev/null   # versitygw: the S3-compatible server of the storage tests

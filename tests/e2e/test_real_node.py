@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from cluster import Kube, wait_for
-from cluster.node import NODE_NAME, RealNode
+from cluster.node import HOST_IP, NODE_NAME, RealNode
+from cluster.s3 import S3Server
 from tests.support.jobs import EXAMPLES, example_manifest, static_volume
 
 from .conftest import REAL_NODE_REPORT
@@ -125,6 +126,37 @@ def volume_for(kube: Kube, namespace: str, claim: str, size: str = "1Gi") -> Pat
     return path
 
 
+@pytest.fixture(scope="module")
+def s3_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3-compatible server (versitygw) on the host, where pods reach it (HOST_IP), with
+    a `results` bucket."""
+    with S3Server(tmp_path_factory.mktemp("s3"), host=HOST_IP) as server:
+        store_client(server).create_bucket(Bucket="results")
+        yield server
+
+
+def store_client(server: S3Server) -> Any:
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        aws_access_key_id=server.access_key,
+        aws_secret_access_key=server.secret_key,
+        region_name="us-east-1",
+    )
+
+
+def store_json(server: S3Server, key: str) -> Any:
+    return json.loads(store_client(server).get_object(Bucket="results", Key=key)["Body"].read())
+
+
+def store_checkpoints(server: S3Server, prefix: str) -> list[str]:
+    """Keys of the complete checkpoints' state.json under `prefix`, oldest first."""
+    listed = store_client(server).list_objects_v2(Bucket="results", Prefix=f"{prefix}/checkpoints/")
+    return sorted(o["Key"] for o in listed.get("Contents", ()) if o["Key"].endswith("/state.json"))
+
+
 def checkpoint_claim(kube: Kube, namespace: str, name: str, size: str = "1Gi") -> Path:
     """A PersistentVolumeClaim bound to a static volume on the real node; its host directory."""
     path = volume_for(kube, namespace, name, size)
@@ -163,8 +195,21 @@ def impalajob(kube: Kube, *args: str) -> str:
 
 
 def impalajob_status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
-    """`impalajob status NAME -n NS --json` from outside the cluster (through the API server)."""
+    """`impalajob status NAME -n NS --json` from outside the cluster (a port-forward)."""
     return dict(json.loads(impalajob(kube, "status", name, "-n", namespace, "--json")))
+
+
+def status_counters(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    """The counters `impalajob status` reports, or None while it cannot (a pod starting)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "impala_trainer.cli", "status", name, "-n", namespace, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=kube.env,
+        check=False,
+    )
+    return dict(json.loads(proc.stdout)["counters"]) if proc.returncode == 0 else None
 
 
 def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
@@ -280,8 +325,9 @@ def faulty_job(real_kube: Kube, operator: None) -> Iterator[tuple[str, Path]]:
 
 
 def test_progress_rises_and_reads_live(real_kube: Kube, faulty_job: tuple[str, Path]) -> None:
-    """`kubectl get ij` shows steps rising; `impalajob status` reads the sidecar mid-run through
-    the API server, ahead of or equal to what the operator last published."""
+    """`kubectl get ij` shows steps rising; `impalajob status` reads the sidecar mid-run (the
+    token from the job's Secret, through a port-forward), ahead of or equal to what the operator
+    last published; the sidecar refuses a wrong token."""
     kube, (ns, _) = real_kube, faulty_job
     seen: list[int] = []
 
@@ -299,6 +345,15 @@ def test_progress_rises_and_reads_live(real_kube: Kube, faulty_job: tuple[str, P
     log(f"impalajob status {FAULT_JOB} (mid-run): {live['counters']}")
     assert live["phase"] == "Running"
     assert live["counters"]["num_env_steps_sampled"] >= seen[-1]
+    # Security is on: the operator made the job's Secret, and a wrong token gets nothing.
+    secret = kube.get("secret", f"{FAULT_JOB}-auth", "-n", ns)
+    assert set(secret["data"]) == {"status-token", "ray-token"}
+    refused = subprocess.run(
+        [sys.executable, "-m", "impala_trainer.cli", "status", FAULT_JOB, "-n", ns,
+         "--token", "wrong"],
+        capture_output=True, text=True, timeout=60, env=kube.env, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 1 and "answered 401" in refused.stderr, refused.stderr
 
     # `impalajob logs` finds the pods by the job's name: the learner's progress lines, and each
     # rollout pod's lines under its pod's name.
@@ -309,7 +364,7 @@ def test_progress_rises_and_reads_live(real_kube: Kube, faulty_job: tuple[str, P
 
 
 def members(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
-    """The driver's actor membership, live from the sidecar (through the API server)."""
+    """The driver's actor membership, live from the sidecar (through a port-forward)."""
     return list(impalajob_status(kube, namespace, name)["membership"]["members"])
 
 
@@ -442,12 +497,37 @@ def test_killed_learner_resumes_from_checkpoint(
     assert (learner["restarts"], learner["failures"], learner["disruptions"]) == (1, 1, 0)
 
 
-def test_aggregator_variant_trains(real_kube: Kube, operator: None) -> None:
+def test_aggregator_variant_trains_and_resumes_from_the_store(
+    real_kube: Kube, operator: None, s3_store: S3Server
+) -> None:
+    """One aggregator pod in the data path; the run directory on an emptyDir, mirrored to a real
+    S3-compatible store (checkpoint.storageUri + secretRef). The learner pod is deleted mid-run:
+    its replacement starts on an empty run directory and continues from the store."""
     kube = real_kube
     with kube.namespace("aggregated") as ns:
         kube.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "s3", "namespace": ns},
+                "stringData": {
+                    "AWS_ACCESS_KEY_ID": s3_store.access_key,
+                    "AWS_SECRET_ACCESS_KEY": s3_store.secret_key,
+                    "AWS_ENDPOINT_URL": s3_store.endpoint,
+                },
+            }
+        )
+        kube.apply(
             example_manifest(
-                "cartpole", namespace=ns, aggregators={"minReplicas": 1, "maxReplicas": 1}
+                "cartpole",
+                namespace=ns,
+                aggregators={"minReplicas": 1, "maxReplicas": 1},
+                checkpoint={
+                    "volumeClaim": None,
+                    "storageUri": "s3://results/aggregated",
+                    "secretRef": {"name": "s3"},
+                    "intervalSeconds": CHECKPOINT_SECONDS,
+                },
             )
         )
         membership: dict[str, Any] = {}
@@ -460,6 +540,46 @@ def test_aggregator_variant_trains(real_kube: Kube, operator: None) -> None:
             return st if st.get("phase") in ("Succeeded", "Failed") else None
 
         with diagnosed(kube, ns):
+            # A checkpoint in the store, then the learner pod goes (a node drain would do this).
+            first = wait_for(
+                lambda: store_checkpoints(s3_store, "aggregated"),
+                timeout=600,
+                interval=2,
+                what="a checkpoint in the store",
+            )
+            learner = kube.get("pod", "cartpole-learner-0", "-n", ns)
+            kube.kubectl("delete", "pod", "cartpole-learner-0", "-n", ns, "--wait=false")
+            # SIGTERM: the learner writes a final checkpoint and uploads it before it exits.
+            stored = wait_for(
+                lambda: (k := store_checkpoints(s3_store, "aggregated")) != first and k,
+                timeout=120,
+                interval=1,
+                what="the deleted learner's final checkpoint in the store",
+            )
+            saved = store_json(s3_store, stored[-1])["counters"]["num_env_steps_sampled"]
+            log(f"aggregated: learner pod deleted; the store's newest checkpoint has {saved} steps")
+
+            def replacement() -> dict[str, Any] | None:
+                for p in kube.pods(ns):
+                    if (
+                        p["metadata"]["labels"].get("app.kubernetes.io/component") == "learner"
+                        and p["metadata"]["uid"] != learner["metadata"]["uid"]
+                        and p["status"]["phase"] == "Running"
+                        and not p["metadata"].get("deletionTimestamp")
+                    ):
+                        return p
+                return None
+
+            new = wait_for(replacement, timeout=300, interval=2, what="a new learner pod")
+            resumed = wait_for(
+                lambda: status_counters(kube, ns, "cartpole"),
+                timeout=120,
+                interval=2,
+                what="the new learner's status",
+            )
+            log(f"aggregated: {new['metadata']['name']} on an empty run directory reports "
+                f"{resumed['num_env_steps_sampled']} steps")  # fmt: skip
+            assert resumed["num_env_steps_sampled"] >= saved, (resumed, saved)
             st = wait_for(watch, timeout=900, interval=3, what="the aggregated job to finish")
         log(f"aggregated: {membership.get('aggregator_workers')} aggregator and "
             f"{membership.get('rollout_workers')} rollout actors mid-run")  # fmt: skip
@@ -470,3 +590,10 @@ def test_aggregator_variant_trains(real_kube: Kube, operator: None) -> None:
             f"{progress.get('timesteps')} steps")  # fmt: skip
         assert st["phase"] == "Succeeded", diagnose(kube, ns)
         assert float(progress["episodeReturnMean"]) >= 450
+        # The deletion was a disruption, not a failure; the results are in the store.
+        assert st["learner"]["failures"] == 0, st["learner"]
+        summary = store_json(s3_store, "aggregated/summary.json")
+        assert summary["phase"] == "Succeeded" and summary["timesteps"] >= saved
+        owner = store_json(s3_store, "aggregated/run.json")
+        uid = kube.get("ij", "cartpole", "-n", ns)["metadata"]["uid"]
+        assert owner == {"job": "cartpole", "uid": uid}

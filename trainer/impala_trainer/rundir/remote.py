@@ -86,7 +86,9 @@ def s3_client() -> Any:
         response_checksum_validation="when_required",
     )
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    return boto3.client("s3", endpoint_url=endpoint, region_name=region, config=config)
+    # A session of its own: boto3's default one caches the credentials it first resolved.
+    session = boto3.session.Session()
+    return session.client("s3", endpoint_url=endpoint, region_name=region, config=config)
 
 
 def _checkpoint_seq(name: str) -> int | None:
