@@ -30,6 +30,7 @@ Manifest = dict[str, Any]
 
 # kind -> plural, for the kinds the operator reads or writes.
 PLURALS = {
+    "Secret": "secrets",
     "ConfigMap": "configmaps",
     "Service": "services",
     "Pod": "pods",

@@ -78,7 +78,7 @@ def test_children_are_garbage_collected_with_the_job(kube: Kube, namespace: str)
         stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": children}),
     )
     selector = f"app.kubernetes.io/instance={manifest['metadata']['name']}"
-    kinds = "configmaps,services,deployments,networkpolicies,poddisruptionbudgets,pods"
+    kinds = "secrets,configmaps,services,deployments,networkpolicies,poddisruptionbudgets,pods"
 
     def live_children() -> set[tuple[str, str]]:
         items = kube.get(kinds, "-n", namespace, "-l", selector)["items"]

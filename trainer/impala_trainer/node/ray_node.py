@@ -138,9 +138,9 @@ def ray_env(drain_timeout_s: float = 30.0) -> dict[str, str]:
     """Environment for Ray processes (and to apply to this process before `ray.init`).
 
     Ray 2.60 turns on token authentication for `ray start` and keeps the token in the home
-    directory, which another pod does not share. With `RAY_AUTH_TOKEN` set (the operator can mount
-    one Secret into every pod of a job) the cluster uses it; otherwise authentication is off and
-    the job's NetworkPolicy is what keeps other pods out of its Ray ports.
+    directory, which another pod does not share. With `RAY_AUTH_TOKEN` set (on a cluster always:
+    the operator gives every pod of a job the `ray-token` of its auth Secret) the cluster uses it;
+    otherwise (local runs) authentication is off.
     """
     env = dict(os.environ)
     env["RAY_USAGE_STATS_ENABLED"] = "0"
