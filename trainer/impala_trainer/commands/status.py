@@ -2,10 +2,12 @@
 
 TARGET is the sidecar's URL, or an ImpalaJob name: then the URL is the job's `status.statusURL`
 (set by the operator), read with the Kubernetes client from the current (or --namespace)
-namespace. In a pod that URL is fetched directly; from a kubeconfig, i.e. outside the cluster, a
-Service address (`svc.ns.svc:port`, the operator's) is reached through the API server's Service
-proxy with the kubeconfig's credentials, so no port-forward is needed. The Kubernetes client is
-imported only for names, so URL targets start fast.
+namespace, and the bearer token is the job's, from its auth Secret `<job>-auth` (unless --token
+or $IMPALA_STATUS_TOKEN gives one). In a pod that URL is fetched directly; from a kubeconfig,
+i.e. outside the cluster, the command port-forwards to the learner pod itself (the job's
+NetworkPolicy admits only labelled pods to the status port; a forward enters the pod's own
+network), and falls back to the API server's Service proxy when no learner pod is running. The
+Kubernetes client is imported only for names, so URL targets start fast.
 """
 
 from __future__ import annotations
