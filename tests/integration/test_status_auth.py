@@ -18,7 +18,6 @@ from tests.support.sample_run import write_sample_run
 from tests.support.sidecar import serve_in_thread
 
 GUARDED = (
-    "/readyz",
     "/status",
     "/history",
     "/metrics",
@@ -167,6 +166,7 @@ def test_openapi_advertises_the_bearer_scheme(serve: Serve) -> None:
     assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     assert spec["paths"]["/status"]["get"]["security"] == [{"HTTPBearer": []}]
     assert "security" not in spec["paths"]["/healthz"]["get"]
+    assert "security" not in spec["paths"]["/readyz"]["get"]  # the kubelet's probe
 
 
 def test_dashboard_login_cookie(serve: Serve) -> None:

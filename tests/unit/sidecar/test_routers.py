@@ -279,11 +279,19 @@ def test_readyz_finished_run_stays_ready_however_old(client: Client, run_dir: Pa
 
 # -- the bearer token -----------------------------------------------------------------------------
 
-GUARDED = ("/status", "/history", "/metrics", "/readyz", "/")
+GUARDED = ("/status", "/history", "/metrics", "/")
+
+
+def test_the_probes_answer_without_the_token(client: Client, run_dir: Path) -> None:
+    # The kubelet's probes carry no token (it would have to be written into the pod spec).
+    write_sample_run(run_dir, points=3)
+    app = client(token="s3cret", ready_max_age_seconds=1e9)
+    assert app.get("/healthz").status_code == 200
+    assert app.get("/readyz").status_code == 200
 
 
 @pytest.mark.parametrize("path", GUARDED)
-def test_a_configured_token_guards_every_route_but_healthz(
+def test_a_configured_token_guards_every_route_but_the_probes(
     client: Client, run_dir: Path, path: str
 ) -> None:
     write_sample_run(run_dir, points=3)

@@ -96,7 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     guard = [Depends(require_token)] if settings.auth_enabled else []
 
     app.include_router(health.open_router)
-    for module in (health, status, history, metrics, dashboard):
+    for module in (status, history, metrics, dashboard):
         app.include_router(module.router, dependencies=guard)
 
     @app.get("/openapi.json", include_in_schema=False, dependencies=guard)

@@ -9,7 +9,6 @@ from fastapi import APIRouter
 from impala_trainer.rundir.reader import SnapshotError
 from impala_trainer.sidecar.deps import ReaderDep, SettingsDep
 from impala_trainer.sidecar.models import (
-    ERRORS_401,
     ERRORS_503,
     HealthResponse,
     ReadyResponse,
@@ -19,9 +18,8 @@ from impala_trainer.sidecar.models import (
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed", "Stopped"})
 
 open_router = APIRouter(tags=["health"])
-"""Never behind the token: kubelet liveness probes cannot send one."""
-
-router = APIRouter(tags=["health"])
+"""Never behind the token: the kubelet's liveness and readiness probes cannot send one without
+writing it into the pod spec. /readyz tells only the phase and the snapshot's age."""
 
 
 @open_router.get("/healthz", response_model=HealthResponse)
@@ -30,7 +28,7 @@ async def healthz() -> HealthResponse:
     return HealthResponse()
 
 
-@router.get("/readyz", response_model=ReadyResponse, responses={**ERRORS_401, **ERRORS_503})
+@open_router.get("/readyz", response_model=ReadyResponse, responses=ERRORS_503)
 async def readyz(reader: ReaderDep, settings: SettingsDep) -> ReadyResponse:
     """Ready when status.json is readable and, while the run is live, fresh enough."""
     snap = reader.status.read()
