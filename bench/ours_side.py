@@ -188,6 +188,7 @@ def sample_only(
 
     workers = spec.rollouts.initial_replicas * spec.rollouts.workers_per_pod
     ray.init(
+        address="local",  # never a cluster an earlier `ray start` left behind
         num_cpus=os.cpu_count() or 1,
         resources={ROLLOUT_RESOURCE: workers},
         include_dashboard=False,

@@ -29,6 +29,7 @@ def _init_ray(workers: int) -> None:
     for attempt in range(3):
         try:
             ray.init(
+                address="local",  # never a cluster an earlier `ray start` left behind
                 num_cpus=max(4, workers + 2),
                 include_dashboard=False,
                 log_to_driver=False,

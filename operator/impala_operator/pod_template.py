@@ -138,6 +138,9 @@ def container(
             {"name": "shm", "mountPath": "/dev/shm"},
         ],
         "securityContext": container_security_context(),
+        # A failing container's last log lines become its termination message: the operator
+        # quotes the learner's one-line error in the job's Failed condition.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
 

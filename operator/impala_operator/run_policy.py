@@ -40,6 +40,11 @@ def parse_time(value: str | None) -> float | None:
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
+CONFIG_EXIT_CODE = 2
+"""The trainer's EXIT_USAGE: bad input, nothing started. Retrying cannot help, so the job fails
+at once instead of using its backoffLimit (like a Job's podFailurePolicy `FailJob` rule)."""
+
+
 @dataclass(frozen=True)
 class LearnerPod:
     """What the lifecycle needs to know about one learner pod."""
@@ -77,6 +82,12 @@ class LearnerPod:
         return (self.exit_code is not None and self.exit_code != 0) or (
             self.phase == "Failed" and self.exit_code is None
         )
+
+    @property
+    def misconfigured(self) -> bool:
+        """Exited with the trainer's bad-input code: the same attempt again would fail the same
+        way (an invalid manifest, a storageUri holding another job's run)."""
+        return self.exit_code == CONFIG_EXIT_CODE and not self.disruption
 
     @property
     def disrupted(self) -> bool:
@@ -313,6 +324,11 @@ def step(
             last_failure_time=None,
         )  # fmt: skip
         current = None
+    elif current is not None and current.misconfigured:
+        last = current.message.strip().splitlines()[-1:] or [""]
+        msg = f"learner attempt {current.attempt} refused its configuration: {last[0]}".rstrip(": ")
+        state = _transition(state, "Failed", "InvalidConfiguration", msg, now, events)
+        return _finish(replace(state, completion_time=now), pods, policy, now, events)
     elif current is not None and current.failed:
         why = f"learner attempt {current.attempt} exited with code {current.exit_code}"
         why += f" ({current.reason})" if current.reason else ""

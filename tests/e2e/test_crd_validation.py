@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from cluster import CommandError, Kube
-from impala_trainer.job.manifest import parse_manifest
+from impala_trainer.job.manifest import load_manifest, parse_manifest
 from impala_trainer.job.spec import ImpalaJobSpec
 from tests.unit.operator.crd_cases import INVALID, VALID, Invalid, base_job, job_with
 
@@ -116,7 +116,7 @@ def test_valid_job_is_accepted_and_defaulted_like_the_model(
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_examples_are_accepted(crd: Kube, namespace: str, path: Path) -> None:
-    parse_manifest(yaml.safe_load(path.read_text()))
+    load_manifest(path)  # the example's ImpalaJob document (its results claim rides along)
     crd.kubectl("apply", "-n", namespace, "--validate=strict", "--dry-run=server", "-f", str(path))
 
 

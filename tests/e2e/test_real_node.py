@@ -286,8 +286,9 @@ def running_pods(kube: Kube, namespace: str, component: str) -> list[dict[str, A
 
 
 def newest_checkpoint(path: Path) -> tuple[int, float]:
-    """(env steps sampled, mtime) of the newest complete checkpoint on the claim."""
-    states = sorted(path.glob("ckpt-*/state.json"), key=lambda p: p.stat().st_mtime)
+    """(env steps sampled, mtime) of the newest complete checkpoint on the claim (the run
+    directory: checkpoints/ckpt-*)."""
+    states = sorted(path.glob("checkpoints/ckpt-*/state.json"), key=lambda p: p.stat().st_mtime)
     if not states:
         return 0, 0.0
     state = json.loads(states[-1].read_text())

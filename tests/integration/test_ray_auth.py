@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from impala_trainer.node.ray_node import port_open, ray_env
+from impala_trainer.node.ray_node import NodeConfig, forget_stale_head, port_open, ray_env
 from tests.support.net import free_port
 
 pytestmark = [pytest.mark.slow]
@@ -73,6 +73,9 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        # `ray start` left its address in Ray's temp dir: a later bare ray.init() would try to
+        # join this stopped head.
+        forget_stale_head(NodeConfig(head=True, gcs_port=port))
 
 
 def _connect(address: str, token: str | None) -> subprocess.CompletedProcess[str]:

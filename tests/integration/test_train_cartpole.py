@@ -20,13 +20,16 @@ import pytest
 import yaml
 
 from tests.support.jobs import job_manifest
+from tests.support.net import free_port
 
 EXAMPLE = "manifests/examples/cartpole.yaml"
 TIMEOUT = 900  # generous: the machines these run on are shared and noisy
 
 
-def _train(*args: str, timeout: int = TIMEOUT) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+def _train(
+    *args: str, timeout: int = TIMEOUT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "impala_trainer.cli", "train", *args],
         capture_output=True, text=True, timeout=timeout, env=env,
@@ -62,7 +65,10 @@ def test_invalid_manifest_exits_2_naming_the_field_before_anything_starts(tmp_pa
 @pytest.mark.train
 def test_cli_solves_cartpole_and_writes_the_run_directory(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    res = _train("-f", EXAMPLE, "--run-dir", str(run))
+    # The embedded Ray is always our own: a cluster named by RAY_ADDRESS (or by the address file
+    # a stopped `ray start` leaves in Ray's temp dir) is not joined, dead or alive.
+    stale = {"RAY_ADDRESS": f"127.0.0.1:{free_port()}"}
+    res = _train("-f", EXAMPLE, "--run-dir", str(run), env=stale)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "episodeReturnMean reached" in res.stdout
 
@@ -215,8 +221,8 @@ def local_ray() -> Any:
     import ray
 
     ray.init(
-        num_cpus=2, resources={"rollout": 2, "aggregator": 0}, include_dashboard=False,
-        logging_level=logging.ERROR, log_to_driver=False,
+        address="local", num_cpus=2, resources={"rollout": 2, "aggregator": 0},
+        include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
     )
     yield ray
     ray.shutdown()

@@ -161,6 +161,30 @@ def test_backoff_limit_zero_fails_on_first_failure() -> None:
     assert (out.state.phase, out.state.reason) == ("Failed", "BackoffLimitExceeded")
 
 
+def test_a_refused_configuration_fails_at_once_quoting_the_learner() -> None:
+    # Exit 2 is the trainer's "bad input": another attempt would refuse it again.
+    refused = _pod(
+        0,
+        phase="Failed",
+        exit_code=2,
+        message="learner: starting\nimpalajob learner: error: checkpoint.storageUri s3://r/x/ "
+        "holds the run of an earlier ImpalaJob 'j' (uid 1): point storageUri at a fresh prefix\n",
+    )
+    out = _run(RunPolicy(backoff_limit=3), JobState(phase="Running", start_time=T0), [refused], T0)
+    assert (out.state.phase, out.state.reason, out.state.failures) == (
+        "Failed",
+        "InvalidConfiguration",
+        0,
+    )
+    failed = _cond(out, "Failed")
+    assert failed["reason"] == "InvalidConfiguration"
+    assert failed["message"].endswith("point storageUri at a fresh prefix")
+    # a SIGTERM'd or evicted pod is a disruption whatever its code
+    evicted = replace(refused, disruption="Evicted")
+    out = _run(RunPolicy(), JobState(phase="Running", start_time=T0), [evicted], T0)
+    assert out.state.phase == "Pending" and out.state.disruptions == 1
+
+
 def test_restart_delay_doubles_and_caps() -> None:
     assert [restart_delay(n, 10.0) for n in (1, 2, 3)] == [10.0, 20.0, 40.0]
     assert restart_delay(30, 10.0) == 360.0 and restart_delay(3, 0.0) == 0.0

@@ -99,5 +99,5 @@ def mirror_run(
             uid=os.environ.get("IMPALA_JOB_UID") or None,
         )
     except StorageError as err:
-        raise CommandError(str(err), EXIT_FAILED) from None
+        raise CommandError(str(err), EXIT_USAGE if err.config else EXIT_FAILED) from None
     return Mirror(remote, run_dir.path, job.spec.checkpoint.keep)

@@ -103,7 +103,11 @@ def _init_ray(num_rollout: int, num_aggregator: int) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
+    # address="local": always a Ray of our own. Without it ray.init joins the cluster named by
+    # RAY_ADDRESS or by the address file the last `ray start` left in Ray's temp dir, even a
+    # stopped one, and then refuses num_cpus ("When connecting to an existing cluster ...").
     ray.init(
+        address="local",
         num_cpus=os.cpu_count() or 1,
         resources={"rollout": num_rollout, "aggregator": num_aggregator},
         include_dashboard=False,

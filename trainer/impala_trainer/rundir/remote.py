@@ -45,7 +45,13 @@ RUN_FILES = (SUMMARY_FILE, HISTORY_FILE, CONFIG_FILE, LOG_FILE)
 
 
 class StorageError(Exception):
-    """The storage location cannot be used as asked; the message names the field and the fix."""
+    """The storage location cannot be used as asked; the message names the field and the fix.
+    `config` marks what no retry can fix (another job's run is there); a store that cannot be
+    reached or refuses the credentials may be fixed meanwhile (a Secret updated)."""
+
+    def __init__(self, message: str, config: bool = True) -> None:
+        super().__init__(message)
+        self.config = config
 
 
 @dataclass(frozen=True)
@@ -292,7 +298,8 @@ def open_remote(
         raise StorageError(
             f"checkpoint.storageUri {remote.location}: {err} (credentials and endpoint come from "
             "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_ENDPOINT_URL: checkpoint.secretRef "
-            "on a cluster)"
+            "on a cluster)",
+            config=False,
         ) from err
     return remote
 
