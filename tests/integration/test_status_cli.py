@@ -1,12 +1,14 @@
 """`impalajob status TARGET` against a live sidecar, by URL and by job name.
 
-For a job name the command reads the ImpalaJob's status.statusURL through the Kubernetes client.
-Here a minimal HTTP server plays the API server's one GET, reached through a real kubeconfig, so
-the kubeconfig/namespace resolution and the request path are exercised without a cluster.
+For a job name the command reads the ImpalaJob's status.statusURL and the job's status token (its
+auth Secret) through the Kubernetes client. Here a minimal HTTP server plays the API server's
+GETs, reached through a real kubeconfig, so the kubeconfig/namespace resolution and the request
+paths are exercised without a cluster.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -21,6 +23,7 @@ from urllib.parse import unquote
 import httpx
 import pytest
 
+from impala_operator.names import STATUS_TOKEN_KEY
 from impala_trainer.cli import main
 from impala_trainer.rundir.snapshot import SUMMARY_FILE, Summary, write_json_atomic
 from impala_trainer.sidecar.settings import Settings
@@ -222,24 +225,36 @@ def _job(namespace: str, name: str, status_url: str | None) -> tuple[str, dict]:
     return path, obj
 
 
+def _secret(namespace: str, name: str, token: str) -> tuple[str, dict]:
+    """The job's auth Secret as the operator makes it (`<job>-auth`)."""
+    data = {STATUS_TOKEN_KEY: base64.b64encode(token.encode()).decode()}
+    obj = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": data,
+           "metadata": {"name": f"{name}-auth", "namespace": namespace}}  # fmt: skip
+    return f"/api/v1/namespaces/{namespace}/secrets/{name}-auth", obj
+
+
 @pytest.mark.slow  # three CLI subprocesses, each importing the Kubernetes client
 def test_job_name_resolves_through_status_url(
     cli: Cli, sidecar: Callable[..., str], kubeconfig: tuple, tmp_path: Path
 ) -> None:
     path, handler = kubeconfig
     write_sample_run(tmp_path / "run", job="pong", points=10)
-    url = sidecar(tmp_path / "run")
+    # Security on, as the operator sets it: the sidecar wants the job's token, which only the
+    # job's auth Secret holds.
+    url = sidecar(tmp_path / "run", token="job-token")
     # The operator may publish the base URL or its /status endpoint; both work.
     handler.objects.update([_job("team-a", "pong", url), _job("team-b", "pong", url + "/status")])
+    handler.objects.update([_secret(ns, "pong", "job-token") for ns in ("team-a", "team-b")])
     env = {"KUBECONFIG": str(path)}
 
     proc = cli("pong", env=env)
     assert proc.returncode == 0, proc.stderr
     assert "ImpalaJob pong" in proc.stdout
-    assert handler.seen[-1] == (
-        "/apis/impala.dev/v1alpha1/namespaces/team-a/impalajobs/pong",
-        "Bearer kube-token",
-    )
+    # The job, then its Secret, read with the kubeconfig's credentials.
+    assert handler.seen[-2:] == [
+        ("/apis/impala.dev/v1alpha1/namespaces/team-a/impalajobs/pong", "Bearer kube-token"),
+        ("/api/v1/namespaces/team-a/secrets/pong-auth", "Bearer kube-token"),
+    ]
 
     proc = cli("pong", "-n", "team-b", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
