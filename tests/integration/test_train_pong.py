@@ -14,8 +14,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.train]
 
 
 def test_pong_example_trains_briefly(tmp_path: Path) -> None:
-    pytest.importorskip("ale_py")
-    pytest.importorskip("cv2")
     run = tmp_path / "run"
     res = subprocess.run(
         [

@@ -5,15 +5,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pytest
+# TensorBoard is a dev dependency (pyproject): missing, this fails at import, it never skips.
+from tensorboard.backend.event_processing import event_accumulator
 
 from impala_trainer.rundir.snapshot import HistoryPoint
 from impala_trainer.rundir.tensorboard import EventFileWriter, crc32c
 from impala_trainer.rundir.writer import RunDir
-
-event_accumulator = pytest.importorskip(
-    "tensorboard.backend.event_processing.event_accumulator"
-)
 
 
 def _scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
