@@ -226,7 +226,9 @@ class TrainingSpec(SpecModel):
     """Train the value head with its own optimiser at lrVf."""
 
     lr_vf: float = Field(default=5e-4, gt=0.0, le=1.0)
-    """Learning rate of the separate value-function optimiser."""
+    """Learning rate of the separate value-function optimiser. An lrSchedule scales it by the
+    same factor as lr (RLlib's old stack sets both optimisers to the schedule's value, which
+    would discard lrVf)."""
 
     num_sgd_iter: int = Field(default=1, ge=1, le=64)
     """Passes the minibatch buffer replays each train batch."""
