@@ -160,6 +160,63 @@ RLLIB_IMPALA_DEFAULTS: dict[str, object] = {
 }
 
 
+# Our field -> the attribute IMPALAConfig.__init__ sets (the ones the seed's IMPALAConfig holds;
+# gamma, numSgdIter and numEnvsPerWorker are AlgorithmConfig's, outside the seed).
+SEED_NAMES = {
+    "training.lr": "lr",
+    "training.trainBatchSize": "train_batch_size",
+    "training.rolloutFragmentLength": "rollout_fragment_length",
+    "training.vtraceClipRhoThreshold": "vtrace_clip_rho_threshold",
+    "training.vtraceClipPgRhoThreshold": "vtrace_clip_pg_rho_threshold",
+    "training.vfLossCoeff": "vf_loss_coeff",
+    "training.entropyCoeff": "entropy_coeff",
+    "training.gradClip": "grad_clip",
+    "training.optimizer.type": "opt_type",
+    "training.optimizer.decay": "decay",
+    "training.optimizer.momentum": "momentum",
+    "training.separateVfOptimizer": "_separate_vf_optimizer",
+    "training.lrVf": "_lr_vf",
+    "training.minibatchBufferSize": "minibatch_buffer_size",
+    "training.learnerQueueSize": "learner_queue_size",
+    "training.learnerQueueTimeout": "learner_queue_timeout",
+    "training.numMultiGpuTowerStacks": "num_multi_gpu_tower_stacks",
+    "training.numGpuLoaderThreads": "num_gpu_loader_threads",
+    "training.broadcastInterval": "broadcast_interval",
+    "training.maxRequestsInFlightPerWorker": "max_requests_in_flight_per_env_runner",
+}
+SEEDS = Path(__file__).resolve().parents[4] / "shared" / "seeds"
+
+
+def _seed_impala_defaults() -> dict[str, object]:
+    """`self.NAME = LITERAL` assignments of IMPALAConfig.__init__ in RLlib's source (the seed)."""
+    import ast
+    import re
+
+    text = next(
+        (t for f in sorted(SEEDS.glob("*.txt")) if "class IMPALAConfig" in (t := f.read_text())),
+        "",
+    )
+    body = text[text.find("class IMPALAConfig") :]
+    body = body[: body.find("def training(")]
+    found: dict[str, object] = {}
+    literal = r"(-?[\d.]+|True|False|\"\w+\"|None)(?![\w.])"
+    for name, raw in re.findall(r"self\.(\w+) = " + literal, body):
+        found.setdefault(name, ast.literal_eval(raw))
+    return found
+
+
+def test_the_defaults_table_is_rllibs_source() -> None:
+    """RLLIB_IMPALA_DEFAULTS is what RLlib's IMPALAConfig (../shared/seeds) really sets."""
+    if not SEEDS.is_dir():
+        pytest.skip("RLlib's sources (../shared/seeds) are not beside this checkout")
+    seed = _seed_impala_defaults()
+    assert len(seed) > 20, "IMPALAConfig.__init__ not found in the seeds"
+    for ours, theirs in SEED_NAMES.items():
+        assert RLLIB_IMPALA_DEFAULTS[ours] == seed[theirs], (ours, theirs, seed[theirs])
+    # The optimiser's epsilon: omitted means RLlib's 0.1 for rmsprop.
+    assert seed["epsilon"] == 0.1
+
+
 def test_defaults_are_rllibs_or_say_why_not() -> None:
     """Every default equals RLlib IMPALA's, or DEFAULTS_APART_FROM_RLLIB gives RLlib's value and
     the reason (the CRD and `kubectl explain` show the same note on the field)."""
