@@ -33,12 +33,6 @@ RUN_DIR = "/var/lib/impalajob/run"
 AUTH_DIR = "/etc/impalajob-auth"
 """The sidecar's token file lives here (the job's auth Secret, one key): re-read on rotation."""
 
-NODE_GRACE_SECONDS = 60
-"""SIGTERM to SIGKILL for rollout/aggregator pods: time to finish and hand over the in-flight
-fragment. The node process drains on SIGTERM itself, so no preStop hook is needed: one would
-only delay the signal that starts the drain."""
-
-
 def _namespace(job: ImpalaJob) -> str:
     if not job.metadata.namespace:
         raise ValueError(f"ImpalaJob {job.name} has no namespace (read it from the cluster)")
@@ -267,7 +261,9 @@ def build_node_deployment(job: ImpalaJob, uid: str, role: NodeRole, replicas: in
     pod_meta: dict[str, Any] = {"labels": names.child_labels(job.name, role, job.metadata.labels)}
     pod_spec = {
         **pod_template.pod_defaults(),
-        "terminationGracePeriodSeconds": NODE_GRACE_SECONDS,
+        # The node process drains on SIGTERM itself, so no preStop hook: one would only delay
+        # the signal that starts the drain.
+        "terminationGracePeriodSeconds": group.termination_grace_period_seconds,
         "containers": [node],
         "volumes": pod_template.scratch_volumes(),
         **pod_template.placement(group.node_selector, pod_template.tolerations(group.tolerations)),

@@ -243,7 +243,8 @@ def test_every_container_is_non_root_and_locked_down() -> None:
 
 
 def test_node_deployments_join_the_learner_service() -> None:
-    job = _job(aggregators={"minReplicas": 1, "maxReplicas": 2})
+    grace = {"terminationGracePeriodSeconds": 300}
+    job = _job(aggregators={"minReplicas": 1, "maxReplicas": 2, **grace})
     deps = {d["metadata"]["name"]: d for d in _by_kind(_all_children(job))["Deployment"]}
     rollout = deps["cartpole-rollout"]["spec"]["template"]["spec"]
     cmd = rollout["containers"][0]["command"]
@@ -252,8 +253,11 @@ def test_node_deployments_join_the_learner_service() -> None:
     )
     assert "--address=cartpole-learner.team-a.svc:6379" in cmd and "--workers=3" in cmd
     assert "--node-ip-address=$(POD_IP)" in cmd
-    assert rollout["terminationGracePeriodSeconds"] == children.NODE_GRACE_SECONDS
-    agg = deps["cartpole-aggregator"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    # Each group's own grace: the rollouts' default, the aggregators' as set.
+    assert rollout["terminationGracePeriodSeconds"] == 60
+    aggregator = deps["cartpole-aggregator"]["spec"]["template"]["spec"]
+    assert aggregator["terminationGracePeriodSeconds"] == 300
+    agg = aggregator["containers"][0]["command"]
     assert agg[:2] == ["impalajob", "aggregator-node"] and not any("--workers" in a for a in agg)
 
 

@@ -576,6 +576,10 @@ class ReplicaGroupSpec(SpecModel):
     pod: PodOverrides = Field(default_factory=PodOverrides)
     """Settings merged onto these pods (env, volumes, pull secrets, affinity, priority...)."""
 
+    termination_grace_period_seconds: int = Field(default=60, ge=1, le=86_400)
+    """SIGTERM to SIGKILL for these pods: the node drains on SIGTERM, finishing and handing over
+    its in-flight fragment (a slow environment step needs more)."""
+
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     """Autoscaling policy."""
 
