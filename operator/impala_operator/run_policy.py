@@ -197,7 +197,13 @@ def _finish(
     if policy.clean_pod_policy == "All":
         doomed = [p.name for p in pods if not p.deleting]
     elif policy.clean_pod_policy == "Running":
-        doomed = [p.name for p in pods if not p.deleting and p.phase in ("Pending", "Running")]
+        # A learner pod whose learner container has ended is finished, though its phase stays
+        # Running until the kubelet stops the status sidecar: kept, with the learner's log.
+        doomed = [
+            p.name
+            for p in pods
+            if not p.deleting and p.phase in ("Pending", "Running") and not p.finished
+        ]
     else:
         doomed = []
     ttl = policy.ttl_seconds_after_finished

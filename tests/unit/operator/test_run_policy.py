@@ -81,10 +81,18 @@ def test_clean_pod_policy_running_keeps_finished_pods_and_none_keeps_all() -> No
     )
     none = _run(RunPolicy(clean_pod_policy="None"), state, pods, T0)
     assert none.delete_pods == () and none.run_workers
-    # A still-running sidecar keeps a finished learner's pod Running: "Running" removes it.
+    # A still-running sidecar keeps a finished learner's pod Running for a moment: "Running"
+    # keeps it (the learner's log is the point of keeping finished pods), "All" removes it.
     sidecar_up = [_pod(0, phase="Running", exit_code=0)]
     running = _run(RunPolicy(clean_pod_policy="Running"), replace(state, restarts=0), sidecar_up, 1)
-    assert running.state.phase == "Succeeded" and running.delete_pods == ("j-learner-0",)
+    assert running.state.phase == "Succeeded" and running.delete_pods == ()
+    every = _run(RunPolicy(clean_pod_policy="All"), replace(state, restarts=0), sidecar_up, 1)
+    assert every.delete_pods == ("j-learner-0",)
+    # A learner still running when the job ends (suspended-then-deleted, or a stale attempt) goes.
+    stale = [_pod(0, phase="Running"), _pod(1, phase="Running", exit_code=0)]
+    assert _run(RunPolicy(clean_pod_policy="Running"), state, stale, 1).delete_pods == (
+        "j-learner-0",
+    )
 
 
 def test_failure_restarts_with_backoff_then_fails() -> None:
