@@ -101,6 +101,13 @@ def test_run_dir_writes_config_status_history_summary(tmp_path: Path) -> None:
     run.write_summary(Summary(job="t", timesteps=5, wall_seconds=1.0, stopped_by="timesteps"))
     assert json.loads(run.summary_file.read_text())["stopped_by"] == "timesteps"
     assert run.has_previous_run()
+    # Resumed (a new learner on the same directory): the last process's live snapshot and its
+    # summary go, the curve and the checkpoints stay.
+    RunDir(run.path).prepare(job)
+    assert not run.status_file.exists() and not run.summary_file.exists()
+    assert [json.loads(x)["env_steps"] for x in run.history_file.read_text().splitlines()] == [
+        0, 1, 2,
+    ]  # fmt: skip
     run.clear()
     assert not run.has_previous_run() and not run.history_file.exists()
 

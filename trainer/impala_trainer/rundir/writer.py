@@ -102,8 +102,12 @@ class RunDir:
         tmp = self.path / f".{CONFIG_FILE}.tmp"
         tmp.write_text(text)
         tmp.replace(self.path / CONFIG_FILE)
-        # A resumed run starts a new summary; the old one described a run that ended.
+        # A resumed run starts a new summary; the old one described a run that ended. The old
+        # status.json is the live snapshot of a process that is gone (a killed learner's, on
+        # the claim): served until the new driver's first snapshot, it would show counters
+        # behind the checkpoint this run resumes from, as if it were this run's.
         self.summary_file.unlink(missing_ok=True)
+        self.status_file.unlink(missing_ok=True)
 
     def status_due(self) -> bool:
         """True when `status_interval` has passed since status.json was last written."""
