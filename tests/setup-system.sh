@@ -2,7 +2,7 @@
 # Debian packages the tests use; installs only what is missing, so a warm machine skips it.
 #   chromium (dashboard test), wrk (bench), openssl (the control plane's PKI);
 #   for the real node and its image (as root only: tests/cluster/node.py, hack/build-image.sh):
-#   containerd, runc, the CNI plugins, iptables, conntrack, buildah, mmdebstrap.
+#   containerd, runc, the CNI plugins, iptables, ipset, conntrack, buildah, mmdebstrap.
 set -euo pipefail
 need=()
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
@@ -14,6 +14,7 @@ if [ "$(id -u)" -eq 0 ]; then
   have runc || need+=(runc)
   [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
   have iptables || need+=(iptables)
+  have ipset || need+=(ipset)        # kube-router's NetworkPolicy sets
   have conntrack || need+=(conntrack)
   have ip || need+=(iproute2)
   have nsenter || need+=(util-linux)

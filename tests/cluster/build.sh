@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # Build (once) and cache the binaries of a real Kubernetes cluster for the e2e tests: the control
 # plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), kubectl, kwok and helm,
-# and the real node's own parts (kubelet, kube-proxy, CoreDNS, and the pod sandbox's `pause`).
+# and the real node's own parts (kubelet, kube-proxy, CoreDNS, kube-router's NetworkPolicy
+# controller, and the pod sandbox's `pause`).
 #
 # Everything is compiled from Go modules (no Docker, no GitHub release downloads) into
 #   ${IMPALA_TEST_CACHE:-$HOME/.cache/impalajob}/k8s-<k8s version>-<go version>/bin
 # Idempotent: a binary that is already cached is skipped. Prints the bin dir on the last line.
 #
-# Knobs (environment): K8S_VERSION, KWOK_VERSION, HELM_VERSION, COREDNS_VERSION, IMPALA_TEST_CACHE,
-# BUILD_PARALLELISM (go build -p, default 2: the CI machines are small and shared).
+# Knobs (environment): K8S_VERSION, KWOK_VERSION, HELM_VERSION, COREDNS_VERSION, KUBE_ROUTER_VERSION,
+# IMPALA_TEST_CACHE, BUILD_PARALLELISM (go build -p, default 2: the CI machines are small and shared).
 set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-v1.37.2}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v4.3.1}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
+KUBE_ROUTER_VERSION="${KUBE_ROUTER_VERSION:-v2.1.0}"
 BUILD_PARALLELISM="${BUILD_PARALLELISM:-2}"
 
 # Never reach for a newer toolchain: the cache key is the local Go version.
@@ -37,7 +39,7 @@ fi
 
 need=()
 for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm \
-         kubelet kube-proxy coredns pause; do
+         kubelet kube-proxy coredns kube-router pause; do
   [[ -x "$BIN/$b" ]] || need+=("$b")
 done
 if [[ ${#need[@]} -eq 0 ]]; then
@@ -147,6 +149,11 @@ has helm && install_tool helm "helm.sh/helm/$helm_major/cmd/helm" "$HELM_VERSION
 # directives, so the tagged module builds as released).
 has coredns && install_tool coredns github.com/coredns/coredns "$COREDNS_VERSION" \
   "-X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION"
+# NetworkPolicy enforcement on the real node (the CNI bridge plugin enforces none): kube-router's
+# network policy controller alone (iptables + ipset). SIG Network's kube-network-policies needs
+# nftables' queue expression, which these machines' kernel lacks.
+has kube-router && install_tool kube-router github.com/cloudnativelabs/kube-router/v2/cmd/kube-router \
+  "$KUBE_ROUTER_VERSION"
 # The pod sandbox process: static, so it runs in an image with nothing else in it.
 if has pause; then
   log "compiling pause"
@@ -160,6 +167,7 @@ K8S_VERSION=$K8S_VERSION
 KWOK_VERSION=$KWOK_VERSION
 HELM_VERSION=$HELM_VERSION
 COREDNS_VERSION=$COREDNS_VERSION
+KUBE_ROUTER_VERSION=$KUBE_ROUTER_VERSION
 GO_VERSION=$GO_VERSION
 VERS
 log "done: $(ls "$BIN" | tr '\n' ' ')"

@@ -56,7 +56,7 @@ COMPONENTS = (
     "kwok",
     "helm",
 )
-NODE_COMPONENTS = ("kubelet", "kube-proxy", "coredns", "pause")
+NODE_COMPONENTS = ("kubelet", "kube-proxy", "coredns", "kube-router", "pause")
 
 
 def build_binaries(*, quiet: bool = False) -> Path:

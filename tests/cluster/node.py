@@ -30,22 +30,24 @@ Choices, and why:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import io
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import tarfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .kube import wait_for
+from .kube import wait_for, write_kubeconfig
 
 HOST_IP = "10.221.0.1"
 """Host end of the veth: the API server listens here (reachable from the node and its pods)."""
@@ -609,6 +611,75 @@ disabled_plugins = [
             "coredns",
             self.in_netns(str(self.bin_dir / "coredns"), "-conf", str(d / "Corefile")),
         )
+
+    # ---- NetworkPolicy enforcement -----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def network_policies_enforced(
+        self, server: str, ca_pem: str, token: str, service_cidr: str
+    ) -> Iterator[subprocess.Popen[bytes]]:
+        """kube-router's network policy controller alone (no routing, no service proxy) in the
+        node's namespace for the block: the bridge plugin enforces no NetworkPolicy, this does,
+        with iptables and ipsets (physdev matches catch traffic between pods on the bridge).
+        Stopped, its rules and sets are removed. SIG Network's kube-network-policies
+        cannot run here: it queues packets with nftables' `queue` expression, which this kernel
+        lacks (CONFIG_NFT_QUEUE)."""
+        d = self.dir / "network-policies"
+        d.mkdir(parents=True, exist_ok=True)
+        kubeconfig = d / "kubeconfig"
+        write_kubeconfig(
+            kubeconfig,
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {
+                    "server": server,
+                    "certificate-authority-data": base64.b64encode(ca_pem.encode()).decode(),
+                }}],
+                "users": [{"name": "u", "user": {"token": token}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            },
+        )  # fmt: skip
+        agent = str(self.bin_dir / "kube-router")
+        argv = self.in_netns(
+            agent, f"--kubeconfig={kubeconfig}", f"--hostname-override={NODE_NAME}",
+            "--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
+            "--enable-cni=false", f"--service-cluster-ip-range={service_cidr}",
+            "--metrics-port=0", "--health-port=20244", "--iptables-sync-period=5s", "-v=1",
+        )  # fmt: skip
+        with open(d / "agent.log", "ab") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            self._remove_network_policy_rules()
+
+    def _remove_network_policy_rules(self) -> None:
+        """kube-router's iptables chains and ipsets, removed from the node's namespace (its own
+        `--cleanup-config` v2.1.0 reports success and leaves them, then crashes in the service
+        proxy's cleanup)."""
+        ours = ("KUBE-ROUTER-", "KUBE-NWPLCY-", "KUBE-POD-FW-", "KUBE-SRC-", "KUBE-DST-")
+        saved = _run(*self.in_netns("iptables-save", "-t", "filter")).stdout.splitlines()
+        for line in saved:  # the jumps from the built-in chains first
+            words = shlex.split(line)
+            jumps = words[words.index("-j") + 1] if "-j" in words else ""
+            if words[:1] == ["-A"] and not words[1].startswith(ours) and jumps.startswith(ours):
+                _run(*self.in_netns("iptables", "-t", "filter", "-D", *words[1:]))
+        chains = [ln[1:].split()[0] for ln in saved if ln[:1] == ":" and ln[1:].startswith(ours)]
+        for flag in ("-F", "-X"):
+            for chain in chains:
+                _run(*self.in_netns("iptables", "-t", "filter", flag, chain))
+        for name in _run(*self.in_netns("ipset", "list", "-n")).stdout.split():
+            if name.startswith("KUBE-"):
+                _run(*self.in_netns("ipset", "destroy", name))
 
     # ---- teardown ----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ and CoreDNS (tests/cluster/node.py), from the image `hack/build-image.sh` builds
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -22,8 +23,10 @@ from typing import Any
 import pytest
 
 from cluster import Kube, wait_for
+from cluster.controlplane import SERVICE_CIDR
 from cluster.node import HOST_IP, NODE_NAME, RealNode
 from cluster.s3 import S3Server
+from impala_operator.names import STATUS_ACCESS_LABEL
 from tests.support.jobs import EXAMPLES, example_manifest, static_volume
 
 from .conftest import REAL_NODE_REPORT
@@ -364,6 +367,121 @@ def test_progress_rises_and_reads_live(real_kube: Kube, faulty_job: tuple[str, P
     assert f"[{FAULT_JOB}-rollout-" in rollout_log, rollout_log
 
 
+NETPOL_AGENT = "network-policies"
+
+
+def network_policy_agent_token(kube: Kube) -> tuple[str, str, str]:
+    """(API server URL as the node reaches it, CA PEM, bearer token) for kube-network-policies:
+    a service account that may read what NetworkPolicies select on."""
+    rules = [
+        {"apiGroups": [""], "resources": ["pods", "namespaces", "nodes", "services", "endpoints"],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
+         "verbs": ["get", "list", "watch"]},
+    ]  # fmt: skip
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NETPOL_AGENT}
+    subject = {"kind": "ServiceAccount", "name": NETPOL_AGENT, "namespace": "kube-system"}
+    for obj in (
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": NETPOL_AGENT, "namespace": "kube-system"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": NETPOL_AGENT}, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": NETPOL_AGENT}, "roleRef": ref, "subjects": [subject]},
+    ):  # fmt: skip
+        kube.apply(obj)
+    token = kube.kubectl(
+        "create", "token", NETPOL_AGENT, "-n", "kube-system", "--duration=1h"
+    ).stdout.strip()
+    config = kube.kubectl("config", "view", "--raw", "-o", "json").stdout
+    cluster = json.loads(config)["clusters"][0]["cluster"]
+    port = cluster["server"].rpartition(":")[2]
+    ca = base64.b64decode(cluster["certificate-authority-data"]).decode()
+    return f"https://{HOST_IP}:{port}", ca, token
+
+
+def test_network_policy_admits_the_status_port_only_to_labelled_pods(
+    real_kube: Kube, faulty_job: tuple[str, Path]
+) -> None:
+    """With a NetworkPolicy agent on the node (the bridge CNI enforces none), the job's policy
+    is what lets traffic through: a pod of the namespace reaches neither the learner's status
+    port nor its Ray port until it carries `impala.dev/status-access`, and then only the status
+    port; the job's own Ray traffic and the operator's status reads (another namespace, the
+    label) go on, so the job keeps training and reporting."""
+    kube, (ns, _) = real_kube, faulty_job
+    learner = running_pods(kube, ns, "learner")[0]
+    ip, image = learner["status"]["podIP"], learner["spec"]["containers"][0]["image"]
+    restricted = {
+        "runAsNonRoot": True, "runAsUser": RUN_AS, "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+    }  # fmt: skip
+    client = {
+        "name": "client", "image": image, "imagePullPolicy": "IfNotPresent",
+        "command": ["python3", "-c", "import time; time.sleep(86400)"],
+        "securityContext": restricted,
+    }  # fmt: skip
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "client", "namespace": ns},
+            "spec": {"containers": [client], "terminationGracePeriodSeconds": 1},
+        }
+    )
+    wait_for(
+        lambda: kube.get("pod", "client", "-n", ns)["status"].get("phase") == "Running",
+        timeout=120,
+        what="the client pod",
+    )
+
+    def reaches(port: int) -> bool:
+        connect = f"import socket; socket.create_connection(('{ip}', {port}), timeout=3)"
+        proc = kube.kubectl("exec", "-n", ns, "client", "--", "python3", "-c", connect,
+                            check=False, timeout=60)  # fmt: skip
+        return proc.returncode == 0
+
+    status_port, ray_port = 8080, 6379  # job.roles: STATUS_PORT, RayPorts.gcs
+    # No agent yet: the policy exists but nothing enforces it.
+    assert reaches(status_port) and reaches(ray_port)
+    server, ca, token = network_policy_agent_token(kube)
+    node = RealNode(kube.bin_dir or Path(), kube.workdir)
+    agent_log = node.dir / "network-policies" / "agent.log"
+
+    def enforced() -> bool:
+        assert agent.poll() is None, agent_log.read_text()[-3000:]
+        return not reaches(status_port)
+
+    with node.network_policies_enforced(server, ca, token, SERVICE_CIDR) as agent:
+        wait_for(
+            enforced,
+            timeout=120,
+            fatal=(AssertionError,),
+            what="the agent to enforce the job's NetworkPolicy",
+        )
+        assert not reaches(ray_port)
+        log(f"NetworkPolicy enforced: an unlabelled pod reaches neither {ip}:{status_port} nor "
+            f":{ray_port}")  # fmt: skip
+        kube.kubectl("label", "pod", "client", "-n", ns, f"{STATUS_ACCESS_LABEL}=true")
+        wait_for(lambda: reaches(status_port), timeout=60, what="the labelled pod admitted")
+        assert not reaches(ray_port)  # status access is not Ray access
+        # The job's own traffic (rollout nodes to the learner's Ray) and the operator's status
+        # reads pass: the steps the operator publishes keep rising.
+        before = progress_steps(kube, ns, FAULT_JOB)
+        wait_for(
+            lambda: progress_steps(kube, ns, FAULT_JOB) > before,
+            timeout=60,
+            interval=2,
+            what="progress under the enforced policy",
+        )
+        assert agent.poll() is None, agent_log.read_text()[-3000:]
+    log("labelled pod admitted to the status port only; the job trained on under the policy")
+    # Stopped and its rules cleaned up, the node enforces nothing again.
+    assert agent.returncode is not None and reaches(ray_port)
+    kube.kubectl("delete", "pod", "client", "-n", ns, "--wait=false")
+
+
 def members(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
     """The driver's actor membership, live from the sidecar (through a port-forward)."""
     return list(impalajob_status(kube, namespace, name)["membership"]["members"])
@@ -533,20 +651,29 @@ def test_aggregator_variant_trains_and_resumes_from_the_store(
         )
         membership: dict[str, Any] = {}
 
+        def note_membership() -> None:
+            """The driver's membership, once it counts an aggregator actor (either attempt)."""
+            if not membership.get("aggregator_workers"):
+                with contextlib.suppress(AssertionError, KeyError, ValueError):
+                    membership.update(impalajob_status(kube, ns, "cartpole")["membership"])
+
         def watch() -> dict[str, Any] | None:
             st = job_status(kube, ns, "cartpole")
-            steps = (st.get("progress") or {}).get("timesteps")
-            if steps and st.get("phase") == "Running" and not membership.get("aggregator_workers"):
-                membership.update(impalajob_status(kube, ns, "cartpole")["membership"])
+            if (st.get("progress") or {}).get("timesteps") and st.get("phase") == "Running":
+                note_membership()
             return st if st.get("phase") in ("Succeeded", "Failed") else None
 
         with diagnosed(kube, ns):
-            # A checkpoint in the store, then the learner pod goes (a node drain would do this).
+            # A checkpoint of some training in the store (the learner's first one can precede
+            # any step), then the learner pod goes (a node drain would do this).
+            def trained_checkpoints() -> list[str] | None:
+                note_membership()
+                keys = store_checkpoints(s3_store, "aggregated")
+                steps = keys and store_json(s3_store, keys[-1])["counters"]["num_env_steps_sampled"]
+                return keys if steps else None
+
             first = wait_for(
-                lambda: store_checkpoints(s3_store, "aggregated"),
-                timeout=600,
-                interval=2,
-                what="a checkpoint in the store",
+                trained_checkpoints, timeout=600, interval=2, what="a trained checkpoint stored"
             )
             learner = kube.get("pod", "cartpole-learner-0", "-n", ns)
             kube.kubectl("delete", "pod", "cartpole-learner-0", "-n", ns, "--wait=false")
@@ -558,6 +685,7 @@ def test_aggregator_variant_trains_and_resumes_from_the_store(
                 what="the deleted learner's final checkpoint in the store",
             )
             saved = store_json(s3_store, stored[-1])["counters"]["num_env_steps_sampled"]
+            assert saved > 0
             log(f"aggregated: learner pod deleted; the store's newest checkpoint has {saved} steps")
 
             def replacement() -> dict[str, Any] | None:
