@@ -279,6 +279,17 @@ def progress_steps(kube: Kube, namespace: str, name: str) -> int:
     return int((job_status(kube, namespace, name).get("progress") or {}).get("timesteps") or 0)
 
 
+def progress_moves(kube: Kube, namespace: str, *, timeout: float, what: str) -> None:
+    """Wait until the steps the operator publishes for the fault job pass their current value."""
+    before = progress_steps(kube, namespace, FAULT_JOB)
+    wait_for(
+        lambda: progress_steps(kube, namespace, FAULT_JOB) > before,
+        timeout=timeout,
+        interval=2,
+        what=what,
+    )
+
+
 def running_pods(kube: Kube, namespace: str, component: str) -> list[dict[str, Any]]:
     """Pods of one component that are Running and not being deleted."""
     return [
@@ -468,13 +479,7 @@ def test_network_policy_admits_the_status_port_only_to_labelled_pods(
         assert not reaches(ray_port)  # status access is not Ray access
         # The job's own traffic (rollout nodes to the learner's Ray) and the operator's status
         # reads pass: the steps the operator publishes keep rising.
-        before = progress_steps(kube, ns, FAULT_JOB)
-        wait_for(
-            lambda: progress_steps(kube, ns, FAULT_JOB) > before,
-            timeout=60,
-            interval=2,
-            what="progress under the enforced policy",
-        )
+        progress_moves(kube, ns, timeout=60, what="progress under the enforced policy")
         assert agent.poll() is None, agent_log.read_text()[-3000:]
     log("labelled pod admitted to the status port only; the job trained on under the policy")
     # Stopped and its rules cleaned up, the node enforces nothing again.
@@ -550,14 +555,8 @@ def test_deleted_operator_pod_converges(real_kube: Kube, faulty_job: tuple[str, 
         what="another operator pod to lead",
     )
     log(f"{new} leads now")
-    before = progress_steps(kube, ns, FAULT_JOB)
     # The new operator picks the job up where it was: status moves again ...
-    wait_for(
-        lambda: progress_steps(kube, ns, FAULT_JOB) > before,
-        timeout=120,
-        interval=2,
-        what="the new operator to report progress",
-    )
+    progress_moves(kube, ns, timeout=120, what="the new operator to report progress")
     # ... and creates nothing twice.
     learners = [p for p in kube.pods(ns, "app.kubernetes.io/component=learner")]
     assert [p["metadata"]["name"] for p in learners] == [f"{FAULT_JOB}-learner-0"]
