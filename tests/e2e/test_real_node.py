@@ -27,6 +27,7 @@ from cluster.controlplane import SERVICE_CIDR
 from cluster.node import HOST_IP, NODE_NAME, RealNode
 from cluster.s3 import S3Server
 from impala_operator.names import STATUS_ACCESS_LABEL
+from impala_trainer.job.roles import STATUS_PORT, RayPorts
 from tests.support.jobs import EXAMPLES, example_manifest, static_volume
 
 from .conftest import REAL_NODE_REPORT
@@ -382,8 +383,8 @@ NETPOL_AGENT = "network-policies"
 
 
 def network_policy_agent_token(kube: Kube) -> tuple[str, str, str]:
-    """(API server URL as the node reaches it, CA PEM, bearer token) for kube-network-policies:
-    a service account that may read what NetworkPolicies select on."""
+    """(API server URL as the node reaches it, CA PEM, bearer token) for kube-router's policy
+    controller: a service account that may read what NetworkPolicies select on."""
     rules = [
         {"apiGroups": [""], "resources": ["pods", "namespaces", "nodes", "services", "endpoints"],
          "verbs": ["get", "list", "watch"]},
@@ -453,7 +454,7 @@ def test_network_policy_admits_the_status_port_only_to_labelled_pods(
                             check=False, timeout=60)  # fmt: skip
         return proc.returncode == 0
 
-    status_port, ray_port = 8080, 6379  # job.roles: STATUS_PORT, RayPorts.gcs
+    status_port, ray_port = STATUS_PORT, RayPorts().gcs
     # No agent yet: the policy exists but nothing enforces it.
     assert reaches(status_port) and reaches(ray_port)
     server, ca, token = network_policy_agent_token(kube)
