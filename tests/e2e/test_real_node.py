@@ -264,9 +264,18 @@ def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
         assert (results / "history.jsonl").read_text().count("\n") >= 3
         assert sorted(p.name for p in (results / "checkpoints").glob("ckpt-*"))
         assert (results / "summary.json").stat().st_uid == RUN_AS
-        # cleanPodPolicy's default keeps the finished learner pod, so its log is still there.
-        learner = kube.get("pod", "cartpole-learner-0", "-n", ns)
-        assert learner["status"]["phase"] == "Succeeded"
+
+        # cleanPodPolicy's default keeps the finished learner pod, so its log is still there. The
+        # job is Succeeded once the learner container exits; the pod's phase follows only after the
+        # kubelet has stopped the sidecar, so it is waited for (and must not be deleted meanwhile).
+        def learner_phase() -> str | None:
+            phase = kube.get("pod", "cartpole-learner-0", "-n", ns)["status"]["phase"]
+            return phase if phase != "Running" else None
+
+        t_done = time.monotonic()
+        phase = wait_for(learner_phase, timeout=120, interval=1, what="the learner pod to end")
+        log(f"learner pod {phase} {time.monotonic() - t_done:.0f} s after the job")
+        assert phase == "Succeeded"
         assert "reached after" in impalajob(kube, "logs", "cartpole", "-n", ns)
 
 
