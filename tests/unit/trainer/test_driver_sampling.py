@@ -47,10 +47,11 @@ def _job(**training: Any) -> ImpalaJob:
 
 
 def _driver(
-    tmp_path: Path, job: ImpalaJob, actors: int = 2
+    tmp_path: Path, job: ImpalaJob, actors: int = 2, aggregators: int = 0
 ) -> tuple[ImpalaDriver, LocalBackend, list[LocalActor]]:
-    backend = LocalBackend(rollout_units=actors)
-    driver = build_driver(job, RunDir(tmp_path / "run"), backend, Wiring(rollout_workers=actors))
+    backend = LocalBackend(rollout_units=actors, aggregator_units=aggregators)
+    wiring = Wiring(rollout_workers=actors, aggregator_workers=aggregators)
+    driver = build_driver(job, RunDir(tmp_path / "run"), backend, wiring)
     assert isinstance(driver, ImpalaDriver)
     # What run() does first, without starting the learner thread: its queue then fills up, and
     # _step only needs to see it alive.
@@ -96,6 +97,34 @@ def test_a_full_learner_queue_parks_actors_until_it_has_room(
     assert not driver.pending and not driver.parked
     assert sum(driver.samples_in_flight.values()) == 2
     assert all(h.calls.count("sample") == 3 for h in handles)
+
+
+def test_with_an_aggregator_an_actor_is_asked_again_once_its_fragment_is_aggregated(
+    tmp_path: Path,
+) -> None:
+    # Asked again as soon as its fragment went to the aggregator, each actor had one fragment
+    # more in the system than without one: a policy lag of ~5 updates instead of ~3 on
+    # CartPole's example, and twice the env steps to 450.
+    driver, _, handles = _driver(tmp_path, _job(), aggregators=1)
+    rollouts = [h for h in handles if h.aggregator is None]
+    assert len(rollouts) == 2 and len(handles) == 3
+    driver._step()  # both fragments in, sent to the aggregator; nobody asked again yet
+    assert all(h.calls.count("sample") == 1 for h in rollouts)
+    assert sum(driver.samples_in_flight.values()) == 0 and len(driver.agg_sources) == 2
+    driver._step()  # the batches are back and go into the learner queue: ask both again
+    assert driver.thread.inqueue.qsize() == 2 and not driver.agg_sources
+    assert all(h.calls.count("sample") == 2 for h in rollouts)
+    assert sum(driver.samples_in_flight.values()) == 2
+
+
+def test_an_actor_whose_fragment_died_with_its_aggregator_samples_again(tmp_path: Path) -> None:
+    driver, _, _ = _driver(tmp_path, _job(), aggregators=1)
+    driver._step()
+    (aggregator_id,) = {a for a in driver.agg_refs.values()}
+    driver.forget(aggregator_id)  # what a failed or released aggregator gets
+    assert not driver.agg_refs and driver.parked == {"rollout-0", "rollout-1"}
+    driver._unpark()
+    assert sum(driver.samples_in_flight.values()) == 2
 
 
 def test_the_learner_queue_is_never_overfilled(tmp_path: Path) -> None:

@@ -138,8 +138,10 @@ def test_actors_follow_the_nodes_and_a_draining_node_hands_over_before_release(
     backend.draining = True  # the pod got SIGTERM: its raylet is draining
     membership.tick(driver)
     assert {a.state for a in driver.manager.actors.values()} == {"draining"}
-    assert not membership._handovers  # every actor still owes the driver a result
-    assert len(driver.manager.actors) == 3
+    assert not membership._handovers
+    # The rollout actors still owe the driver their samples, so they stay until those are in; an
+    # aggregator with no batch in flight may hand over its partial batch and go at once.
+    assert {"rollout-0", "rollout-1"} <= set(driver.manager.actors)
     driver._step()  # the last results arrive; draining actors are not asked again
     assert not any(driver.in_flight(a) for a in driver.manager.actors)
     membership.tick(driver)  # hand-overs asked for, answered and the actors released
