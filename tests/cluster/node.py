@@ -30,7 +30,6 @@ Choices, and why:
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import io
@@ -47,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .kube import wait_for, write_kubeconfig
+from .kube import wait_for
 
 HOST_IP = "10.221.0.1"
 """Host end of the veth: the API server listens here (reachable from the node and its pods)."""
@@ -616,7 +615,7 @@ disabled_plugins = [
 
     @contextlib.contextmanager
     def network_policies_enforced(
-        self, server: str, ca_pem: str, token: str, service_cidr: str
+        self, kubeconfig: Path, service_cidr: str
     ) -> Iterator[subprocess.Popen[bytes]]:
         """kube-router's network policy controller alone (no routing, no service proxy) in the
         node's namespace for the block: the bridge plugin enforces no NetworkPolicy, this does,
@@ -626,21 +625,6 @@ disabled_plugins = [
         lacks (CONFIG_NFT_QUEUE)."""
         d = self.dir / "network-policies"
         d.mkdir(parents=True, exist_ok=True)
-        kubeconfig = d / "kubeconfig"
-        write_kubeconfig(
-            kubeconfig,
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {
-                    "server": server,
-                    "certificate-authority-data": base64.b64encode(ca_pem.encode()).decode(),
-                }}],
-                "users": [{"name": "u", "user": {"token": token}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "c",
-            },
-        )  # fmt: skip
         agent = str(self.bin_dir / "kube-router")
         argv = self.in_netns(
             agent, f"--kubeconfig={kubeconfig}", f"--hostname-override={NODE_NAME}",

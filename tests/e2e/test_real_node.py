@@ -9,7 +9,6 @@ and CoreDNS (tests/cluster/node.py), from the image `hack/build-image.sh` builds
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -391,9 +390,9 @@ def test_progress_rises_and_reads_live(real_kube: Kube, faulty_job: tuple[str, P
 NETPOL_AGENT = "network-policies"
 
 
-def network_policy_agent_token(kube: Kube) -> tuple[str, str, str]:
-    """(API server URL as the node reaches it, CA PEM, bearer token) for kube-router's policy
-    controller: a service account that may read what NetworkPolicies select on."""
+def network_policy_agent_kubeconfig(kube: Kube) -> Path:
+    """A kubeconfig for kube-router's policy controller (the API server at the address the node
+    reaches): a service account that may read what NetworkPolicies select on."""
     rules = [
         {"apiGroups": [""], "resources": ["pods", "namespaces", "nodes", "services", "endpoints"],
          "verbs": ["get", "list", "watch"]},
@@ -413,14 +412,7 @@ def network_policy_agent_token(kube: Kube) -> tuple[str, str, str]:
          "metadata": {"name": NETPOL_AGENT}, "roleRef": ref, "subjects": [subject]},
     ):  # fmt: skip
         kube.apply(obj)
-    token = kube.kubectl(
-        "create", "token", NETPOL_AGENT, "-n", "kube-system", "--duration=1h"
-    ).stdout.strip()
-    config = kube.kubectl("config", "view", "--raw", "-o", "json").stdout
-    cluster = json.loads(config)["clusters"][0]["cluster"]
-    port = cluster["server"].rpartition(":")[2]
-    ca = base64.b64decode(cluster["certificate-authority-data"]).decode()
-    return f"https://{HOST_IP}:{port}", ca, token
+    return kube.sa_kubeconfig("kube-system", NETPOL_AGENT, duration="1h")
 
 
 def test_network_policy_admits_the_status_port_only_to_labelled_pods(
@@ -466,7 +458,7 @@ def test_network_policy_admits_the_status_port_only_to_labelled_pods(
     status_port, ray_port = STATUS_PORT, RayPorts().gcs
     # No agent yet: the policy exists but nothing enforces it.
     assert reaches(status_port) and reaches(ray_port)
-    server, ca, token = network_policy_agent_token(kube)
+    agent_kubeconfig = network_policy_agent_kubeconfig(kube)
     node = RealNode(kube.bin_dir or Path(), kube.workdir)
     agent_log = node.dir / "network-policies" / "agent.log"
 
@@ -474,7 +466,7 @@ def test_network_policy_admits_the_status_port_only_to_labelled_pods(
         assert agent.poll() is None, agent_log.read_text()[-3000:]
         return not reaches(status_port)
 
-    with node.network_policies_enforced(server, ca, token, SERVICE_CIDR) as agent:
+    with node.network_policies_enforced(agent_kubeconfig, SERVICE_CIDR) as agent:
         wait_for(
             enforced,
             timeout=120,
