@@ -34,8 +34,10 @@ RUN python3 -m venv /opt/impalajob \
  && rm /tmp/requirements.txt
 
 COPY README.md ./
+COPY api ./api
 COPY trainer ./trainer
 COPY operator ./operator
+COPY cli ./cli
 RUN /opt/impalajob/bin/pip install ${PIP_INSTALL_FLAGS} --no-deps . \
  && rm -rf /src/build /src/*.egg-info
 

@@ -548,7 +548,7 @@ def manifest_path(name: str) -> Path:
 
 def load_spec(name: str, overrides: Sequence[str] = ()) -> Any:
     """The ImpalaJob of manifests/examples/NAME.yaml with `--set` overrides applied."""
-    from impala_trainer.job.manifest import load_manifest
+    from impala_api.manifest import load_manifest
 
     return load_manifest(MANIFESTS / f"{name}.yaml", list(overrides))
 

@@ -189,10 +189,10 @@ def api_floor(kube: Kube, names: list[str], ns: str, threads: int) -> list[float
     """The same children written straight through `kube.Api` with no operator, as fast as
     `threads` concurrent calls go: what this control plane allows at best. Per-job seconds
     from the start until that job's last child was written."""
-    from impala_operator.auth import job_tokens
-    from impala_operator.kube import Api, load_api_client
-    from impala_operator.plan import learner_pod, plan_children
-    from impala_trainer.job.manifest import parse_manifest
+    from impala_api.manifest import parse_manifest
+    from impala_operator.build.tokens import job_tokens
+    from impala_operator.lifecycle.plan import learner_pod, plan_children
+    from impala_operator.runtime.kube import Api, load_api_client
 
     items = [job_manifest(n) for n in names]
     kube.kubectl(
@@ -259,7 +259,7 @@ def main(argv: list[str]) -> int:
         }
         log = (kube.workdir / "operator.log").open("wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "impala_trainer.cli", "operator", "--namespace", ns],
+            [sys.executable, "-m", "impala_cli.main", "operator", "--namespace", ns],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

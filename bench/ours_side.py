@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from common import SecondPoints
-from impala_trainer.job.spec import ImpalaJobSpec
-from impala_trainer.rollouts.batches import TrainBatch
+from impala_api.spec import ImpalaJobSpec
+from impala_trainer.batches import TrainBatch
 
 
 def synthetic_batch(
@@ -119,7 +119,7 @@ def train(
     The stop criteria are replaced by ours: `seconds` of training (the driver's own clock) or the
     return threshold. History lines come once a second, like RLlib's train() results here.
     """
-    from impala_trainer.cli import main as cli_main
+    from impala_cli.main import main as cli_main
 
     sets = [
         *overrides,
@@ -132,7 +132,7 @@ def train(
     for s in sets:
         argv += ["--set", s]
     rc = cli_main(argv)
-    from impala_trainer.job.manifest import load_manifest
+    from impala_api.manifest import load_manifest
 
     t = load_manifest(manifest, sets).spec.training
     # Trained env steps = learner updates x train batch / numSgdIter (every update trains on one

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from common import SecondPoints, quiet_ray_logs, rllib_config
-from impala_trainer.job.spec import ImpalaJobSpec
+from impala_api.spec import ImpalaJobSpec
 
 
 def _init_ray(workers: int) -> None:

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from impala_trainer.rundir.snapshot import (
+from impala_api.snapshot import (
     HISTORY_FILE,
     STATUS_FILE,
     append_history,
@@ -105,7 +105,7 @@ def naive_app(run_dir: Path) -> Any:
     from fastapi import FastAPI, Response
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-    from impala_trainer.rundir.snapshot import StatusSnapshot
+    from impala_api.snapshot import StatusSnapshot
     from impala_trainer.sidecar.collector import snapshot_metrics
 
     app = FastAPI()
@@ -167,7 +167,7 @@ def start_server(side: str, run_dir: Path) -> tuple[subprocess.Popen[bytes], str
         cmd = [
             sys.executable,
             "-m",
-            "impala_trainer.cli",
+            "impala_cli.main",
             "status-server",
             "--run-dir",
             str(run_dir),

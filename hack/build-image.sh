@@ -49,7 +49,7 @@ fi
 # uncommitted change is built too.
 sources() {
   printf '%s\n' Dockerfile .dockerignore pyproject.toml README.md
-  find trainer operator -type f ! -name '*.pyc' ! -path '*/__pycache__/*' ! -path '*.egg-info/*' \
+  find api trainer operator cli -type f ! -name '*.pyc' ! -path '*/__pycache__/*' ! -path '*.egg-info/*' \
     | LC_ALL=C sort
 }
 base_key="$(printf '%s %s %s' "$SUITE" "$BASE_PACKAGES" "$BASE_RECIPE_VERSION" | sha256sum | cut -c1-12)"

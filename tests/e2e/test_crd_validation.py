@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from cluster import CommandError, Kube
-from impala_trainer.job.manifest import load_manifest, parse_manifest
-from impala_trainer.job.spec import ImpalaJobSpec
+from impala_api.manifest import load_manifest, parse_manifest
+from impala_api.spec import ImpalaJobSpec
 from tests.unit.operator.crd_cases import INVALID, VALID, Invalid, base_job, job_with
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -67,7 +67,7 @@ def test_cli_refuses_with_the_api_servers_message(tmp_path: Path, case: Invalid)
     manifest.write_text(yaml.safe_dump(job_with(case)))
     for command in (["validate"], ["train", "--run-dir", str(tmp_path / "run")]):
         res = subprocess.run(
-            [sys.executable, "-m", "impala_trainer.cli", *command, "-f", str(manifest)],
+            [sys.executable, "-m", "impala_cli.main", *command, "-f", str(manifest)],
             capture_output=True, text=True, timeout=120,
         )
         assert res.returncode == 2, res.stderr

@@ -281,7 +281,7 @@ def test_crd_upgrade_path(kube: Kube, namespace: str, tmp_path: Path) -> None:
                                stdin=json.dumps(job), check=False)  # fmt: skip
         assert refused.returncode != 0 and "startupDeadlineSeconds" in refused.stderr
         # 1. the new CRD, from the new release's CLI (the same bytes as manifests/crd.yaml)
-        crd = subprocess.run([sys.executable, "-m", "impala_trainer.cli", "crd"],
+        crd = subprocess.run([sys.executable, "-m", "impala_cli.main", "crd"],
                              capture_output=True, text=True, check=True).stdout  # fmt: skip
         kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=crd)
         kube.wait_crd_established("impalajobs.impala.dev")

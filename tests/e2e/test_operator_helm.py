@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from cluster import Kube, wait_for
-from impala_trainer.rundir.snapshot import (
+from impala_api.snapshot import (
     STATUS_FILE,
     Counters,
     LearnerQueue,
@@ -72,7 +72,7 @@ class Operator:
             [
                 sys.executable,
                 "-m",
-                "impala_trainer.cli",
+                "impala_cli.main",
                 "operator",
                 "--namespace",
                 self.namespace,
@@ -123,7 +123,7 @@ class Sidecar:
             [
                 sys.executable,
                 "-m",
-                "impala_trainer.cli",
+                "impala_cli.main",
                 "status-server",
                 "--run-dir",
                 str(run_dir),

@@ -25,8 +25,8 @@ from cluster import Kube, wait_for
 from cluster.controlplane import SERVICE_CIDR
 from cluster.node import HOST_IP, NODE_NAME, RealNode
 from cluster.s3 import S3Server
-from impala_operator.names import STATUS_ACCESS_LABEL
-from impala_trainer.job.roles import STATUS_PORT, RayPorts
+from impala_api.names import STATUS_ACCESS_LABEL
+from impala_api.roles import STATUS_PORT, RayPorts
 from tests.support.jobs import EXAMPLES, example_manifest, static_volume
 
 from .conftest import REAL_NODE_REPORT
@@ -186,7 +186,7 @@ def job_status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
 def impalajob(kube: Kube, *args: str) -> str:
     """`impalajob ARGS...` from outside the cluster with the admin kubeconfig; its stdout."""
     proc = subprocess.run(
-        [sys.executable, "-m", "impala_trainer.cli", *args],
+        [sys.executable, "-m", "impala_cli.main", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -205,7 +205,7 @@ def impalajob_status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
 def status_counters(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
     """The counters `impalajob status` reports, or None while it cannot (a pod starting)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "impala_trainer.cli", "status", name, "-n", namespace, "--json"],
+        [sys.executable, "-m", "impala_cli.main", "status", name, "-n", namespace, "--json"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -373,7 +373,7 @@ def test_progress_rises_and_reads_live(real_kube: Kube, faulty_job: tuple[str, P
     secret = kube.get("secret", f"{FAULT_JOB}-auth", "-n", ns)
     assert set(secret["data"]) == {"status-token", "ray-token"}
     refused = subprocess.run(
-        [sys.executable, "-m", "impala_trainer.cli", "status", FAULT_JOB, "-n", ns,
+        [sys.executable, "-m", "impala_cli.main", "status", FAULT_JOB, "-n", ns,
          "--token", "wrong"],
         capture_output=True, text=True, timeout=60, env=kube.env, check=False,
     )  # fmt: skip

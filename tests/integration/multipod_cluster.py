@@ -30,9 +30,9 @@ from typing import Any
 import psutil
 import yaml
 
-from impala_trainer.job.roles import RayPorts, Role, role_command
-from impala_trainer.job.spec import ImpalaJob
-from impala_trainer.rundir.snapshot import STATUS_FILE, SUMMARY_FILE
+from impala_api.roles import RayPorts, Role, role_command
+from impala_api.snapshot import STATUS_FILE, SUMMARY_FILE
+from impala_api.spec import ImpalaJob
 
 NODE_SPACING = 150  # > the 110 ports of one node's block
 # Every block sits below Linux's ephemeral range (32768 up): a port there can be taken, between
@@ -105,7 +105,7 @@ class LocalJob:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         # Short: Ray's Unix socket paths live under it and must stay below ~107 characters.
         self._tmp = Path(tempfile.mkdtemp(prefix="ij", dir="/tmp"))
-        self.exe = (sys.executable, "-m", "impala_trainer.cli")
+        self.exe = (sys.executable, "-m", "impala_cli.main")
 
     # -- processes ------------------------------------------------------------------------------
 

@@ -135,7 +135,7 @@ def test_wrong_credentials_are_refused_naming_the_field(
 
 def _train(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "impala_trainer.cli", "train", *args],
+        [sys.executable, "-m", "impala_cli.main", "train", *args],
         capture_output=True,
         text=True,
         timeout=900,

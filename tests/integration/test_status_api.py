@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from impala_trainer.rundir.snapshot import (
+from impala_api.snapshot import (
     HISTORY_FILE,
     STATUS_FILE,
     SUMMARY_FILE,

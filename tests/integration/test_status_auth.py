@@ -86,7 +86,7 @@ def cli_server(run_dir: Path) -> Iterator[Callable[..., str]]:
             [
                 sys.executable,
                 "-m",
-                "impala_trainer.cli",
+                "impala_cli.main",
                 "status-server",
                 "--run-dir",
                 str(run_dir),

@@ -23,9 +23,9 @@ from urllib.parse import unquote
 import httpx
 import pytest
 
-from impala_operator.names import STATUS_TOKEN_KEY
-from impala_trainer.cli import main
-from impala_trainer.rundir.snapshot import SUMMARY_FILE, Summary, write_json_atomic
+from impala_api.names import STATUS_TOKEN_KEY
+from impala_api.snapshot import SUMMARY_FILE, Summary, write_json_atomic
+from impala_cli.main import main
 from impala_trainer.sidecar.settings import Settings
 from tests.support.jobs import job_manifest
 from tests.support.sample_run import write_sample_run
@@ -42,7 +42,7 @@ def cli(tmp_path: Path) -> Cli:
         base = {k: v for k, v in os.environ.items() if not k.startswith("IMPALA_STATUS_")}
         base.setdefault("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
         return subprocess.run(
-            [sys.executable, "-m", "impala_trainer.cli", "status", *args],
+            [sys.executable, "-m", "impala_cli.main", "status", *args],
             capture_output=True,
             text=True,
             timeout=60,
@@ -148,7 +148,7 @@ def test_url_targets_import_neither_torch_nor_kubernetes(
     write_sample_run(tmp_path / "run", points=3)
     url = sidecar(tmp_path / "run")
     code = (
-        "import sys; from impala_trainer.cli import main; rc = main(['status', sys.argv[1], "
+        "import sys; from impala_cli.main import main; rc = main(['status', sys.argv[1], "
         "'--json']); print(sorted(m for m in ('torch', 'ray', 'kubernetes', 'fastapi') "
         "if m in sys.modules), file=sys.stderr); sys.exit(rc)"
     )

@@ -9,6 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from impala_api.snapshot import (
+    HISTORY_FILE,
+    STATUS_FILE,
+    HistoryPoint,
+    StatusSnapshot,
+    append_history,
+    write_json_atomic,
+)
 from impala_trainer.rundir.reader import (
     HistoryBuffer,
     HistoryFollower,
@@ -17,14 +25,6 @@ from impala_trainer.rundir.reader import (
     SnapshotFile,
     downsample,
     parse_snapshot,
-)
-from impala_trainer.rundir.snapshot import (
-    HISTORY_FILE,
-    STATUS_FILE,
-    HistoryPoint,
-    StatusSnapshot,
-    append_history,
-    write_json_atomic,
 )
 from tests.support.sample_run import sample_history, sample_snapshot
 

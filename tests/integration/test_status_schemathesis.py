@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from impala_trainer.rundir.snapshot import STATUS_FILE
+from impala_api.snapshot import STATUS_FILE
 from impala_trainer.sidecar.settings import Settings
 from tests.support.sample_run import write_sample_run
 from tests.support.sidecar import serve_in_thread

@@ -31,7 +31,7 @@ def _train(
 ) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "impala_trainer.cli", "train", *args],
+        [sys.executable, "-m", "impala_cli.main", "train", *args],
         capture_output=True, text=True, timeout=timeout, env=env,
     )
 
@@ -192,7 +192,7 @@ def test_dashboard_serves_the_run_while_it_trains(tmp_path: Path) -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     cmd = [
-        sys.executable, "-m", "impala_trainer.cli", "train", "-f", EXAMPLE,
+        sys.executable, "-m", "impala_cli.main", "train", "-f", EXAMPLE,
         "--run-dir", str(tmp_path / "run"), "--dashboard", "--status-port", str(port),
         "--set", "stop.episodeReturnMean=null", "--set", "stop.timesteps=150000",
     ]
@@ -233,10 +233,10 @@ def local_ray() -> Any:
 def test_killed_rollout_actor_is_replaced_and_training_continues(
     tmp_path: Path, local_ray: Any
 ) -> None:
+    from impala_api.manifest import load_manifest
+    from impala_api.snapshot import StatusSnapshot
     from impala_trainer.driver.launch import Wiring, build_driver
     from impala_trainer.driver.ray_backend import RayBackend
-    from impala_trainer.job.manifest import load_manifest
-    from impala_trainer.rundir.snapshot import StatusSnapshot
     from impala_trainer.rundir.writer import RunDir
 
     job = load_manifest(EXAMPLE, ["stop.episodeReturnMean=null", "stop.timesteps=100000000"])
@@ -279,7 +279,7 @@ def test_sigterm_stops_the_run_with_a_checkpoint_and_exit_130(tmp_path: Path) ->
     summary "Stopped", exit 130, and the way to continue it."""
     run = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "impala_trainer.cli", "train", "-f", EXAMPLE, "--run-dir",
+        [sys.executable, "-m", "impala_cli.main", "train", "-f", EXAMPLE, "--run-dir",
          str(run), "--set", "stop.episodeReturnMean=null", "--set", "stop.timeLimitSeconds=600"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},

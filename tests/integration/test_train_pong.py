@@ -17,7 +17,7 @@ def test_pong_example_trains_briefly(tmp_path: Path) -> None:
     run = tmp_path / "run"
     res = subprocess.run(
         [
-            sys.executable, "-m", "impala_trainer.cli", "train",
+            sys.executable, "-m", "impala_cli.main", "train",
             "-f", "manifests/examples/pong.yaml", "--run-dir", str(run),
             # Small fragments and batches: a few CNN updates in a short run on a CPU learner.
             "--set", "env.numEnvsPerWorker=4", "--set", "training.rolloutFragmentLength=25",

@@ -25,8 +25,8 @@ from typing import Any
 
 import yaml
 
-from impala_trainer.job.manifest import parse_manifest
-from impala_trainer.job.spec import API_GROUP, API_VERSION, KIND, ImpalaJob, ImpalaJobSpec
+from impala_api.manifest import parse_manifest
+from impala_api.spec import API_GROUP, API_VERSION, KIND, ImpalaJob, ImpalaJobSpec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 """manifests/examples/: the manifests users apply."""
@@ -132,6 +132,6 @@ def static_volume(namespace: str, claim: str, path: str, size: str = "1Gi") -> d
 
 def operator_access(uid: str) -> dict[str, Any]:
     """`plan_children`'s credentials keywords as an operator with a fixed test key derives them."""
-    from impala_operator.auth import job_tokens
+    from impala_operator.build.tokens import job_tokens
 
     return {"tokens": job_tokens(b"test-key", uid), "operator_namespace": "impala-system"}

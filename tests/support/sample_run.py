@@ -12,7 +12,7 @@ import random
 import time
 from pathlib import Path
 
-from impala_trainer.rundir.snapshot import (
+from impala_api.snapshot import (
     HISTORY_FILE,
     STATUS_FILE,
     CheckpointInfo,

@@ -11,18 +11,18 @@ import pytest
 HEAVY = ("torch", "ray", "gymnasium")
 
 LIGHT = [
-    "impala_trainer.job",
-    "impala_trainer.job.spec",
-    "impala_trainer.job.manifest",
-    "impala_trainer.job.roles",
-    "impala_trainer.rundir.snapshot",
-    "impala_trainer.cli",
-    "impala_trainer.commands",
-    "impala_trainer.commands.status",
-    "impala_trainer.commands.crd",
-    "impala_operator.crd",
-    "impala_operator.handlers",
-    "impala_operator.runner",
+    "impala_api",
+    "impala_api.spec",
+    "impala_api.manifest",
+    "impala_api.roles",
+    "impala_api.snapshot",
+    "impala_cli.main",
+    "impala_cli.commands",
+    "impala_cli.commands.status",
+    "impala_cli.commands.crd",
+    "impala_api.crd",
+    "impala_operator.runtime.handlers",
+    "impala_operator.runtime.runner",
     "impala_trainer.sidecar.app",
 ]
 

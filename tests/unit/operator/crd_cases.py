@@ -12,7 +12,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from impala_trainer.job.spec import NO_STOP_CRITERION
+from impala_api.spec import NO_STOP_CRITERION
 
 Kind = Literal["schema", "unknown", "cel", "immutable", "name"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from impala_operator.auth import job_tokens
+from impala_operator.build.tokens import job_tokens
 
 
 def test_tokens_are_per_job_per_purpose_and_stable() -> None:

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from impala_operator import autoscaler
-from impala_operator.autoscaler import MetricSample, ScaleDecision, decide_rollouts
-from impala_trainer.job.spec import AggregatorsSpec, AutoscalingSpec
+from impala_api.spec import AggregatorsSpec, AutoscalingSpec
+from impala_operator.scale import autoscaler
+from impala_operator.scale.autoscaler import MetricSample, ScaleDecision, decide_rollouts
 
 POLICY = AutoscalingSpec(
     cooldown_seconds=30,

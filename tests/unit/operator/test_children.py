@@ -9,11 +9,14 @@ from typing import Any
 import pytest
 import yaml
 
-from impala_operator import children, kube, names, plan
-from impala_operator.job_status import DeploymentView
-from impala_trainer.job.manifest import ManifestError, parse_manifest
-from impala_trainer.job.roles import DEFAULT_PORTS, POD_IP, SUBCOMMAND, RayPorts, role_command
-from impala_trainer.job.spec import ImpalaJob
+from impala_api import names
+from impala_api.manifest import ManifestError, parse_manifest
+from impala_api.roles import DEFAULT_PORTS, POD_IP, SUBCOMMAND, RayPorts, role_command
+from impala_api.spec import ImpalaJob
+from impala_operator.build import children
+from impala_operator.lifecycle import plan
+from impala_operator.lifecycle.job_status import DeploymentView
+from impala_operator.runtime import kube
 from tests.support.jobs import operator_access
 
 UID = "0c1d2e3f-0000-4000-8000-000000000001"
@@ -359,7 +362,7 @@ def test_a_job_without_namespace_is_refused() -> None:
 
 def test_role_command_for_local_processes() -> None:
     job = _job()
-    exe = (sys.executable, "-m", "impala_trainer.cli")
+    exe = (sys.executable, "-m", "impala_cli.main")
     ports = DEFAULT_PORTS.shifted(100)
     cmd = role_command(
         "rollout",
@@ -393,7 +396,7 @@ def test_rendered_commands_parse_with_the_role_entrypoints(role: str) -> None:
     import argparse
     import importlib
 
-    from impala_trainer.cli import command_module
+    from impala_cli.main import command_module
 
     job = _job(aggregators={"minReplicas": 1, "maxReplicas": 2})
     pod_specs = _pod_specs(_all_children(job))

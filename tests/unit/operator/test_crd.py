@@ -16,10 +16,10 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from impala_operator import cel, crd
-from impala_trainer.cli import main as cli_main
-from impala_trainer.job.manifest import ManifestError, parse_manifest
-from impala_trainer.job.spec import ImpalaJobSpec
+from impala_api import cel, crd
+from impala_api.manifest import ManifestError, parse_manifest
+from impala_api.spec import ImpalaJobSpec
+from impala_cli.main import main as cli_main
 from tests.unit.operator.crd_cases import INVALID, VALID, job_with
 
 ROOT = Path(__file__).resolve().parents[3]

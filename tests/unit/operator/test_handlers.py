@@ -12,14 +12,16 @@ from typing import Any
 import kopf
 import pytest
 
-from impala_operator import handlers, job_status, metrics, plan
-from impala_operator.auth import job_tokens
-from impala_operator.autoscaler import MetricSample
-from impala_operator.kube import ApiError
-from impala_operator.run_policy import Event, LearnerPod, rfc3339
-from impala_operator.settings import STATUS_URL_ANNOTATION, Settings
-from impala_trainer.job.manifest import ManifestError
-from impala_trainer.rundir.snapshot import Counters, LearnerQueue, StatusSnapshot, Throughput
+from impala_api import names
+from impala_api.manifest import ManifestError
+from impala_api.snapshot import Counters, LearnerQueue, StatusSnapshot, Throughput
+from impala_operator.build.tokens import job_tokens
+from impala_operator.lifecycle import job_status, plan
+from impala_operator.lifecycle.run_policy import Event, LearnerPod, rfc3339
+from impala_operator.runtime import handlers, metrics
+from impala_operator.runtime.kube import ApiError
+from impala_operator.runtime.settings import Settings
+from impala_operator.scale.autoscaler import MetricSample
 from tests.unit.operator.test_plan import SETTINGS, SPEC, UID
 
 SIDECAR = "http://127.0.0.1:18080/status"
@@ -101,7 +103,7 @@ def _body(spec: dict[str, Any] | None = None, **status: Any) -> kopf.Body:
                 "namespace": "ns",
                 "uid": UID,
                 "generation": 3,
-                "annotations": {STATUS_URL_ANNOTATION: SIDECAR},
+                "annotations": {names.STATUS_URL_ANNOTATION: SIDECAR},
             },
             "spec": SPEC if spec is None else spec,
             "status": status,

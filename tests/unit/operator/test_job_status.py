@@ -10,8 +10,16 @@ from typing import Any
 import httpx
 import pytest
 
-from impala_operator.crd import status_schema
-from impala_operator.job_status import (
+from impala_api.crd import status_schema
+from impala_api.snapshot import (
+    STATUS_FILE,
+    Counters,
+    LearnerQueue,
+    StatusSnapshot,
+    Throughput,
+    write_json_atomic,
+)
+from impala_operator.lifecycle.job_status import (
     REQUESTED_ANNOTATION,
     compute_status,
     deployment_view,
@@ -24,17 +32,9 @@ from impala_operator.job_status import (
     stamp_conditions,
     status_patch,
 )
-from impala_operator.run_policy import JobState, rfc3339, set_condition
-from impala_operator.settings import Settings
-from impala_operator.sidecar_client import SidecarClient
-from impala_trainer.rundir.snapshot import (
-    STATUS_FILE,
-    Counters,
-    LearnerQueue,
-    StatusSnapshot,
-    Throughput,
-    write_json_atomic,
-)
+from impala_operator.lifecycle.run_policy import JobState, rfc3339, set_condition
+from impala_operator.runtime.settings import Settings
+from impala_operator.runtime.sidecar_client import SidecarClient
 from impala_trainer.sidecar.app import create_app
 from impala_trainer.sidecar.settings import Settings as SidecarSettings
 

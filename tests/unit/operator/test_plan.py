@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from impala_operator import job_status
-from impala_operator.autoscaler import MetricSample
-from impala_operator.plan import (
+from impala_api.spec import ImpalaJob
+from impala_operator.lifecycle import job_status
+from impala_operator.lifecycle.plan import (
     TickPlan,
     durability_warning,
     learner_pod,
@@ -14,9 +14,9 @@ from impala_operator.plan import (
     plan_tick,
     removed_children,
 )
-from impala_operator.run_policy import LearnerPod
-from impala_operator.settings import Settings
-from impala_trainer.job.spec import ImpalaJob
+from impala_operator.lifecycle.run_policy import LearnerPod
+from impala_operator.runtime.settings import Settings
+from impala_operator.scale.autoscaler import MetricSample
 from tests.support.jobs import operator_access
 
 T0 = 1_700_000_000.0

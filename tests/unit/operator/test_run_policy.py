@@ -6,17 +6,28 @@ from dataclasses import replace
 
 import pytest
 
-from impala_operator.run_policy import (
+from impala_api.spec import RunPolicy
+from impala_operator.lifecycle.run_policy import (
+    INVALID_SPEC,
+    Event,
     JobState,
     LearnerPod,
     Outcome,
+    _admit,
+    _backoff,
+    _deadlines,
+    _End,
+    _end,
+    _judge_attempt,
+    _phase_of_current_pod,
+    _resume,
+    _suspend,
     parse_time,
     restart_delay,
     rfc3339,
     set_condition,
     step,
 )
-from impala_trainer.job.spec import RunPolicy
 
 T0 = 1_700_000_000.0
 
@@ -305,3 +316,224 @@ def test_running_is_false_while_the_learner_restarts() -> None:
     assert _cond(out, "Running")["status"] == "False"
     assert _cond(out, "Restarting")["status"] == "True"
     assert _cond(out, "Running")["lastTransitionTime"] == rfc3339(T0 + 60)
+
+
+# Each decision of `step` on its own.
+
+
+def _events() -> list[Event]:
+    return []
+
+
+def test_admit_accepts_a_new_job_and_a_fixed_spec_only() -> None:
+    events = _events()
+    new = _admit(JobState(), T0, events)
+    assert (new.phase, new.reason) == ("Pending", "Created")
+    assert [(e.type, e.reason) for e in events] == [("Normal", "Created")]
+    assert [c["type"] for c in new.conditions] == ["Created"]
+
+    events = _events()
+    invalid = set_condition((), "Failed", True, INVALID_SPEC, "spec.x: bad", T0)
+    fixed = _admit(JobState(phase="Failed", reason=INVALID_SPEC, conditions=invalid), T0, events)
+    assert (fixed.phase, fixed.reason) == ("Pending", "Created")
+    assert [(c["type"], c["status"], c["reason"]) for c in fixed.conditions] == [
+        ("Failed", "False", "SpecFixed"),
+        ("Created", "True", "Created"),
+    ]
+
+    events = _events()
+    for state in (
+        JobState(phase="Running", reason="Running", start_time=T0),
+        JobState(phase="Failed", reason="BackoffLimitExceeded"),
+        JobState(phase="Suspended"),
+    ):
+        assert _admit(state, T0, events) is state
+    assert events == []
+
+
+def test_suspend_deletes_what_runs_and_stops_the_clock() -> None:
+    pods = [
+        _pod(0, phase="Failed", exit_code=1),
+        _pod(1, phase="Running"),
+        _pod(2, phase="Pending"),
+        _pod(3, phase="Running", deleting=True),
+    ]
+    events = _events()
+    state = JobState(phase="Running", start_time=T0, restarts=3)
+    out = _suspend(state, pods, T0 + 5, events)
+    assert out.delete_pods == ("j-learner-1", "j-learner-2")
+    assert not out.run_learner and not out.run_workers and out.requeue_after is None
+    assert (out.state.phase, out.state.start_time, out.state.restarts) == ("Suspended", None, 3)
+    assert _reasons(out) == ["Suspended"] and events == list(out.events)
+    # Already suspended: nothing new to say.
+    again = _suspend(out.state, [], T0 + 9, _events())
+    assert again.events == () and again.state == out.state
+
+
+def test_resume_restarts_the_clock_on_the_same_attempt() -> None:
+    events = _events()
+    suspended = JobState(phase="Suspended", reason="Suspended", restarts=2)
+    resumed = _resume(suspended, T0, events)
+    assert (resumed.phase, resumed.reason, resumed.start_time) == ("Pending", "Resumed", T0)
+    assert resumed.restarts == 2 and [e.reason for e in events] == ["Resumed"]
+    # Not suspended: only a missing start time is filled in, an existing one is kept.
+    events = _events()
+    assert _resume(JobState(phase="Pending"), T0 + 1, events).start_time == T0 + 1
+    running = JobState(phase="Running", start_time=T0)
+    assert _resume(running, T0 + 99, events) is running and events == []
+
+
+def test_judge_attempt_success_ends_the_job_with_the_learner_message() -> None:
+    state = JobState(phase="Running", start_time=T0)
+    events = _events()
+    done = _pod(0, phase="Running", exit_code=0, message="stopped at 1M frames")
+    assert _judge_attempt(state, done, RunPolicy(), T0, events) == _End(
+        "Succeeded", "Completed", "stopped at 1M frames"
+    )
+    quiet = _pod(0, phase="Succeeded")
+    assert _judge_attempt(state, quiet, RunPolicy(), T0, events) == _End(
+        "Succeeded", "Completed", "learner finished: a stop criterion was met"
+    )
+    assert events == []  # the terminal transition posts the event, not the judge
+
+
+def test_judge_attempt_counts_a_disruption_without_touching_failures() -> None:
+    state = JobState(
+        phase="Running", start_time=T0, restarts=2, failures=1, last_failure_time=T0 - 50
+    )
+    events = _events()
+    evicted = _pod(2, phase="Failed", exit_code=2, disruption="Evicted")  # code 2, yet evicted
+    next_ = _judge_attempt(state, evicted, RunPolicy(backoff_limit=0), T0, events)
+    assert isinstance(next_, JobState)
+    assert (next_.restarts, next_.failures, next_.disruptions) == (3, 1, 1)
+    assert (next_.phase, next_.reason) == ("Pending", "LearnerDisrupted")
+    assert next_.last_failure_time is None  # no backoff before the next attempt
+    assert [(e.type, e.reason) for e in events] == [("Normal", "LearnerDisrupted")]
+    assert "attempt 2 was disrupted (Evicted); attempt 3 resumes" in events[0].message
+
+
+def test_judge_attempt_misconfigured_fails_at_once_with_the_last_log_line() -> None:
+    state = JobState(phase="Running", start_time=T0, failures=0)
+    events = _events()
+    refused = _pod(1, phase="Failed", exit_code=2, message="starting\nerror: bad storageUri\n\n")
+    verdict = _judge_attempt(state, refused, RunPolicy(backoff_limit=5), T0, events)
+    assert verdict == _End(
+        "Failed",
+        "InvalidConfiguration",
+        "learner attempt 1 refused its configuration: error: bad storageUri",
+    )
+    assert events == []
+    # Nothing logged: the message ends at the sentence, no dangling colon.
+    silent = _judge_attempt(state, _pod(1, exit_code=2), RunPolicy(), T0, events)
+    assert isinstance(silent, _End)
+    assert silent.message == "learner attempt 1 refused its configuration"
+
+
+def test_judge_attempt_failure_retries_until_the_backoff_limit() -> None:
+    crashed = _pod(0, phase="Failed", exit_code=137, reason="OOMKilled")
+    events = _events()
+    policy = RunPolicy(backoff_limit=2)
+    retry = _judge_attempt(JobState(phase="Running"), crashed, policy, T0, events)
+    assert isinstance(retry, JobState)
+    assert (retry.phase, retry.reason, retry.restarts, retry.failures) == (
+        "Pending",
+        "LearnerFailed",
+        1,
+        1,
+    )
+    assert retry.last_failure_time == T0 and retry.disruptions == 0
+    assert [(e.type, e.reason) for e in events] == [("Warning", "LearnerFailed")]
+    assert events[0].message == (
+        "learner attempt 0 exited with code 137 (OOMKilled); "
+        "retry 1 of 2 from the latest checkpoint"
+    )
+    events = _events()
+    spent = JobState(phase="Running", failures=2)
+    assert _judge_attempt(spent, crashed, policy, T0, events) == _End(
+        "Failed",
+        "BackoffLimitExceeded",
+        "learner attempt 0 exited with code 137 (OOMKilled); backoffLimit 2 reached",
+    )
+    assert events == []
+
+
+def test_deadlines_fail_at_exactly_the_active_deadline_and_wait_before_it() -> None:
+    policy = RunPolicy(active_deadline_seconds=60)
+    state = JobState(phase="Running", start_time=T0)
+    ready = _pod(**RUNNING)
+    assert _deadlines(policy, state, ready, T0 + 45) == [15]
+    assert _deadlines(policy, state, ready, T0 + 59.5) == [0.5]
+    assert _deadlines(policy, state, ready, T0 + 60) == _End(
+        "Failed", "DeadlineExceeded", "running longer than activeDeadlineSeconds (60s)"
+    )
+    assert _deadlines(RunPolicy(), state, ready, T0 + 1e6) == []
+
+
+def test_deadlines_time_the_startup_from_the_last_running_learner() -> None:
+    policy = RunPolicy(startup_deadline_seconds=300, active_deadline_seconds=1000)
+    never_ran = JobState(phase="Pending", start_time=T0)
+    assert _deadlines(policy, never_ran, None, T0 + 100) == [900, 200]
+    assert _deadlines(policy, never_ran, _pod(phase="Pending"), T0 + 300) == _End(
+        "Failed",
+        "StartupDeadlineExceeded",
+        "the learner did not become ready within startupDeadlineSeconds (300s)",
+    )
+    # A ready learner is past its start-up: only the active deadline is waited for.
+    assert _deadlines(policy, never_ran, _pod(**RUNNING), T0 + 900) == [100]
+    # It ran until T0 + 500 (Running flipped to False then): 300 s from there.
+    lost = set_condition((), "Running", False, "LearnerFailed", "gone", T0 + 500)
+    was_running = JobState(phase="Pending", start_time=T0, conditions=lost)
+    assert _deadlines(policy, was_running, None, T0 + 700) == [300, 100]
+    # Running until this very step: the full 300 s.
+    assert _deadlines(policy, replace(was_running, phase="Running"), None, T0 + 700) == [300, 300]
+
+
+def test_backoff_blocks_the_next_attempt_until_it_is_due() -> None:
+    state = JobState(phase="Pending", restarts=2, failures=2, last_failure_time=T0)
+    assert _backoff(state, [], None, T0 + 5, 10.0) == 15.0  # second failure: 20 s
+    assert _backoff(state, [], None, T0 + 19.5, 10.0) == 0.5
+    assert _backoff(state, [], None, T0 + 20, 10.0) is None  # due: the learner runs
+    # Once the next attempt's pod exists there is nothing to hold back.
+    assert _backoff(state, [], _pod(2), T0 + 5, 10.0) is None
+    # A restart without a failure (disruption, resume) never waits.
+    assert _backoff(replace(state, failures=0), [], None, T0 + 5, 10.0) is None
+
+
+def test_backoff_reads_the_failure_time_from_the_previous_pod_when_unknown() -> None:
+    state = JobState(phase="Pending", restarts=1, failures=1)
+    failed = _pod(0, phase="Failed", exit_code=1, finished_at=T0)
+    assert _backoff(state, [failed], None, T0 + 4, 10.0) == 6.0
+    # A disrupted previous attempt says nothing about a failure time; nor does none at all.
+    disrupted = replace(failed, disruption="Evicted")
+    assert _backoff(state, [disrupted], None, T0 + 4, 10.0) is None
+    assert _backoff(state, [], None, T0 + 4, 10.0) is None
+
+
+def test_phase_of_current_pod() -> None:
+    running = JobState(phase="Running", reason="Running", start_time=T0)
+    events = _events()
+    gone = _phase_of_current_pod(running, None, T0, events)
+    assert (gone.phase, gone.reason) == ("Pending", "LearnerPending")
+    restarted = JobState(phase="Pending", reason="LearnerFailed", message="retry 1 of 3")
+    assert _phase_of_current_pod(restarted, _pod(1, phase="Pending"), T0, events) is restarted
+    assert [e.reason for e in events] == ["LearnerPending"]
+    starting = _phase_of_current_pod(restarted, _pod(1, phase="Running"), T0, events)
+    assert (starting.phase, starting.reason) == ("Starting", "LearnerStarting")
+    up = _phase_of_current_pod(starting, _pod(1, **RUNNING), T0, events)
+    assert (up.phase, up.reason) == ("Running", "Running")
+    assert [e.reason for e in events] == ["LearnerPending", "LearnerStarting", "Running"]
+
+
+def test_end_completes_the_job_now_and_cleans_up() -> None:
+    events = _events()
+    state = JobState(phase="Running", start_time=T0)
+    verdict = _End("Failed", "DeadlineExceeded", "too long")
+    out = _end(state, verdict, [_pod(**RUNNING)], RunPolicy(clean_pod_policy="All"), T0 + 9, events)
+    assert (out.state.phase, out.state.reason, out.state.completion_time) == (
+        "Failed",
+        "DeadlineExceeded",
+        T0 + 9,
+    )
+    assert out.delete_pods == ("j-learner-0",) and not out.run_learner
+    assert [(e.type, e.reason) for e in out.events] == [("Warning", "DeadlineExceeded")]
+    assert _cond(out, "Failed")["message"] == "too long"

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from impala_trainer.rundir.snapshot import (
+from impala_api.snapshot import (
     HISTORY_FILE,
     STATUS_FILE,
     HistoryPoint,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from impala_trainer.batches import Fragment, TrainBatch, concat_fragments
 from impala_trainer.rollouts.aggregation import Aggregator
-from impala_trainer.rollouts.batches import Fragment, TrainBatch, concat_fragments
 from impala_trainer.rollouts.replay import MixInReplayBuffer
 
 

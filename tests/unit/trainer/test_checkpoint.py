@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from impala_api.snapshot import HistoryPoint, StatusSnapshot, Summary
+from impala_trainer.batches import concat_fragments
 from impala_trainer.learning.learner import Learner
-from impala_trainer.rollouts.batches import concat_fragments
 from impala_trainer.rollouts.worker import RolloutWorker
 from impala_trainer.rundir.checkpoint import (
     DriverState,
@@ -18,7 +19,6 @@ from impala_trainer.rundir.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from impala_trainer.rundir.snapshot import HistoryPoint, StatusSnapshot, Summary
 from impala_trainer.rundir.writer import RunDir
 from tests.support.jobs import make_job, make_spec
 

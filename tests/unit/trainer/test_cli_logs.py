@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from impala_operator import names
-from impala_trainer.commands.logs import RESTART_LABEL, select_pods
+from impala_api import names
+from impala_cli.commands.logs import RESTART_LABEL, select_pods
 
 
 def _pod(name: str, attempt: int | None = None) -> dict[str, Any]:

@@ -15,7 +15,7 @@ EXAMPLE = "manifests/examples/cartpole.yaml"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "impala_trainer.cli", *args],
+    return subprocess.run([sys.executable, "-m", "impala_cli.main", *args],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -36,7 +36,7 @@ def test_validate_rejects_with_exit_2(tmp_path: Path) -> None:
 
 
 def test_cli_does_not_import_torch_for_light_commands() -> None:
-    code = ("import sys; from impala_trainer.cli import main; "
+    code = ("import sys; from impala_cli.main import main; "
             f"assert main(['validate', '-f', {EXAMPLE!r}]) == 0; "
             "assert 'torch' not in sys.modules and 'ray' not in sys.modules")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

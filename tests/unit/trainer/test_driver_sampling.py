@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 import impala_trainer.driver.impala as driver_mod
+from impala_api.spec import ImpalaJob
 from impala_trainer.driver.impala import ImpalaDriver
 from impala_trainer.driver.launch import Wiring, build_driver
 from impala_trainer.driver.local_backend import LocalActor, LocalBackend, LocalRef
-from impala_trainer.job.spec import ImpalaJob
 from impala_trainer.rundir.writer import RunDir
 
 
@@ -69,10 +69,10 @@ def test_an_actor_is_asked_again_as_soon_as_its_batch_enters_the_learner_queue(
     # Each 4x8 fragment completes a 32-step batch; the queue holds 2, so the first two go in.
     driver._step()
     assert driver.thread.inqueue.qsize() == 2
-    assert not driver.parked
+    assert not driver.ledger.parked
     # Both actors were asked for their next fragment in the same step, before any wait.
     assert all(h.calls.count("sample") == 2 for h in handles)
-    assert sum(driver.samples_in_flight.values()) == 2
+    assert driver.ledger.samples_out() == 2
 
 
 def test_a_full_learner_queue_parks_actors_until_it_has_room(
@@ -83,9 +83,9 @@ def test_a_full_learner_queue_parks_actors_until_it_has_room(
     driver, _, handles = _driver(tmp_path, _job())
     driver._step()  # queue full (2/2)
     driver._step()  # both fragments come back: one batch waits, its actor and the next park
-    assert driver.pending and driver.thread.inqueue.full()
-    assert driver.parked == {"rollout-0", "rollout-1"}
-    assert sum(driver.samples_in_flight.values()) == 0
+    assert driver.ledger.backlog and driver.thread.inqueue.full()
+    assert driver.ledger.parked == {"rollout-0", "rollout-1"}
+    assert driver.ledger.samples_out() == 0
     assert driver.stats.counters.num_times_learner_queue_full == 1  # counted once per waiting batch
 
     # The learner takes two batches: the next step feeds the waiting one and, with room left,
@@ -94,8 +94,8 @@ def test_a_full_learner_queue_parks_actors_until_it_has_room(
     driver.thread.inqueue.get_nowait()
     driver._feed_learner()
     driver._unpark()
-    assert not driver.pending and not driver.parked
-    assert sum(driver.samples_in_flight.values()) == 2
+    assert not driver.ledger.backlog and not driver.ledger.parked
+    assert driver.ledger.samples_out() == 2
     assert all(h.calls.count("sample") == 3 for h in handles)
 
 
@@ -110,21 +110,21 @@ def test_with_an_aggregator_an_actor_is_asked_again_once_its_fragment_is_aggrega
     assert len(rollouts) == 2 and len(handles) == 3
     driver._step()  # both fragments in, sent to the aggregator; nobody asked again yet
     assert all(h.calls.count("sample") == 1 for h in rollouts)
-    assert sum(driver.samples_in_flight.values()) == 0 and len(driver.agg_sources) == 2
+    assert driver.ledger.samples_out() == 0 and len(driver.ledger.aggregations()) == 2
     driver._step()  # the batches are back and go into the learner queue: ask both again
-    assert driver.thread.inqueue.qsize() == 2 and not driver.agg_sources
+    assert driver.thread.inqueue.qsize() == 2 and not driver.ledger.aggregations()
     assert all(h.calls.count("sample") == 2 for h in rollouts)
-    assert sum(driver.samples_in_flight.values()) == 2
+    assert driver.ledger.samples_out() == 2
 
 
 def test_an_actor_whose_fragment_died_with_its_aggregator_samples_again(tmp_path: Path) -> None:
     driver, _, _ = _driver(tmp_path, _job(), aggregators=1)
     driver._step()
-    (aggregator_id,) = {a for a in driver.agg_refs.values()}
+    (aggregator_id,) = {a.aggregator_id for a in driver.ledger.aggregations()}
     driver.forget(aggregator_id)  # what a failed or released aggregator gets
-    assert not driver.agg_refs and driver.parked == {"rollout-0", "rollout-1"}
+    assert not driver.ledger.aggregations() and driver.ledger.parked == {"rollout-0", "rollout-1"}
     driver._unpark()
-    assert sum(driver.samples_in_flight.values()) == 2
+    assert driver.ledger.samples_out() == 2
 
 
 def test_the_learner_queue_is_never_overfilled(tmp_path: Path) -> None:
@@ -137,7 +137,7 @@ def test_the_learner_queue_is_never_overfilled(tmp_path: Path) -> None:
     assert q.qsize() == 2
     # Everything sampled is either queued for the learner or waiting in `pending`.
     sampled = driver.stats.counters.num_env_steps_sampled
-    assert sampled == 32 * (q.qsize() + len(driver.pending))
+    assert sampled == 32 * (q.qsize() + len(driver.ledger.backlog))
 
 
 def test_schedules_run_on_env_steps_trained_not_sampled(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 
-from impala_trainer.job.spec import EnvSpec
+from impala_api.spec import EnvSpec
 from impala_trainer.rollouts.envs import (
     env_id_problem,
     env_spaces,

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from impala_trainer.job.spec import ImpalaJobSpec
+from impala_api.spec import ImpalaJobSpec
+from impala_trainer.batches import TrainBatch
 from impala_trainer.learning.learner import Learner
-from impala_trainer.rollouts.batches import TrainBatch
 from tests.support.jobs import make_spec
 
 STAT_KEYS = {
@@ -222,7 +222,7 @@ def test_gradient_clipping_engages_at_rllibs_settings_on_real_samples() -> None:
     """RLlib's gradClip 40 on a real 1,024-step CartPole batch at initial weights: the summed
     loss's gradient is far above 40, so clipping shapes every early update (with a mean loss it
     was ~1000x smaller and the clip never engaged)."""
-    from impala_trainer.rollouts.batches import concat_fragments
+    from impala_trainer.batches import concat_fragments
     from impala_trainer.rollouts.worker import RolloutWorker
 
     spec = make_spec(

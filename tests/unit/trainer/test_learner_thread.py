@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 import pytest
 
+from impala_trainer.batches import TrainBatch
 from impala_trainer.learning.learner import Learner, MultiDeviceLearner
 from impala_trainer.learning.learner_thread import LearnerStarvedError, LearnerThread
 from impala_trainer.learning.minibatch_buffer import MinibatchBuffer
 from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
 from impala_trainer.learning.threads import make_learner_thread
-from impala_trainer.rollouts.batches import TrainBatch
 from tests.support.jobs import make_job
 from tests.unit.trainer.test_learner import learner_spec, make_batch, single_torch_thread  # noqa: F401
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from impala_trainer.job.spec import ModelSpec
+from impala_api.spec import ModelSpec
+from impala_trainer.batches import TrainBatch, slice_columns
 from impala_trainer.learning.learner import batch_to_tensors
 from impala_trainer.learning.losses import (
     STAT_NAMES,
@@ -16,7 +17,6 @@ from impala_trainer.learning.losses import (
     impala_loss,
 )
 from impala_trainer.learning.models import build_model
-from impala_trainer.rollouts.batches import TrainBatch, slice_columns
 from tests.unit.trainer.test_learner import make_batch, single_torch_thread  # noqa: F401
 
 CPU = torch.device("cpu")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from impala_api.spec import ImpalaJob
 from impala_trainer.driver.backend import NodeView
 from impala_trainer.driver.impala import ImpalaDriver
 from impala_trainer.driver.launch import Wiring, build_driver
 from impala_trainer.driver.local_backend import LocalBackend
 from impala_trainer.driver.membership import ActorView, plan
-from impala_trainer.job.spec import ImpalaJob
 from impala_trainer.rundir.writer import RunDir
 
 
@@ -151,7 +151,7 @@ def test_actors_follow_the_nodes_and_a_draining_node_hands_over_before_release(
     assert membership.lost_env_steps == 0
     # Every sampled step is in a batch for the learner or in the local aggregator (the
     # aggregator's partial batch was handed over, not dropped).
-    queued = sum(b.env_steps for b in [*driver.pending, *driver.thread.inqueue.queue])
+    queued = sum(b.env_steps for b in [*driver.ledger.backlog, *driver.thread.inqueue.queue])
     held = sum(f.env_steps for f in driver.local_aggregator.take_pending())
     assert queued + held == driver.stats.counters.num_env_steps_sampled
     members = {m.actor_id: m for m in driver.manager.membership().members}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from impala_trainer.job.spec import ModelSpec
+from impala_api.spec import ModelSpec
 from impala_trainer.learning.models import (
     ImpalaShallowCNN,
     MLPActorCritic,

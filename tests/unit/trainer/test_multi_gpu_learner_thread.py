@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from impala_trainer.job.spec import ImpalaJobSpec
+from impala_api.spec import ImpalaJobSpec
 from impala_trainer.learning.learner import Learner, MultiDeviceLearner
 from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
 from tests.unit.trainer.test_learner import learner_spec, make_batch, single_torch_thread  # noqa: F401

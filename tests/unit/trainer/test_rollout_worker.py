@@ -121,8 +121,8 @@ def test_atari_worker_fragment_is_uint8_frames() -> None:
 
 
 def test_a3c_gradients_are_the_learner_gradients_of_the_sampled_fragment() -> None:
+    from impala_trainer.batches import concat_fragments
     from impala_trainer.learning.learner import Learner
-    from impala_trainer.rollouts.batches import concat_fragments
 
     spec = make_spec(CARTPOLE)
     spec.training.mode = "async-gradients"

@@ -6,11 +6,11 @@ import io
 
 import pytest
 
-from impala_trainer.commands.progress import ProgressReporter
-from impala_trainer.job.spec import StopSpec
+from impala_api.snapshot import Counters, Membership
+from impala_api.spec import StopSpec
+from impala_cli.commands.progress import ProgressReporter
 from impala_trainer.learning.learner_thread import WindowStat
 from impala_trainer.rundir.checkpoint import DriverState
-from impala_trainer.rundir.snapshot import Counters, Membership
 from impala_trainer.rundir.stats import EPISODE_WINDOW, RunStats
 
 

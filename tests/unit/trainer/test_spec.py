@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 import yaml
 
-from impala_trainer.job.manifest import (
+from impala_api.manifest import (
     ManifestError,
     apply_overrides,
     load_manifest,
     parse_manifest,
 )
-from impala_trainer.job.spec import (
+from impala_api.spec import (
     DEFAULTS_APART_FROM_RLLIB,
     ImpalaJob,
     ImpalaJobSpec,

@@ -8,7 +8,7 @@ from pathlib import Path
 # TensorBoard is a dev dependency (pyproject): missing, this fails at import, it never skips.
 from tensorboard.backend.event_processing import event_accumulator
 
-from impala_trainer.rundir.snapshot import HistoryPoint
+from impala_api.snapshot import HistoryPoint
 from impala_trainer.rundir.tensorboard import EventFileWriter, crc32c
 from impala_trainer.rundir.writer import RunDir
 

@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+from impala_api.snapshot import Member, Membership
+from impala_api.spec import ImpalaJobSpec
+from impala_trainer.batches import NodeInfo
 from impala_trainer.driver.backend import ROLES, Backend, Handle, Ref, Role
-from impala_trainer.job.spec import ImpalaJobSpec
-from impala_trainer.rollouts.batches import NodeInfo
-from impala_trainer.rundir.snapshot import Member, Membership
 
 # An actor that dies this many times in a row before ever answering is a broken configuration,
 # not bad luck: fail the run instead of replacing it forever.

@@ -12,13 +12,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from impala_api.spec import ImpalaJob
+from impala_trainer.batches import Gradients
 from impala_trainer.driver.actor_manager import ManagedActor
 from impala_trainer.driver.backend import Ref, Weights
 from impala_trainer.driver.base import WAIT_SECONDS, Driver
-from impala_trainer.job.spec import ImpalaJob
 from impala_trainer.learning.learner import Learner
 from impala_trainer.learning.learner_thread import LearnerStarvedError, starved_message
-from impala_trainer.rollouts.batches import Gradients
 from impala_trainer.rundir.writer import RunDir
 
 

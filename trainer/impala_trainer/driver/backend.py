@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias
 
-from impala_trainer.job.spec import ImpalaJobSpec
+from impala_api.spec import ImpalaJobSpec
 
 Role = Literal["rollout", "aggregator"]
 ROLES: tuple[Role, ...] = ("rollout", "aggregator")

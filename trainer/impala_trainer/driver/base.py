@@ -18,16 +18,16 @@ from dataclasses import dataclass
 
 import torch
 
+from impala_api.snapshot import CheckpointInfo, RunPhase, StatusSnapshot
+from impala_api.spec import ImpalaJob
+from impala_trainer.batches import Fragment
 from impala_trainer.driver.actor_manager import ActorManager, ManagedActor
 from impala_trainer.driver.backend import Backend
 from impala_trainer.driver.membership import ElasticMembership
-from impala_trainer.job.spec import ImpalaJob
 from impala_trainer.learning.learner import Learner
-from impala_trainer.rollouts.batches import Fragment
 from impala_trainer.rollouts.envs import env_spaces
 from impala_trainer.rundir.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from impala_trainer.rundir.remote import Mirror
-from impala_trainer.rundir.snapshot import CheckpointInfo, RunPhase, StatusSnapshot
 from impala_trainer.rundir.stats import RunStats
 from impala_trainer.rundir.writer import RunDir
 

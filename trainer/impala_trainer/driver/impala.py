@@ -20,18 +20,19 @@ from __future__ import annotations
 
 import queue
 import time
-from collections import Counter, deque
+from collections import deque
 from typing import Any
 
 import numpy as np
 
+from impala_api.spec import ImpalaJob
+from impala_trainer.batches import Fragment, FragmentMeta, TrainBatch
 from impala_trainer.driver.actor_manager import ManagedActor
 from impala_trainer.driver.backend import Ref, Weights
 from impala_trainer.driver.base import WAIT_SECONDS, Driver
-from impala_trainer.job.spec import ImpalaJob
+from impala_trainer.driver.ledger import Ledger
 from impala_trainer.learning.threads import make_learner_thread
 from impala_trainer.rollouts.aggregation import Aggregator
-from impala_trainer.rollouts.batches import Fragment, FragmentMeta, TrainBatch
 from impala_trainer.rundir.writer import RunDir
 
 # Below Ray's max_direct_call_object_size (100 KiB), with room for the pickled dict around them.
@@ -46,16 +47,9 @@ class ImpalaDriver(Driver):
         self.thread = make_learner_thread(self.spec, self.obs_shape, self.num_actions)
         self.learner = self.thread.learner
         self.local_aggregator = Aggregator.from_spec(self.spec, self.seed)
-        self.max_in_flight = self.spec.training.max_requests_in_flight_per_worker
-        self.sample_refs: dict[Ref, tuple[str, Ref]] = {}  # meta ref -> (actor id, fragment ref)
-        self.agg_refs: dict[Ref, str] = {}  # train-batch list ref -> aggregator id
-        self.agg_sources: dict[Ref, str] = {}  # train-batch list ref -> rollout actor id
-        self.samples_in_flight: Counter[str] = Counter()
-        self.parked: set[str] = set()
+        self.ledger = Ledger(self.spec.training.max_requests_in_flight_per_worker)
         # The broadcast is skipped while no actor has sampled since the last one (as RLlib).
         self.sampled_since_broadcast = False
-        self.weights_sent: dict[str, int] = {}  # actor id -> broadcast version it was sent
-        self.pending: deque[TrainBatch] = deque()
         self._head_counted_full = False
         self.updates_since_broadcast = 0
         self._timers: dict[str, deque[float]] = {}
@@ -78,17 +72,14 @@ class ImpalaDriver(Driver):
         # before this loop blocks on anything: an actor left parked over a blocking wait idles
         # for the whole wait.
         self._unpark()
-        if self.pending:
+        if self.ledger.backlog:
             self._wait_on_learner()
             self._unpark()
         else:
             self._collect()
 
     def _unpark(self) -> None:
-        if self.pending or not self.parked:
-            return
-        for actor_id in list(self.parked):
-            self.parked.discard(actor_id)
+        for actor_id in self.ledger.unpark():
             actor = self.manager.actors.get(actor_id)
             if actor is not None:
                 self._submit(actor)
@@ -114,15 +105,16 @@ class ImpalaDriver(Driver):
         self._time("broadcast", start)
 
     def _feed_learner(self) -> None:
-        while self.pending:
+        backlog = self.ledger.backlog
+        while backlog:
             try:
-                self.thread.inqueue.put_nowait(self.pending[0])
+                self.thread.inqueue.put_nowait(backlog[0])
             except queue.Full:
                 if not self._head_counted_full:  # once per batch, however long it waits
                     self._head_counted_full = True
                     self.stats.counters.num_times_learner_queue_full += 1
                 return
-            self._enqueued(self.pending.popleft())
+            self._enqueued(backlog.popleft())
 
     def _enqueued(self, batch: TrainBatch) -> None:
         self._head_counted_full = False
@@ -135,15 +127,15 @@ class ImpalaDriver(Driver):
         # The learner is the bottleneck: block on its queue, not on the actors.
         start = time.perf_counter()
         try:
-            self.thread.inqueue.put(self.pending[0], timeout=WAIT_SECONDS)
+            self.thread.inqueue.put(self.ledger.backlog[0], timeout=WAIT_SECONDS)
         except queue.Full:
             self._time("learner_wait", start)
             return
-        self._enqueued(self.pending.popleft())
+        self._enqueued(self.ledger.backlog.popleft())
         self._time("learner_wait", start)
 
     def _collect(self) -> None:
-        refs = [*self.sample_refs, *self.agg_refs]
+        refs = self.ledger.waiting_on()
         if not refs:
             time.sleep(WAIT_SECONDS)  # every actor is still starting (or being replaced)
             return
@@ -154,14 +146,14 @@ class ImpalaDriver(Driver):
             ready += more
         self._time("sample_wait", start)
         for ref in ready:
-            if ref in self.sample_refs:
+            if self.ledger.is_sample(ref):
                 self._on_sample(ref)
-            elif ref in self.agg_refs:
+            elif self.ledger.is_aggregation(ref):
                 self._on_aggregated(ref)
 
     def _on_sample(self, meta_ref: Ref) -> None:
-        actor_id, fragment_ref = self.sample_refs.pop(meta_ref)
-        self.samples_in_flight[actor_id] -= 1
+        request = self.ledger.sample_back(meta_ref)
+        actor_id, fragment_ref = request.actor_id, request.fragment
         try:
             meta: FragmentMeta = self.backend.get(meta_ref)
         except self.backend.failure as err:
@@ -177,13 +169,12 @@ class ImpalaDriver(Driver):
         aggregator = self.manager.next_aggregator()
         if aggregator is not None:
             ref = self.backend.aggregate(aggregator.handle, fragment_ref)
-            self.agg_refs[ref] = aggregator.actor_id
             # The actor is asked again when its fragment's batches are back (`_on_aggregated`),
             # not now: asked at once, each actor kept a fragment more in flight, and the policy
             # lag of CartPole's example rose from ~3 to ~5 updates (median steps to 450 ~2x).
-            self.agg_sources[ref] = actor_id
+            self.ledger.sent_to_aggregator(ref, aggregator.actor_id, source=actor_id)
             return
-        self.pending.extend(self.local_aggregator.add(self.backend.get(fragment_ref)))
+        self.ledger.backlog.extend(self.local_aggregator.add(self.backend.get(fragment_ref)))
         self._feed_learner()  # room in the learner queue: the actor need not park
         self._ask_again(actor_id)
 
@@ -191,47 +182,37 @@ class ImpalaDriver(Driver):
         """Another sample request for an actor whose fragment is in, or park it while a batch
         waits for room in the learner queue."""
         actor = self.manager.actors.get(actor_id)
-        if actor is None:
-            return
-        if self.pending:
-            self.parked.add(actor_id)
-        else:
+        if actor is not None and self.ledger.ask_again(actor_id):
             self._submit(actor)
 
     def _on_aggregated(self, ref: Ref) -> None:
-        aggregator_id = self.agg_refs.pop(ref)
-        source = self.agg_sources.pop(ref, None)
+        aggregation = self.ledger.aggregation_back(ref)
+        aggregator_id, source = aggregation.aggregator_id, aggregation.source
         try:
             batches: list[TrainBatch] = self.backend.get(ref)
         except self.backend.failure as err:
-            if source is not None:
-                self.parked.add(source)  # its fragment is lost with the aggregator: sample anew
+            self.ledger.park(source)  # its fragment is lost with the aggregator: sample anew
             self._actor_failed(aggregator_id, err)
             return
-        self.pending.extend(batches)
+        self.ledger.backlog.extend(batches)
         aggregator = self.manager.actors.get(aggregator_id)
         if aggregator is not None:  # membership shows what each aggregator passed on
             aggregator.env_steps += sum(b.env_steps for b in batches if not b.replayed)
         self._feed_learner()
-        if source is not None:
-            self._ask_again(source)
+        self._ask_again(source)
 
     # -- actors ---------------------------------------------------------------------------------
 
     def _submit(self, actor: ManagedActor) -> None:
         if actor.state == "draining":  # its node is leaving: collect what it owes, ask no more
             return
-        while self.samples_in_flight[actor.actor_id] < self.max_in_flight:
-            if self.weights_sent.get(actor.actor_id) == self.weights_version:
-                weights = None
-            else:
-                self.weights_sent[actor.actor_id] = self.weights_version
-                weights = self.weights_ref
+        for _ in range(self.ledger.room(actor.actor_id)):
+            due = self.ledger.weights_due(actor.actor_id, self.weights_version)
+            weights = self.weights_ref if due else None
             fragment_ref, meta_ref = self.backend.sample(
                 actor.handle, weights, self.weights_version
             )
-            self.sample_refs[meta_ref] = (actor.actor_id, fragment_ref)
-            self.samples_in_flight[actor.actor_id] += 1
+            self.ledger.sent_sample(actor.actor_id, meta_ref, fragment_ref)
 
     def on_new_actor(self, actor: ManagedActor) -> None:
         if actor.role != "rollout":
@@ -250,23 +231,13 @@ class ImpalaDriver(Driver):
         self.weights_ref = weights if small else self.backend.put(weights)
 
     def in_flight(self, actor_id: str) -> int:
-        aggregations = sum(1 for a in self.agg_refs.values() if a == actor_id)
-        return self.samples_in_flight[actor_id] + aggregations
+        return self.ledger.in_flight(actor_id)
 
     def absorb(self, fragments: list[Fragment]) -> None:
-        self.pending.extend(self.local_aggregator.add_many(fragments))
+        self.ledger.backlog.extend(self.local_aggregator.add_many(fragments))
 
     def forget(self, actor_id: str) -> None:
-        for ref in [r for r, (a, _) in self.sample_refs.items() if a == actor_id]:
-            del self.sample_refs[ref]
-        for ref in [r for r, a in self.agg_refs.items() if a == actor_id]:
-            del self.agg_refs[ref]
-            source = self.agg_sources.pop(ref, None)
-            if source is not None:  # the loop asks it again (`_unpark`)
-                self.parked.add(source)
-        self.samples_in_flight.pop(actor_id, None)
-        self.parked.discard(actor_id)
-        self.weights_sent.pop(actor_id, None)
+        self.ledger.forget(actor_id)  # the sources of fragments it held are parked: asked again
 
     # -- stats and shutdown ---------------------------------------------------------------------
 

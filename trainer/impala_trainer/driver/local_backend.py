@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from impala_api.spec import ImpalaJobSpec
+from impala_trainer.batches import Gradients, Handover, NodeInfo
 from impala_trainer.driver.backend import ROLES, NodeView, Role
-from impala_trainer.job.spec import ImpalaJobSpec
 from impala_trainer.rollouts.aggregation import Aggregator
-from impala_trainer.rollouts.batches import Gradients, Handover, NodeInfo
 from impala_trainer.rollouts.worker import RolloutWorker
 
 NODE_ID = "local"

@@ -26,10 +26,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from impala_api.snapshot import Membership
+from impala_trainer.batches import Fragment, Handover
 from impala_trainer.driver.actor_manager import ActorManager, ManagedActor
 from impala_trainer.driver.backend import ROLES, NodeView, Ref, Role
-from impala_trainer.rollouts.batches import Fragment, Handover
-from impala_trainer.rundir.snapshot import Membership
 
 logger = logging.getLogger(__name__)
 POLL_SECONDS = 1.0

@@ -6,8 +6,8 @@ from typing import Any
 
 import ray
 
+from impala_api.spec import ImpalaJobSpec
 from impala_trainer.driver.backend import ROLES, Handle, NodeView, Ref, Role, Weights
-from impala_trainer.job.spec import ImpalaJobSpec
 from impala_trainer.rollouts.actors import (
     AGGREGATOR_RESOURCE,
     ROLLOUT_RESOURCE,

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from impala_trainer.job.spec import ImpalaJobSpec, TrainingSpec
+from impala_api.spec import ImpalaJobSpec, TrainingSpec
+from impala_trainer.batches import TrainBatch, slice_columns
 from impala_trainer.learning.losses import (
     STAT_NAMES,
     SUMMED_STATS,
@@ -26,7 +27,6 @@ from impala_trainer.learning.losses import (
 )
 from impala_trainer.learning.models import ActorCritic, build_model
 from impala_trainer.learning.schedules import make_schedule
-from impala_trainer.rollouts.batches import TrainBatch, slice_columns
 
 # Batches from Ray's object store are read-only numpy; the learner never writes to them, so
 # torch.from_numpy's zero-copy view is safe and its warning is noise.

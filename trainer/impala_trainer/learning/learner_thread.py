@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from impala_trainer.batches import TrainBatch
 from impala_trainer.learning.minibatch_buffer import BufferItem, MinibatchBuffer
-from impala_trainer.rollouts.batches import TrainBatch
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from impala_trainer.job.spec import ModelSpec
+from impala_api.spec import ModelSpec
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 

@@ -5,7 +5,7 @@ Apart from both thread modules so that neither imports the other.
 
 from __future__ import annotations
 
-from impala_trainer.job.spec import ImpalaJobSpec
+from impala_api.spec import ImpalaJobSpec
 from impala_trainer.learning.learner_thread import LearnerThread
 from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from impala_trainer.job.roles import DEFAULT_PORTS
+from impala_api.roles import DEFAULT_PORTS
 
 # argparse dest -> (`ray start` flag, default): the per-node ports roles.RayPorts.node_flags() pins.
 PORT_FLAGS: dict[str, tuple[str, int]] = {

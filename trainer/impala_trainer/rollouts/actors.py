@@ -14,9 +14,8 @@ from typing import Any
 
 import ray
 
-from impala_trainer.job.spec import ImpalaJobSpec
-from impala_trainer.rollouts.aggregation import Aggregator
-from impala_trainer.rollouts.batches import (
+from impala_api.spec import ImpalaJobSpec
+from impala_trainer.batches import (
     Fragment,
     FragmentMeta,
     Gradients,
@@ -24,6 +23,7 @@ from impala_trainer.rollouts.batches import (
     NodeInfo,
     TrainBatch,
 )
+from impala_trainer.rollouts.aggregation import Aggregator
 from impala_trainer.rollouts.worker import RolloutWorker
 
 ROLLOUT_RESOURCE = "rollout"

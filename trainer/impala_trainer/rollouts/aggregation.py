@@ -7,8 +7,8 @@ concatenation (and any replay copying) happens off the driver.
 
 from __future__ import annotations
 
-from impala_trainer.job.spec import ImpalaJobSpec
-from impala_trainer.rollouts.batches import Fragment, TrainBatch, concat_fragments
+from impala_api.spec import ImpalaJobSpec
+from impala_trainer.batches import Fragment, TrainBatch, concat_fragments
 from impala_trainer.rollouts.replay import MixInReplayBuffer
 
 

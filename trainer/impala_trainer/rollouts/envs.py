@@ -16,7 +16,7 @@ import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 
-from impala_trainer.job.spec import EnvSpec
+from impala_api.spec import EnvSpec
 
 
 class SameStepCartPole(VectorWrapper):  # type: ignore[misc]  # gymnasium is untyped here

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from impala_trainer.rollouts.batches import TrainBatch
+from impala_trainer.batches import TrainBatch
 
 
 class MixInReplayBuffer:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from impala_trainer.job.spec import ImpalaJobSpec
+from impala_api.spec import ImpalaJobSpec
+from impala_trainer.batches import Fragment, Gradients, concat_fragments, no_final_steps
 from impala_trainer.learning.learner import Learner
 from impala_trainer.learning.models import acting_policy, build_model
-from impala_trainer.rollouts.batches import Fragment, Gradients, concat_fragments, no_final_steps
 from impala_trainer.rollouts.envs import final_observations, make_vector_env
 
 

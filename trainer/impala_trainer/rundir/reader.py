@@ -18,7 +18,7 @@ from typing import Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from impala_trainer.rundir.snapshot import (
+from impala_api.snapshot import (
     HISTORY_FILE,
     STATUS_FILE,
     SUMMARY_FILE,

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from impala_trainer.rundir.checkpoint import LEARNER_FILE, STATE_FILE, list_checkpoints
-from impala_trainer.rundir.snapshot import (
+from impala_api.snapshot import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
     HISTORY_FILE,
     SUMMARY_FILE,
 )
+from impala_trainer.rundir.checkpoint import LEARNER_FILE, STATE_FILE, list_checkpoints
 from impala_trainer.rundir.tensorboard import TENSORBOARD_DIR
 
 logger = logging.getLogger(__name__)

@@ -11,9 +11,7 @@ from collections import deque
 from statistics import fmean
 from typing import Any
 
-from impala_trainer.job.spec import StopSpec
-from impala_trainer.rundir.checkpoint import DriverState
-from impala_trainer.rundir.snapshot import (
+from impala_api.snapshot import (
     CheckpointInfo,
     Counters,
     HistoryPoint,
@@ -25,6 +23,8 @@ from impala_trainer.rundir.snapshot import (
     Summary,
     Throughput,
 )
+from impala_api.spec import StopSpec
+from impala_trainer.rundir.checkpoint import DriverState
 
 EPISODE_WINDOW = 100
 RATE_WINDOW_SECONDS = 5.0

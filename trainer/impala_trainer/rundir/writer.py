@@ -16,9 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from impala_trainer.job.spec import ImpalaJob
-from impala_trainer.rundir.checkpoint import list_checkpoints
-from impala_trainer.rundir.snapshot import (
+from impala_api.snapshot import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
     HISTORY_FILE,
@@ -30,6 +28,8 @@ from impala_trainer.rundir.snapshot import (
     append_history,
     write_json_atomic,
 )
+from impala_api.spec import ImpalaJob
+from impala_trainer.rundir.checkpoint import list_checkpoints
 from impala_trainer.rundir.tensorboard import TENSORBOARD_DIR, EventFileWriter
 
 LOG_FILE = "trainer.log"

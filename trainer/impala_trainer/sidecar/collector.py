@@ -15,8 +15,8 @@ from typing import get_args
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from impala_api.snapshot import RunPhase, StatusSnapshot
 from impala_trainer.rundir.reader import RunDirReader
-from impala_trainer.rundir.snapshot import RunPhase, StatusSnapshot
 
 PHASES: tuple[str, ...] = get_args(RunPhase)
 

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from impala_trainer.rundir.snapshot import HistoryPoint, RunPhase, StatusSnapshot, Summary
+from impala_api.snapshot import HistoryPoint, RunPhase, StatusSnapshot, Summary
 
 
 class ErrorResponse(BaseModel):

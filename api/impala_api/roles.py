@@ -1,0 +1,144 @@
+"""The command line of every role, rendered by ONE function.
+
+The operator's pod builders put `role_command(...)` into the containers, and the multi-pod tests
+start local processes with the very same function (learner host 127.0.0.1, shifted ports), so what
+the tests exercise is what the pods run. Torch/Ray-free: the operator imports it.
+
+Ports (defaults, the pods use them unchanged): Ray GCS 6379, node manager 6380, object manager
+6381, Ray worker ports 10002-10101, dashboard agent 52365/52366, runtime-env agent 52367, metrics
+export 52368, status sidecar 8080. Ray's agents default to random ports; pinning them makes every
+port a pod listens on known (NetworkPolicy, firewalls) and lets several nodes share one host in
+the local tests without collisions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from impala_api.spec import ImpalaJob
+
+Role = Literal["learner", "rollout", "aggregator", "status"]
+ROLES: tuple[Role, ...] = ("learner", "rollout", "aggregator", "status")
+
+STATUS_PORT = 8080
+"""Port of the status sidecar (`/status`, `/metrics`, `/healthz`, `/readyz`)."""
+
+# Role -> `impalajob` subcommand (cli.COMMANDS).
+SUBCOMMAND: dict[Role, str] = {
+    "learner": "learner",
+    "rollout": "rollout-node",
+    "aggregator": "aggregator-node",
+    "status": "status-server",
+}
+
+
+@dataclass(frozen=True)
+class RayPorts:
+    """Every port a Ray node of the job listens on."""
+
+    gcs: int = 6379
+    """GCS server of the head (the learner); rollout/aggregator nodes connect to it."""
+    node_manager: int = 6380
+    """Raylet of this node."""
+    object_manager: int = 6381
+    """Object manager of this node (object transfers between nodes)."""
+    min_worker: int = 10002
+    """Lowest port of this node's Ray worker processes."""
+    max_worker: int = 10101
+    """Highest port of this node's Ray worker processes."""
+    dashboard_agent_listen: int = 52365
+    """Dashboard agent HTTP port of this node."""
+    dashboard_agent_grpc: int = 52366
+    """Dashboard agent gRPC port of this node."""
+    runtime_env_agent: int = 52367
+    """Runtime-env agent port of this node."""
+    metrics_export: int = 52368
+    """Ray's Prometheus metrics port of this node."""
+
+    def shifted(self, offset: int) -> RayPorts:
+        """All ports moved by `offset`: distinct port sets for several nodes on one host."""
+        return RayPorts(
+            **{f.name: getattr(self, f.name) + offset for f in dataclasses.fields(self)}
+        )
+
+    def node_flags(self) -> list[str]:
+        """Flags pinning this node's own ports (every role that starts a Ray node)."""
+        return [
+            f"--node-manager-port={self.node_manager}",
+            f"--object-manager-port={self.object_manager}",
+            f"--min-worker-port={self.min_worker}",
+            f"--max-worker-port={self.max_worker}",
+            f"--dashboard-agent-listen-port={self.dashboard_agent_listen}",
+            f"--dashboard-agent-grpc-port={self.dashboard_agent_grpc}",
+            f"--runtime-env-agent-port={self.runtime_env_agent}",
+            f"--metrics-export-port={self.metrics_export}",
+        ]
+
+
+DEFAULT_PORTS = RayPorts()
+
+POD_IP = "$(POD_IP)"
+"""`node_ip` for pods: Kubernetes expands `$(POD_IP)` in a container's command from the
+downward-API env var, so Ray advertises the pod IP rather than guessing an interface."""
+
+
+def role_command(
+    role: Role,
+    job: ImpalaJob,
+    *,
+    learner_host: str | None = None,
+    run_dir: str | None = None,
+    config_path: str | None = None,
+    ports: RayPorts = DEFAULT_PORTS,
+    learner_gcs_port: int | None = None,
+    status_port: int = STATUS_PORT,
+    status_host: str | None = None,
+    node_ip: str | None = None,
+    resume: bool = True,
+    executable: Sequence[str] = ("impalajob",),
+) -> list[str]:
+    """The argv a role runs.
+
+    learner:    `impalajob learner -f CONFIG --run-dir DIR --gcs-port GCS <node ports> [--resume]`
+    rollout:    `impalajob rollout-node --address HOST:GCS --workers N <node ports>`
+    aggregator: `impalajob aggregator-node --address HOST:GCS <node ports>`
+    status:     `impalajob status-server --run-dir DIR --status-port 8080`
+
+    `learner_host` is where rollout/aggregator nodes find the learner's GCS (the headless Service
+    in a pod, 127.0.0.1 locally) and `learner_gcs_port` its port (default: `ports.gcs`, which a
+    local test shifts for each node but must keep pointing at the learner's). `node_ip` becomes
+    `--node-ip-address` (`POD_IP` in pods). `resume` makes the learner continue from the newest
+    checkpoint in its run directory when there is one (a restarted pod with a checkpoint volume).
+    `status_host` is the sidecar's bind address (`0.0.0.0` in pods, so the kubelet's probes and
+    the Service reach it). `executable` is the program prefix, e.g.
+    `(sys.executable, "-m", "impala_cli.main")` for a local process.
+    """
+    argv = [*executable, SUBCOMMAND[role]]
+    ip = [f"--node-ip-address={node_ip}"] if node_ip else []
+    if role in ("learner", "status") and not run_dir:
+        raise ValueError(f"role {role!r} needs run_dir")
+    if role == "learner":
+        if not config_path:
+            raise ValueError("role 'learner' needs config_path")
+        argv += ["-f", config_path, f"--run-dir={run_dir}", f"--gcs-port={ports.gcs}"]
+        argv += ports.node_flags() + ip
+        if resume:
+            argv.append("--resume")
+    elif role in ("rollout", "aggregator"):
+        if not learner_host:
+            raise ValueError(f"role {role!r} needs learner_host")
+        gcs = ports.gcs if learner_gcs_port is None else learner_gcs_port
+        argv.append(f"--address={learner_host}:{gcs}")
+        if role == "rollout":
+            argv.append(f"--workers={job.spec.rollouts.workers_per_pod}")
+        argv += ports.node_flags() + ip
+    elif role == "status":
+        argv += [f"--run-dir={run_dir}", f"--status-port={status_port}"]
+        if status_host:
+            argv.append(f"--host={status_host}")
+    else:  # pragma: no cover - Literal exhausts the roles
+        raise ValueError(f"unknown role {role!r}")
+    return argv

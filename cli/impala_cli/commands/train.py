@@ -1,0 +1,202 @@
+"""`impalajob train -f FILE`: train locally from an ImpalaJob manifest on an embedded Ray.
+
+Exit codes: 0 when a stop criterion is met; 2 for an invalid manifest or arguments (before Ray
+starts); 1 when training fails (the reason is printed on one line); 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from impala_api.roles import STATUS_PORT
+from impala_cli.commands import (
+    CommandError,
+    add_manifest_arguments,
+    add_resume_argument,
+    load_job,
+    mirror_run,
+)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    add_manifest_arguments(parser)
+    parser.add_argument(
+        "--run-dir", type=Path, default=None, help="run directory (default: runs/<job name>)"
+    )
+    add_resume_argument(parser)
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace a previous run in the run directory"
+    )
+    parser.add_argument(
+        "--num-rollout-workers",
+        type=_positive,
+        metavar="N",
+        help="rollout actors (default: rollouts replicas x workersPerPod)",
+    )
+    parser.add_argument(
+        "--num-aggregator-workers",
+        type=_non_negative,
+        metavar="N",
+        help="aggregator actors (default: aggregators replicas)",
+    )
+    parser.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="also serve the run directory with the status server",
+    )
+    parser.add_argument(
+        "--status-port",
+        type=_positive,
+        default=STATUS_PORT,
+        help=f"the status server's port with --dashboard (default {STATUS_PORT})",
+    )
+
+
+def _start_dashboard(run_dir: Path, port: int) -> subprocess.Popen[bytes]:
+    # The status server is its own process: it must not share the driver's GIL, and it is
+    # exactly what the status sidecar runs on a cluster.
+    cmd = [
+        sys.executable,
+        "-m",
+        "impala_cli.main",
+        "status-server",
+        "--run-dir",
+        str(run_dir),
+        "--host",
+        "127.0.0.1",
+        "--status-port",
+        str(port),
+    ]
+    print(f"dashboard: http://127.0.0.1:{port}/ (log: {run_dir / 'status-server.log'})", flush=True)
+    with open(run_dir / "status-server.log", "ab") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _stop_on_sigterm(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # the driver's "Stopped" path
+
+
+def _init_ray(num_rollout: int, num_aggregator: int) -> None:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    # address="local": always a Ray of our own. Without it ray.init joins the cluster named by
+    # RAY_ADDRESS or by the address file the last `ray start` left in Ray's temp dir, even a
+    # stopped one, and then refuses num_cpus ("When connecting to an existing cluster ...").
+    ray.init(
+        address="local",
+        num_cpus=os.cpu_count() or 1,
+        resources={"rollout": num_rollout, "aggregator": num_aggregator},
+        include_dashboard=False,
+        logging_level=logging.ERROR,
+        log_to_driver=False,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    job = load_job(args)
+    spec = job.spec
+    num_rollout = args.num_rollout_workers or max(
+        1, spec.rollouts.initial_replicas * spec.rollouts.workers_per_pod
+    )
+    num_aggregator = (
+        spec.aggregators.initial_replicas
+        if args.num_aggregator_workers is None
+        else args.num_aggregator_workers
+    )
+
+    from impala_trainer.node.allocator import keep_freed_memory
+    from impala_trainer.rundir.checkpoint import list_checkpoints
+    from impala_trainer.rundir.writer import RunDir
+
+    run_dir = RunDir(args.run_dir or Path("runs") / job.name)
+    # Before the local look: `--resume` on another machine continues from storageUri.
+    mirror = mirror_run(job, run_dir, resume=args.resume, overwrite=args.overwrite)
+    resume = args.resume and bool(list_checkpoints(run_dir.checkpoints))
+    if run_dir.has_previous_run() and not resume:
+        if not (args.overwrite or args.resume):  # --resume with nothing to resume: fresh run
+            raise CommandError(
+                f"{run_dir.path} already holds a run; pass --resume to continue it, "
+                "--overwrite to replace it, or --run-dir for a new directory"
+            )
+        run_dir.clear()
+    run_dir.prepare(job)
+    run_dir.log_to_file()
+    # Before any thread starts: the learner's large per-update tensors reuse freed memory.
+    keep_freed_memory()
+
+    # Import torch and the trainer (seconds) while Ray starts its processes (more seconds).
+    # Ray must start on the main thread: its processes die with the thread that spawned them.
+    warm = threading.Thread(target=importlib.import_module, args=("impala_trainer.driver.impala",))
+    warm.start()
+    _init_ray(num_rollout, num_aggregator)
+    # After ray.init, which installs its own exit-at-once SIGTERM handler: SIGTERM stops the run
+    # as Ctrl-C does, with a final checkpoint and summary.
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    warm.join()
+    import torch
+
+    # The actors share this machine: intra-op threads beyond the cores they leave free only
+    # contend (a CartPole update is several times slower with 2 threads on a busy 2-core box).
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) - num_rollout - num_aggregator))
+
+    from impala_cli.commands.progress import ProgressReporter
+    from impala_trainer.driver.launch import Wiring, train
+    from impala_trainer.driver.ray_backend import RayBackend
+
+    dashboard = _start_dashboard(run_dir.path, args.status_port) if args.dashboard else None
+    reporter = ProgressReporter(job.name)
+    try:
+        wiring = Wiring(
+            rollout_workers=num_rollout,
+            aggregator_workers=num_aggregator,
+            resume=resume,
+            on_report=reporter.update,
+            mirror=mirror,
+        )
+        result, summary = train(job, run_dir, RayBackend(), wiring)
+    finally:
+        reporter.close()
+        if dashboard is not None:
+            dashboard.terminate()
+            dashboard.wait(timeout=10)
+        import ray
+
+        ray.shutdown()
+    if result.phase == "Succeeded":
+        ret = summary.return_mean
+        print(
+            f"{job.name}: {result.stopped_by} reached after "
+            f"{summary.counters.num_env_steps_sampled:,} env steps "
+            f"in {summary.wall_seconds():.1f} s"
+            + ("" if ret is None else f" (mean return {ret:.1f})")
+            + f"; run directory {run_dir.path}"
+        )
+        return result.exit_code
+    if result.phase == "Stopped":  # interrupted: checkpointed, not an error
+        print(f"{job.name}: stopped; `--resume` continues from {run_dir.path}", file=sys.stderr)
+        return result.exit_code
+    raise CommandError(f"training {result.phase.lower()}: {result.message}", result.exit_code)

@@ -1,0 +1,57 @@
+"""`impalajob`: one entry point for every role and tool.
+
+Each subcommand lives in its own module under `commands/` exposing `register(parser)` and
+`run(args) -> int`; only the chosen one is imported, so `impalajob crd` or `impalajob status`
+start without torch or Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from impala_cli.commands import CommandError
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, str] = {
+    "train": "train locally from an ImpalaJob manifest",
+    "validate": "validate an ImpalaJob manifest",
+    "status": "print a job's training status",
+    "logs": "print the logs of a job's learner, sidecar, rollout or aggregator pods",
+    "learner": "learner pod: Ray head + driver + learner",
+    "rollout-node": "rollout pod: join the learner's Ray cluster",
+    "aggregator-node": "aggregator pod: join the learner's Ray cluster",
+    "status-server": "serve a run directory over REST (the status sidecar)",
+    "operator": "run the ImpalaJob operator",
+    "crd": "print the ImpalaJob CustomResourceDefinition",
+}
+# rollout-node and aggregator-node share one module.
+_MODULES = {"rollout-node": "nodes", "aggregator-node": "nodes"}
+
+
+def command_module(name: str) -> str:
+    """The module under impala_cli.commands that implements subcommand `name`."""
+    return "impala_cli.commands." + _MODULES.get(name, name.replace("-", "_"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="impalajob", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            importlib.import_module(command_module(name)).register(p)
+    args = parser.parse_args(argv)
+    mod = importlib.import_module(command_module(args.command))
+    try:
+        return int(mod.run(args) or 0)
+    except CommandError as err:
+        print(f"impalajob {args.command}: error: {err}", file=sys.stderr, flush=True)
+        return err.code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Job → child manifests: pod templates, children, per-job tokens. Pure: no API calls."""

@@ -1,0 +1,336 @@
+"""Pure builders: an ImpalaJob (plus what the operator decided) -> its child manifests as dicts.
+
+Nothing here talks to the API server; `kube.py` does. Every child carries an ownerReference to
+the job (controller, blockOwnerDeletion: deletion is garbage collection), the
+`app.kubernetes.io/*` labels plus the job's own labels, and a name of at most 63 characters.
+
+The learner is a bare Pod with `restartPolicy: Never`, not a StatefulSet of one: the operator
+counts learner failures against `runPolicy.backoffLimit` and waits with a growing backoff before
+the next attempt, and a StatefulSet would restart the pod itself, immediately and uncounted. Each
+attempt gets a new name (`<job>-learner-<attempt>`), so the failed pod can stay for its logs.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from typing import Any, Literal
+
+import yaml
+
+from impala_api import names
+from impala_api.roles import DEFAULT_PORTS, POD_IP, STATUS_PORT, role_command
+from impala_api.spec import API_GROUP, API_VERSION, KIND, ImpalaJob
+from impala_operator.build import pod_template
+from impala_operator.build.tokens import JobTokens
+
+Manifest = dict[str, Any]
+NodeRole = Literal["rollout", "aggregator"]
+
+CONFIG_DIR = "/etc/impalajob"
+CONFIG_KEY = "job.yaml"
+CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
+RUN_DIR = "/var/lib/impalajob/run"
+AUTH_DIR = "/etc/impalajob-auth"
+"""The sidecar's token file lives here (the job's auth Secret, one key): re-read on rotation."""
+
+def _namespace(job: ImpalaJob) -> str:
+    if not job.metadata.namespace:
+        raise ValueError(f"ImpalaJob {job.name} has no namespace (read it from the cluster)")
+    return job.metadata.namespace
+
+
+def owner_reference(job: ImpalaJob, uid: str) -> dict[str, Any]:
+    """The job as the controlling owner: children are garbage-collected with it."""
+    return {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "name": job.name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(job: ImpalaJob, uid: str, name: str, component: names.Component) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": _namespace(job),
+        "labels": names.child_labels(job.name, component, job.metadata.labels),
+        "ownerReferences": [owner_reference(job, uid)],
+    }
+
+
+def job_config_yaml(job: ImpalaJob) -> str:
+    """The job.yaml the learner reads: the manifest with defaults filled in, and only the
+    metadata that means something to the trainer (not resourceVersion, managedFields, ...)."""
+    manifest = job.to_manifest()
+    manifest["metadata"] = {"name": job.name, "namespace": _namespace(job)}
+    return yaml.safe_dump(manifest, sort_keys=False)
+
+
+def config_hash(job: ImpalaJob) -> str:
+    """Short hash of job.yaml: on the learner pod, so the operator can tell a stale learner."""
+    return hashlib.sha256(job_config_yaml(job).encode()).hexdigest()[:16]
+
+
+def ray_token_env(job: ImpalaJob) -> dict[str, Any]:
+    """RAY_AUTH_TOKEN from the job's auth Secret: every node of the job's Ray cluster (learner,
+    rollouts, aggregators) shares it, and Ray refuses anyone who has not."""
+    secret = {"name": names.child_name(job.name, "auth"), "key": names.RAY_TOKEN_KEY}
+    return {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": secret}}
+
+
+def build_auth_secret(job: ImpalaJob, uid: str, tokens: JobTokens) -> Manifest:
+    """Secret `<job>-auth`: the sidecar's bearer token and the Ray cluster's token. Readable by
+    whoever may read Secrets in the namespace (`impalajob status` uses it); not by the operator,
+    which derives both (tokens.job_tokens)."""
+
+    def b64(value: str) -> str:
+        return base64.b64encode(value.encode()).decode()
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(job, uid, names.child_name(job.name, "auth"), "auth"),
+        "type": "Opaque",
+        "data": {names.STATUS_TOKEN_KEY: b64(tokens.status), names.RAY_TOKEN_KEY: b64(tokens.ray)},
+    }
+
+
+def build_config_map(job: ImpalaJob, uid: str) -> Manifest:
+    """ConfigMap `<job>-config` holding job.yaml."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(job, uid, names.child_name(job.name, "config"), "config"),
+        "data": {CONFIG_KEY: job_config_yaml(job)},
+    }
+
+
+def build_learner_pod(job: ImpalaJob, uid: str, *, restart_count: int = 0) -> Manifest:
+    """The learner Pod: trainer container (Ray head + driver) and the status sidecar."""
+    spec = job.spec
+    resources = pod_template.resources(spec.learner.resources)
+    tolerations = pod_template.tolerations(spec.learner.tolerations)
+    if spec.learner.gpus > 0:
+        gpu = str(spec.learner.gpus)
+        resources.setdefault("limits", {})[pod_template.GPU_RESOURCE] = gpu
+        resources.setdefault("requests", {})[pod_template.GPU_RESOURCE] = gpu
+        # GPU node pools are commonly tainted nvidia.com/gpu:NoSchedule; a pod that asks for a GPU
+        # is exactly the pod that taint is meant to let in.
+        if not any(t.get("key") == pod_template.GPU_RESOURCE for t in tolerations):
+            tolerations.append(
+                {"key": pod_template.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+            )
+
+    claim = spec.checkpoint.volume_claim
+    # On a claim the whole run directory survives the pod (checkpoints, summary, history,
+    # TensorBoard files, the trainer's log): the next attempt, or a resumed suspend, continues
+    # from it, and the results are there after the job. Without one it is an emptyDir, and
+    # only checkpoint.storageUri keeps a copy.
+    run_volume = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
+    volumes = [
+        {"name": "config", "configMap": {"name": names.child_name(job.name, "config")}},
+        {"name": "run", **run_volume},
+        {
+            "name": "auth",
+            "secret": {
+                "secretName": names.child_name(job.name, "auth"),
+                "items": [{"key": names.STATUS_TOKEN_KEY, "path": names.STATUS_TOKEN_KEY}],
+                "defaultMode": 0o440,
+            },
+        },
+        *pod_template.scratch_volumes(),
+    ]
+    run_mounts = [{"name": "run", "mountPath": RUN_DIR}]
+    # The job's uid tells its run in storageUri from an earlier job's of the same name.
+    learner_env = [{"name": "IMPALA_JOB_UID", "value": uid}, ray_token_env(job)]
+
+    trainer = pod_template.container(
+        "learner",
+        job,
+        role_command(
+            "learner", job, run_dir=RUN_DIR, config_path=CONFIG_PATH, node_ip=POD_IP, resume=True
+        ),
+        resources=resources,
+        mounts=[{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}, *run_mounts],
+        ports=[
+            ("gcs", DEFAULT_PORTS.gcs),
+            ("node-manager", DEFAULT_PORTS.node_manager),
+            ("object-manager", DEFAULT_PORTS.object_manager),
+            ("ray-metrics", DEFAULT_PORTS.metrics_export),
+        ],
+        extra_env=learner_env,
+    )
+    if spec.checkpoint.secret_ref is not None:
+        # The store's credentials and endpoint (AWS_*), for the driver's uploads alone.
+        trainer["envFrom"] = [{"secretRef": {"name": spec.checkpoint.secret_ref.name}}]
+    sidecar = pod_template.container(
+        "status",
+        job,
+        role_command("status", job, run_dir=RUN_DIR, status_host="0.0.0.0"),
+        resources=pod_template.SIDECAR_RESOURCES,
+        mounts=[
+            {"name": "run", "mountPath": RUN_DIR, "readOnly": True},
+            {"name": "auth", "mountPath": AUTH_DIR, "readOnly": True},
+        ],
+        ports=[("http", STATUS_PORT)],
+        extra_env=[
+            {"name": "IMPALA_STATUS_JOB_NAME", "value": job.name},
+            # Every endpoint but /healthz and /readyz wants the bearer token.
+            {"name": "IMPALA_STATUS_TOKEN_FILE", "value": f"{AUTH_DIR}/{names.STATUS_TOKEN_KEY}"},
+        ],
+    )
+    sidecar["readinessProbe"] = pod_template.http_probe(
+        "/readyz", STATUS_PORT, period=5, failures=3
+    )
+    sidecar["livenessProbe"] = pod_template.http_probe(
+        "/healthz", STATUS_PORT, period=10, failures=6
+    )
+    # A native sidecar (init container that keeps running): the pod ends, Succeeded or Failed,
+    # when the learner container does, so the pod phase is the learner's outcome.
+    sidecar["restartPolicy"] = "Always"
+
+    meta = _meta(job, uid, names.learner_pod_name(job.name, restart_count), "learner")
+    meta["labels"][names.RESTART_KEY] = str(restart_count)
+    meta["annotations"] = {names.CONFIG_HASH_KEY: config_hash(job)}
+    pod_spec = {
+        **pod_template.pod_defaults(),
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": spec.learner.termination_grace_period_seconds,
+        "initContainers": [sidecar],
+        "containers": [trainer],
+        "volumes": volumes,
+        **pod_template.placement(spec.learner.node_selector, tolerations),
+    }
+    pod_template.apply_overrides(meta, pod_spec, trainer, spec.learner.pod)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def build_learner_service(job: ImpalaJob, uid: str) -> Manifest:
+    """Headless Service `<job>-learner`: the DNS name rollout/aggregator nodes join through.
+
+    Not-ready addresses are published because the learner pod's readiness is the sidecar's
+    (a first snapshot written), while the nodes may connect as soon as the GCS listens."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, uid, names.child_name(job.name, "learner"), "learner"),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": names.selector_labels(job.name, "learner"),
+            "ports": [
+                {"name": "gcs", "port": DEFAULT_PORTS.gcs, "targetPort": DEFAULT_PORTS.gcs},
+                {"name": "http", "port": STATUS_PORT, "targetPort": STATUS_PORT},
+            ],
+        },
+    }
+
+
+def build_status_service(job: ImpalaJob, uid: str) -> Manifest:
+    """ClusterIP Service `<job>-status` on the sidecar: the target of `status.statusURL`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, uid, names.child_name(job.name, "status"), "status"),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": names.selector_labels(job.name, "learner"),
+            "ports": [{"name": "http", "port": STATUS_PORT, "targetPort": STATUS_PORT}],
+        },
+    }
+
+
+def build_node_deployment(job: ImpalaJob, uid: str, role: NodeRole, replicas: int) -> Manifest:
+    """Deployment `<job>-rollout` / `<job>-aggregator`: pods that join the learner's Ray cluster."""
+    group = job.spec.rollouts if role == "rollout" else job.spec.aggregators
+    host = names.learner_host(job.name, _namespace(job))
+    node = pod_template.container(
+        role,
+        job,
+        role_command(role, job, learner_host=host, node_ip=POD_IP),
+        resources=pod_template.resources(group.resources),
+        mounts=[],
+        ports=[
+            ("node-manager", DEFAULT_PORTS.node_manager),
+            ("object-manager", DEFAULT_PORTS.object_manager),
+        ],
+        extra_env=[ray_token_env(job)],
+    )
+    pod_meta: dict[str, Any] = {"labels": names.child_labels(job.name, role, job.metadata.labels)}
+    pod_spec = {
+        **pod_template.pod_defaults(),
+        # The node process drains on SIGTERM itself, so no preStop hook: one would only delay
+        # the signal that starts the drain.
+        "terminationGracePeriodSeconds": group.termination_grace_period_seconds,
+        "containers": [node],
+        "volumes": pod_template.scratch_volumes(),
+        **pod_template.placement(group.node_selector, pod_template.tolerations(group.tolerations)),
+    }
+    pod_template.apply_overrides(pod_meta, pod_spec, node, group.pod)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(job, uid, names.child_name(job.name, role), role),
+        "spec": {
+            "replicas": replicas,
+            "revisionHistoryLimit": 2,
+            "selector": {"matchLabels": names.selector_labels(job.name, role)},
+            "template": {"metadata": pod_meta, "spec": pod_spec},
+        },
+    }
+
+
+def build_learner_disruption_budget(job: ImpalaJob, uid: str) -> Manifest:
+    """PodDisruptionBudget `<job>-learner`: no voluntary eviction of the learner pod (drains wait
+    for the job). Only the pod API's eviction honours it; disruptions it cannot stop restart
+    the learner from its checkpoint without using a retry (run_policy)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(job, uid, names.child_name(job.name, "learner"), "learner"),
+        "spec": {
+            # minAvailable, not maxUnavailable 0: a maxUnavailable budget makes the disruption
+            # controller read the pods' owner's scale, and the ImpalaJob's scale subresource is
+            # its rollouts'.
+            "minAvailable": 1,
+            "selector": {"matchLabels": names.selector_labels(job.name, "learner")},
+            # A learner that is not Ready (stuck pulling, crash-looping sidecar) protects no
+            # progress: let a drain take it rather than block the node.
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def build_network_policy(job: ImpalaJob, uid: str, operator_namespace: str) -> Manifest:
+    """NetworkPolicy `<job>-network`: the job's pods accept Ray traffic (any port) only from the
+    job's own pods, and the status port only from pods labelled `impala.dev/status-access:
+    "true"` in the job's namespace or the operator's (the operator's own pods carry it). What
+    gets through still needs the status token."""
+    access = {names.STATUS_ACCESS_LABEL: "true"}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(job, uid, names.child_name(job.name, "network"), "network"),
+        "spec": {
+            "podSelector": {"matchLabels": names.selector_labels(job.name)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": names.selector_labels(job.name)}}]},
+                {
+                    "from": [
+                        {"podSelector": {"matchLabels": access}},
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": operator_namespace}
+                            },
+                            "podSelector": {"matchLabels": access},
+                        },
+                    ],
+                    "ports": [{"protocol": "TCP", "port": STATUS_PORT}],
+                },
+            ],
+        },
+    }

@@ -1,0 +1,290 @@
+"""kopf handlers: thin glue between kopf's events, the pure planners in `plan` and `kube.Api`.
+
+Every handler is a module-level function of kopf's keyword arguments; what the process provides
+comes from `memo`: `runner.serve` puts the `Settings` in `memo.settings` and a `kube.Api` in
+`memo.api`, `startup` adds the `SidecarClient` as `memo.sidecar`. kopf gives every ImpalaJob its
+own shallow copy of that memo, so `tick` keeps the job's metric history in it (`memo.samples`).
+`register` attaches the handlers to a registry.
+
+- `apply_children` (create/update/resume, edge-triggered): validate the spec, apply the children
+  that follow it.
+- `tick` (a timer every `reconcile_interval` seconds, level-based): read the sidecar, plan the
+  lifecycle, autoscaling and status from what exists now, `execute` the plan, patch the status.
+  A restarted operator converges from whatever state it finds, with no duplicates (fixed names,
+  server-side apply).
+- two indexes (`index_learner_pod`, `index_node_deployment`) keep the learner pods and node
+  Deployments of every job in memory from kopf's watches, so a timer tick costs no list calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import kopf
+
+from impala_api import names
+from impala_api.manifest import ManifestError, parse_manifest
+from impala_api.spec import API_GROUP, API_VERSION, KIND, PLURAL, ImpalaJob
+from impala_operator.build.tokens import job_tokens
+from impala_operator.lifecycle import job_status, plan
+from impala_operator.lifecycle.run_policy import Event
+from impala_operator.runtime import kube, metrics
+from impala_operator.runtime.settings import Settings
+from impala_operator.runtime.sidecar_client import SidecarClient
+from impala_operator.scale.autoscaler import MetricSample
+
+RESOURCE = (API_GROUP, API_VERSION, PLURAL)
+OURS = {names.MANAGED_BY_KEY: names.MANAGED_BY}
+TERMINAL = ("Succeeded", "Failed")
+log = logging.getLogger(__name__)
+
+
+def parse_job(body: Mapping[str, Any]) -> ImpalaJob:
+    """The ImpalaJob model of a live object; ManifestError names every bad field."""
+    meta = body["metadata"]
+    return parse_manifest(
+        {
+            "apiVersion": body.get("apiVersion"),
+            "kind": body.get("kind"),
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "labels": dict(meta.get("labels") or {}),
+                "annotations": dict(meta.get("annotations") or {}),
+            },
+            "spec": dict(body.get("spec") or {}),
+        },
+        source=f"ImpalaJob {meta['namespace']}/{meta['name']}",
+    )
+
+
+def _owner(meta: Mapping[str, Any]) -> str | None:
+    refs = meta.get("ownerReferences") or []
+    return next((r["uid"] for r in refs if r.get("controller") and r.get("kind") == KIND), None)
+
+
+def _deployment_views(
+    index: Mapping[str, Any], uid: str
+) -> dict[str, job_status.DeploymentView | None]:
+    views: dict[str, job_status.DeploymentView | None] = {"rollout": None, "aggregator": None}
+    for role, view in index.get(uid, []):
+        views[role] = view
+    return views
+
+
+async def execute(
+    api: kube.Api, body: Mapping[str, Any], tick_plan: plan.TickPlan, now: float
+) -> None:
+    """Perform a plan's writes. Every step is idempotent, so a crash halfway is repaired by the
+    next tick: applies converge, creates of existing pods are no-ops, deletes of gone ones too."""
+    meta = body["metadata"]
+    namespace = meta["namespace"]
+    for manifest in tick_plan.apply:
+        await api.apply(manifest)
+    for manifest in tick_plan.create:
+        await api.create(manifest)
+    for name in tick_plan.delete_pods:
+        await api.delete("v1", "Pod", namespace, name)
+    for event in tick_plan.events:
+        await api.post_event(body, event, now)
+    if tick_plan.delete_job:
+        await api.delete(kube.JOB_API_VERSION, KIND, namespace, meta["name"])
+
+
+def _remember(memo: kopf.Memo, sample: MetricSample, job: ImpalaJob) -> list[MetricSample]:
+    """Add `sample` to the job's metric history in `memo`, dropping what no window needs."""
+    settings: Settings = memo.settings
+    window = job.spec.rollouts.autoscaling.stabilization_window_seconds
+    keep = max(settings.metrics_history_seconds, window + 4 * settings.reconcile_interval)
+    samples: list[MetricSample] = [*getattr(memo, "samples", []), sample]
+    kept = [s for s in samples if s.time >= sample.time - keep]
+    memo.samples = kept
+    return kept
+
+
+def _record(job: ImpalaJob, tick_plan: plan.TickPlan) -> None:
+    """Count and log what a tick decided."""
+    for event in tick_plan.events:
+        metrics.TRANSITIONS.labels(event.reason).inc()
+        log.info("%s/%s %s: %s", job.metadata.namespace, job.name, event.reason, event.message)
+    if tick_plan.scale is not None and tick_plan.scale.changed:
+        metrics.SCALE_DECISIONS.labels("rollout", tick_plan.scale.reason).inc()
+
+
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    # A private registry lacks kopf's default login handlers: use the kubernetes client's
+    # config loading ($KUBECONFIG, else in-cluster), the same identity `kube.Api` uses.
+    return kopf.login_via_client(**kwargs)
+
+
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """kopf's own settings, the sidecar client and the executor the API calls run in."""
+    # Bookkeeping under the project's own annotation prefix, not in the status schema.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=API_GROUP, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    # Watching listed namespaces: serve exactly those, without listing all namespaces (which
+    # a namespaced Role cannot, and kopf retries ~1 min before it gives up and falls back).
+    settings.scanning.disabled = not memo.settings.all_namespaces
+    # A timer that deletes its own job (TTL) is still running when the deletion arrives; kopf
+    # then re-checks whether it exited only after this many seconds (default 60) before it
+    # lifts its finalizer. The tick finishes within moments, so check again soon.
+    settings.background.cancellation_polling = min(5.0, memo.settings.reconcile_interval)
+    memo.sidecar = SidecarClient(memo.settings.sidecar_timeout)
+    # kube.Api runs the blocking kubernetes client in the default executor: size it for
+    # the API's latency (the stock one has cpu+4 threads, which 100 starting jobs queue on).
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(memo.settings.api_concurrency, thread_name_prefix="k8s-api")
+    )
+
+
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await memo.sidecar.aclose()
+    memo.api.close()
+
+
+def index_learner_pod(body: kopf.Body, meta: kopf.Meta, **_: Any) -> dict[str, Any] | None:
+    """Index `learner_pods`: job uid -> the views of its learner pods."""
+    owner = _owner(meta)
+    return {owner: job_status.learner_pod_view(body)} if owner else None
+
+
+def index_node_deployment(body: kopf.Body, meta: kopf.Meta, **_: Any) -> dict[str, Any] | None:
+    """Index `node_deployments`: job uid -> (role, view) of its rollout/aggregator Deployments."""
+    owner, role = _owner(meta), meta.get("labels", {}).get(names.COMPONENT)
+    if not owner or role not in plan.ROLES:
+        return None
+    return {owner: (role, job_status.deployment_view(body))}
+
+
+def track_phase(event: kopf.RawEvent, uid: str, status: kopf.Status, **_: Any) -> None:
+    """Keep the jobs-per-phase gauge current."""
+    if event["type"] == "DELETED":
+        metrics.JOBS.forget(uid)
+    else:
+        metrics.JOBS.record(uid, status.get("phase"))
+
+
+async def apply_children(
+    body: kopf.Body,
+    uid: str,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    node_deployments: kopf.Index,
+    **_: Any,
+) -> None:
+    """Edge-triggered: the spec is new or changed (or the operator restarted). Once its
+    children are applied, the generation is recorded as `status.observedGeneration` (API
+    conventions: the generation the controller acted on, never one whose apply failed)."""
+    api: kube.Api = memo.api
+    metrics.RECONCILES.labels("children").inc()
+    try:
+        job = parse_job(body)
+    except ManifestError as exc:
+        message = "; ".join(exc.problems)
+        await api.post_event(body, Event("Warning", "InvalidSpec", message), time.time())
+        raise kopf.PermanentError(f"invalid spec: {message}") from exc
+    manifests = plan.plan_children(
+        job,
+        uid,
+        _deployment_views(node_deployments, uid),
+        tokens=job_tokens(memo.token_key, uid),
+        operator_namespace=memo.operator_namespace,
+    )
+    namespace = job.metadata.namespace or ""
+    try:
+        # The Secret before the pods that mount it (a pod whose Secret is missing waits).
+        await api.apply(manifests[0])
+        await asyncio.gather(*(api.apply(m) for m in manifests[1:]))
+        for api_version, kind, name in plan.removed_children(job):
+            await api.delete(api_version, kind, namespace, name)
+    except kube.ApiError as exc:
+        metrics.ERRORS.labels("children").inc()
+        raise kopf.TemporaryError(f"applying children: {exc}", delay=5) from exc
+    warning = plan.durability_warning(job)
+    if warning is not None and body.get("status", {}).get("observedGeneration") != meta.get(
+        "generation"
+    ):
+        await api.post_event(body, warning, time.time())
+    patch.status["observedGeneration"] = meta.get("generation")
+    log.info("%s/%s children applied", job.metadata.namespace, job.name)
+
+
+async def tick(
+    body: kopf.Body,
+    uid: str,
+    meta: kopf.Meta,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    learner_pods: kopf.Index,
+    node_deployments: kopf.Index,
+    **_: Any,
+) -> None:
+    """Level-based: recompute everything from the children and the sidecar."""
+    started, now = time.monotonic(), time.time()
+    settings: Settings = memo.settings
+    metrics.RECONCILES.labels("tick").inc()
+    try:
+        job = parse_job(body)
+    except ManifestError as exc:
+        problems = "; ".join(exc.problems)
+        new = job_status.invalid_spec_status(problems, meta.get("generation"), status, now)
+        patch.status.update(job_status.status_patch(dict(status), new))
+        return
+    snapshot = None
+    if status.get("phase") not in (*TERMINAL, "Suspended"):
+        namespace, annotations = job.metadata.namespace or "", job.metadata.annotations
+        snapshot = await memo.sidecar.fetch_status(
+            job_status.sidecar_url(job.name, namespace, annotations),
+            token=job_tokens(memo.token_key, uid).status,
+        )
+    sample = job_status.metric_sample(snapshot, now, settings.metrics_stale_after)
+    tick_plan = plan.plan_tick(
+        job,
+        uid,
+        status=status,
+        pods=list(learner_pods.get(uid, [])),
+        deployments=_deployment_views(node_deployments, uid),
+        samples=_remember(memo, sample, job),
+        snapshot=snapshot,
+        now=now,
+        settings=settings,
+    )
+    try:
+        await execute(memo.api, body, tick_plan, now)
+    except kube.ApiError as exc:
+        metrics.ERRORS.labels("tick").inc()
+        raise kopf.TemporaryError(f"reconcile: {exc}", delay=settings.reconcile_interval) from exc
+    patch.status.update(job_status.status_patch(dict(status), tick_plan.status))
+    _record(job, tick_plan)
+    metrics.TICK_SECONDS.observe(time.monotonic() - started)
+
+
+def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
+    """Attach every handler to `registry`; the timer's interval comes from `settings`."""
+    kopf.on.login(id="login", registry=registry)(login)
+    kopf.on.startup(id="startup", registry=registry)(startup)
+    kopf.on.cleanup(id="cleanup", registry=registry)(cleanup)
+    learner_labels = {**OURS, names.COMPONENT: "learner"}
+    kopf.index("pods", id="learner_pods", labels=learner_labels, registry=registry)(
+        index_learner_pod
+    )
+    kopf.index("apps", "v1", "deployments", id="node_deployments", labels=OURS, registry=registry)(
+        index_node_deployment
+    )
+    kopf.on.event(*RESOURCE, id="phase", registry=registry)(track_phase)
+    kopf.on.update(*RESOURCE, id="children", backoff=5, registry=registry)(apply_children)
+    kopf.on.create(*RESOURCE, id="children", backoff=5, registry=registry)(apply_children)
+    kopf.on.resume(*RESOURCE, id="children", backoff=5, registry=registry)(apply_children)
+    interval = settings.reconcile_interval
+    kopf.timer(*RESOURCE, id="tick", interval=interval, backoff=interval, registry=registry)(tick)

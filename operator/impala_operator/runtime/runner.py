@@ -1,0 +1,132 @@
+"""Running the operator process: leader election (optional), kopf standalone (no peering
+objects: the Lease decides who reconciles), metrics and liveness.
+
+`impalajob operator` (commands/operator.py) parses the flags into `Settings` and calls `serve`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import kopf
+
+from impala_operator.runtime import handlers, kube, metrics, token_key
+from impala_operator.runtime.leader import LeaderElection
+from impala_operator.runtime.settings import Settings
+
+SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+log = logging.getLogger(__name__)
+
+
+def current_namespace(kubeconfig: str | None) -> str:
+    """The kubeconfig context's namespace, else the pod's own, else "default"."""
+    from kubernetes import config
+
+    try:
+        _, active = config.list_kube_config_contexts(config_file=kubeconfig)
+        namespace = active.get("context", {}).get("namespace")
+        if namespace:
+            return str(namespace)
+    except (config.ConfigException, OSError, TypeError):
+        pass
+    if SA_NAMESPACE_FILE.exists():
+        return SA_NAMESPACE_FILE.read_text().strip()
+    return "default"
+
+
+def _lead(config: Settings, api_client: object) -> None:
+    """Block until this replica holds the lease; exit the process if it ever loses it."""
+    identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    election = LeaderElection(
+        api_client,
+        current_namespace(config.kubeconfig),
+        config.lease_name,
+        identity,
+        duration=config.lease_duration,
+        renew_every=max(1.0, config.lease_duration / 3),
+        retry_every=max(1.0, config.lease_duration / 7),
+    )
+    # kopf's liveness endpoint starts only with kopf: answer the kubelet's probes meanwhile, or a
+    # standby would be restarted over and over for failing them.
+    standby = _standby_health(config.health_port) if config.health_port else None
+    try:
+        election.acquire()
+    finally:
+        if standby is not None:
+            standby.shutdown()
+            standby.server_close()
+
+    def lost() -> None:
+        # client-go's convention: a replica that may no longer lead stops at once; the kubelet
+        # restarts it as a standby. Exiting beats racing the new leader on the same jobs.
+        log.error("leadership lost; exiting so a standby leads")
+        logging.shutdown()
+        os._exit(1)
+
+    election.keep(lost, threading.Event())
+
+
+def _standby_health(port: int) -> ThreadingHTTPServer:
+    """A /healthz answering 200 while this replica stands by for the lease."""
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path.startswith("/healthz") else 404)
+            self.end_headers()
+            self.wfile.write(b"standing by for the lease\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    ThreadingHTTPServer.allow_reuse_address = True
+    server = ThreadingHTTPServer(("0.0.0.0", port), Health)
+    threading.Thread(target=server.serve_forever, name="standby-health", daemon=True).start()
+    return server
+
+
+def serve(config: Settings, *, verbose: bool = False) -> None:
+    """Run the operator until SIGINT/SIGTERM."""
+    kopf.configure(verbose=verbose)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("impala_operator").setLevel(logging.INFO)
+    if not verbose:
+        # kopf logs every handler run at INFO ("Handler ... succeeded"): per job per tick.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    if config.kubeconfig:
+        # kopf's own login (kubernetes-client based) reads $KUBECONFIG: one identity for both.
+        os.environ["KUBECONFIG"] = config.kubeconfig
+    namespaces = [] if config.all_namespaces else config.namespaces
+    if not config.all_namespaces and not namespaces:
+        namespaces = [current_namespace(config.kubeconfig)]
+
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, config)
+    api_client = kube.load_api_client(config.kubeconfig, pool_size=config.api_concurrency)
+    metrics.serve(config.metrics_port)
+    if config.leader_elect:
+        _lead(config, api_client)
+    own_namespace = current_namespace(config.kubeconfig)
+    memo = kopf.Memo(
+        settings=config,
+        api=kube.Api(api_client),
+        token_key=token_key.operator_key(api_client, own_namespace, config.token_key_secret),
+        operator_namespace=own_namespace,
+    )
+    liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
+    log.info("watching %s", "all namespaces" if config.all_namespaces else ", ".join(namespaces))
+    asyncio.run(
+        kopf.operator(
+            registry=registry,
+            standalone=True,
+            clusterwide=config.all_namespaces,
+            namespaces=namespaces,
+            liveness_endpoint=liveness,
+            memo=memo,
+        )
+    )

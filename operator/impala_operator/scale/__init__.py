@@ -1,0 +1,1 @@
+"""Rollout autoscaling: the queue-fill policy. Pure."""
