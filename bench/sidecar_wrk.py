@@ -48,6 +48,8 @@ sys.path.insert(0, str(BENCH.parent))
 from tests.support.net import free_port  # noqa: E402
 from tests.support.sample_run import sample_history, sample_snapshot  # noqa: E402
 
+from impala_api.roles import LOCAL_EXECUTABLE, status_command  # noqa: E402
+
 RESULTS_DIR = BENCH / "results"
 SIDES = ("ours", "naive")
 ENDPOINTS = ("/status", "/metrics")
@@ -165,16 +167,9 @@ def start_server(side: str, run_dir: Path) -> tuple[subprocess.Popen[bytes], str
     port = free_port()
     if side == "ours":
         cmd = [
-            sys.executable,
-            "-m",
-            "impala_cli.main",
-            "status-server",
-            "--run-dir",
-            str(run_dir),
-            "--host",
-            "127.0.0.1",
-            "--status-port",
-            str(port),
+            *status_command(
+                str(run_dir), status_port=port, host="127.0.0.1", executable=LOCAL_EXECUTABLE
+            ),
             "--log-level",
             "warning",
         ]

@@ -14,6 +14,7 @@ the local tests without collisions.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -80,6 +81,10 @@ class RayPorts:
 
 DEFAULT_PORTS = RayPorts()
 
+LOCAL_EXECUTABLE: tuple[str, ...] = (sys.executable, "-m", "impala_cli.main")
+"""`impalajob` run by this interpreter: local processes (`impalajob train`'s sidecar, the tests,
+the benchmarks) need no console script on PATH."""
+
 POD_IP = "$(POD_IP)"
 """`node_ip` for pods: Kubernetes expands `$(POD_IP)` in a container's command from the
 downward-API env var, so Ray advertises the pod IP rather than guessing an interface."""
@@ -113,8 +118,7 @@ def role_command(
     `--node-ip-address` (`POD_IP` in pods). `resume` makes the learner continue from the newest
     checkpoint in its run directory when there is one (a restarted pod with a checkpoint volume).
     `status_host` is the sidecar's bind address (`0.0.0.0` in pods, so the kubelet's probes and
-    the Service reach it). `executable` is the program prefix, e.g.
-    `(sys.executable, "-m", "impala_cli.main")` for a local process.
+    the Service reach it). `executable` is the program prefix, e.g. `LOCAL_EXECUTABLE`.
     """
     argv = [*executable, SUBCOMMAND[role]]
     ip = [f"--node-ip-address={node_ip}"] if node_ip else []
@@ -136,9 +140,26 @@ def role_command(
             argv.append(f"--workers={job.spec.rollouts.workers_per_pod}")
         argv += ports.node_flags() + ip
     elif role == "status":
-        argv += [f"--run-dir={run_dir}", f"--status-port={status_port}"]
-        if status_host:
-            argv.append(f"--host={status_host}")
+        return status_command(
+            run_dir or "", status_port=status_port, host=status_host, executable=executable
+        )
     else:  # pragma: no cover - Literal exhausts the roles
         raise ValueError(f"unknown role {role!r}")
+    return argv
+
+
+def status_command(
+    run_dir: str,
+    *,
+    status_port: int = STATUS_PORT,
+    host: str | None = None,
+    executable: Sequence[str] = ("impalajob",),
+) -> list[str]:
+    """The status sidecar's argv, `impalajob status-server --run-dir DIR --status-port PORT
+    [--host HOST]`: it needs no job, so `impalajob train`, the tests and the benchmarks serve a
+    run directory with it too."""
+    argv = [*executable, SUBCOMMAND["status"], f"--run-dir={run_dir}"]
+    argv.append(f"--status-port={status_port}")
+    if host:
+        argv.append(f"--host={host}")
     return argv

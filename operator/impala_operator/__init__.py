@@ -1,1 +1,3 @@
-"""ImpalaJob operator: reconciles impala.dev/v1alpha1 ImpalaJobs with kopf."""
+"""The ImpalaJob operator, in rooms: `build` (job -> child manifests), `lifecycle` (runPolicy,
+.status, one reconcile planned), `scale` (autoscaling) are pure; `runtime` does the I/O;
+`settings` configures them all."""

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from cluster import Kube, wait_for
+from impala_api.roles import LOCAL_EXECUTABLE, status_command
 from impala_api.snapshot import (
     STATUS_FILE,
     Counters,
@@ -120,18 +121,9 @@ class Sidecar:
         self.steps = 0
         self.write(fill=0.5, idle=0.1)
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "impala_cli.main",
-                "status-server",
-                "--run-dir",
-                str(run_dir),
-                "--host",
-                "127.0.0.1",
-                "--status-port",
-                str(self.port),
-            ],
+            status_command(
+                str(run_dir), status_port=self.port, host="127.0.0.1", executable=LOCAL_EXECUTABLE
+            ),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from impala_api.roles import LOCAL_EXECUTABLE, status_command
 from impala_trainer.sidecar.settings import Settings
 from tests.support.net import free_port
 from tests.support.sample_run import write_sample_run
@@ -84,16 +84,9 @@ def cli_server(run_dir: Path) -> Iterator[Callable[..., str]]:
         clean = {k: v for k, v in os.environ.items() if not k.startswith("IMPALA_STATUS_")}
         proc = subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "impala_cli.main",
-                "status-server",
-                "--run-dir",
-                str(run_dir),
-                "--host",
-                "127.0.0.1",
-                "--status-port",
-                str(port),
+                *status_command(
+                    str(run_dir), status_port=port, host="127.0.0.1", executable=LOCAL_EXECUTABLE
+                ),
                 *flags,
             ],
             env={**clean, **env},

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from impala_operator.runtime.settings import Settings
+from impala_operator.settings import Settings
 
 
 def register(parser: argparse.ArgumentParser) -> None:

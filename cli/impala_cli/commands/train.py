@@ -16,8 +16,16 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
-from impala_api.roles import STATUS_PORT
+if TYPE_CHECKING:
+    from impala_api.spec import ImpalaJob
+    from impala_trainer.driver.base import DriverResult
+    from impala_trainer.rundir.remote import Mirror
+    from impala_trainer.rundir.stats import RunStats
+    from impala_trainer.rundir.writer import RunDir
+
+from impala_api.roles import LOCAL_EXECUTABLE, STATUS_PORT, status_command
 from impala_cli.commands import (
     CommandError,
     add_manifest_arguments,
@@ -78,18 +86,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 def _start_dashboard(run_dir: Path, port: int) -> subprocess.Popen[bytes]:
     # The status server is its own process: it must not share the driver's GIL, and it is
     # exactly what the status sidecar runs on a cluster.
-    cmd = [
-        sys.executable,
-        "-m",
-        "impala_cli.main",
-        "status-server",
-        "--run-dir",
-        str(run_dir),
-        "--host",
-        "127.0.0.1",
-        "--status-port",
-        str(port),
-    ]
+    cmd = status_command(
+        str(run_dir), status_port=port, host="127.0.0.1", executable=LOCAL_EXECUTABLE
+    )
     print(f"dashboard: http://127.0.0.1:{port}/ (log: {run_dir / 'status-server.log'})", flush=True)
     with open(run_dir / "status-server.log", "ab") as log:  # the child keeps its own descriptor
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -116,19 +115,8 @@ def _init_ray(num_rollout: int, num_aggregator: int) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    job = load_job(args)
-    spec = job.spec
-    num_rollout = args.num_rollout_workers or max(
-        1, spec.rollouts.initial_replicas * spec.rollouts.workers_per_pod
-    )
-    num_aggregator = (
-        spec.aggregators.initial_replicas
-        if args.num_aggregator_workers is None
-        else args.num_aggregator_workers
-    )
-
-    from impala_trainer.node.allocator import keep_freed_memory
+def _open_run_dir(job: ImpalaJob, args: argparse.Namespace) -> tuple[RunDir, Mirror | None, bool]:
+    """The run directory prepared for this run, its storageUri mirror, and whether it resumes."""
     from impala_trainer.rundir.checkpoint import list_checkpoints
     from impala_trainer.rundir.writer import RunDir
 
@@ -145,6 +133,24 @@ def run(args: argparse.Namespace) -> int:
         run_dir.clear()
     run_dir.prepare(job)
     run_dir.log_to_file()
+    return run_dir, mirror, resume
+
+
+def run(args: argparse.Namespace) -> int:
+    job = load_job(args)
+    spec = job.spec
+    num_rollout = args.num_rollout_workers or max(
+        1, spec.rollouts.initial_replicas * spec.rollouts.workers_per_pod
+    )
+    num_aggregator = (
+        spec.aggregators.initial_replicas
+        if args.num_aggregator_workers is None
+        else args.num_aggregator_workers
+    )
+
+    from impala_trainer.node.allocator import keep_freed_memory
+
+    run_dir, mirror, resume = _open_run_dir(job, args)
     # Before any thread starts: the learner's large per-update tensors reuse freed memory.
     keep_freed_memory()
 
@@ -186,6 +192,11 @@ def run(args: argparse.Namespace) -> int:
         import ray
 
         ray.shutdown()
+    return _report(job, run_dir, result, summary)
+
+
+def _report(job: ImpalaJob, run_dir: RunDir, result: DriverResult, summary: RunStats) -> int:
+    """The run's outcome on the terminal, as its exit status."""
     if result.phase == "Succeeded":
         ret = summary.return_mean
         print(

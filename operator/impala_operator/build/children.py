@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from impala_api import names
-from impala_api.roles import DEFAULT_PORTS, POD_IP, STATUS_PORT, role_command
+from impala_api.roles import DEFAULT_PORTS, POD_IP, STATUS_PORT, role_command, status_command
 from impala_api.spec import API_GROUP, API_VERSION, KIND, ImpalaJob
 from impala_operator.build import pod_template
 from impala_operator.build.tokens import JobTokens
@@ -111,10 +111,31 @@ def build_config_map(job: ImpalaJob, uid: str) -> Manifest:
 def build_learner_pod(job: ImpalaJob, uid: str, *, restart_count: int = 0) -> Manifest:
     """The learner Pod: trainer container (Ray head + driver) and the status sidecar."""
     spec = job.spec
-    resources = pod_template.resources(spec.learner.resources)
-    tolerations = pod_template.tolerations(spec.learner.tolerations)
-    if spec.learner.gpus > 0:
-        gpu = str(spec.learner.gpus)
+    resources, tolerations = _learner_resources(job)
+    trainer = _learner_container(job, uid, resources)
+    meta = _meta(job, uid, names.learner_pod_name(job.name, restart_count), "learner")
+    meta["labels"][names.RESTART_KEY] = str(restart_count)
+    meta["annotations"] = {names.CONFIG_HASH_KEY: config_hash(job)}
+    pod_spec = {
+        **pod_template.pod_defaults(),
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": spec.learner.termination_grace_period_seconds,
+        "initContainers": [_status_sidecar(job)],
+        "containers": [trainer],
+        "volumes": _learner_volumes(job),
+        **pod_template.placement(spec.learner.node_selector, tolerations),
+    }
+    pod_template.apply_overrides(meta, pod_spec, trainer, spec.learner.pod)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def _learner_resources(job: ImpalaJob) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The learner container's resources and the pod's tolerations, GPUs included."""
+    learner = job.spec.learner
+    resources = pod_template.resources(learner.resources)
+    tolerations = pod_template.tolerations(learner.tolerations)
+    if learner.gpus > 0:
+        gpu = str(learner.gpus)
         resources.setdefault("limits", {})[pod_template.GPU_RESOURCE] = gpu
         resources.setdefault("requests", {})[pod_template.GPU_RESOURCE] = gpu
         # GPU node pools are commonly tainted nvidia.com/gpu:NoSchedule; a pod that asks for a GPU
@@ -123,14 +144,17 @@ def build_learner_pod(job: ImpalaJob, uid: str, *, restart_count: int = 0) -> Ma
             tolerations.append(
                 {"key": pod_template.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
             )
+    return resources, tolerations
 
-    claim = spec.checkpoint.volume_claim
+
+def _learner_volumes(job: ImpalaJob) -> list[dict[str, Any]]:
+    claim = job.spec.checkpoint.volume_claim
     # On a claim the whole run directory survives the pod (checkpoints, summary, history,
     # TensorBoard files, the trainer's log): the next attempt, or a resumed suspend, continues
     # from it, and the results are there after the job. Without one it is an emptyDir, and
     # only checkpoint.storageUri keeps a copy.
     run_volume = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
-    volumes = [
+    return [
         {"name": "config", "configMap": {"name": names.child_name(job.name, "config")}},
         {"name": "run", **run_volume},
         {
@@ -143,10 +167,11 @@ def build_learner_pod(job: ImpalaJob, uid: str, *, restart_count: int = 0) -> Ma
         },
         *pod_template.scratch_volumes(),
     ]
-    run_mounts = [{"name": "run", "mountPath": RUN_DIR}]
+
+
+def _learner_container(job: ImpalaJob, uid: str, resources: dict[str, Any]) -> dict[str, Any]:
     # The job's uid tells its run in storageUri from an earlier job's of the same name.
     learner_env = [{"name": "IMPALA_JOB_UID", "value": uid}, ray_token_env(job)]
-
     trainer = pod_template.container(
         "learner",
         job,
@@ -154,7 +179,10 @@ def build_learner_pod(job: ImpalaJob, uid: str, *, restart_count: int = 0) -> Ma
             "learner", job, run_dir=RUN_DIR, config_path=CONFIG_PATH, node_ip=POD_IP, resume=True
         ),
         resources=resources,
-        mounts=[{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}, *run_mounts],
+        mounts=[
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "run", "mountPath": RUN_DIR},
+        ],
         ports=[
             ("gcs", DEFAULT_PORTS.gcs),
             ("node-manager", DEFAULT_PORTS.node_manager),
@@ -163,13 +191,18 @@ def build_learner_pod(job: ImpalaJob, uid: str, *, restart_count: int = 0) -> Ma
         ],
         extra_env=learner_env,
     )
-    if spec.checkpoint.secret_ref is not None:
+    secret_ref = job.spec.checkpoint.secret_ref
+    if secret_ref is not None:
         # The store's credentials and endpoint (AWS_*), for the driver's uploads alone.
-        trainer["envFrom"] = [{"secretRef": {"name": spec.checkpoint.secret_ref.name}}]
+        trainer["envFrom"] = [{"secretRef": {"name": secret_ref.name}}]
+    return trainer
+
+
+def _status_sidecar(job: ImpalaJob) -> dict[str, Any]:
     sidecar = pod_template.container(
         "status",
         job,
-        role_command("status", job, run_dir=RUN_DIR, status_host="0.0.0.0"),
+        status_command(RUN_DIR, host="0.0.0.0"),
         resources=pod_template.SIDECAR_RESOURCES,
         mounts=[
             {"name": "run", "mountPath": RUN_DIR, "readOnly": True},
@@ -191,21 +224,7 @@ def build_learner_pod(job: ImpalaJob, uid: str, *, restart_count: int = 0) -> Ma
     # A native sidecar (init container that keeps running): the pod ends, Succeeded or Failed,
     # when the learner container does, so the pod phase is the learner's outcome.
     sidecar["restartPolicy"] = "Always"
-
-    meta = _meta(job, uid, names.learner_pod_name(job.name, restart_count), "learner")
-    meta["labels"][names.RESTART_KEY] = str(restart_count)
-    meta["annotations"] = {names.CONFIG_HASH_KEY: config_hash(job)}
-    pod_spec = {
-        **pod_template.pod_defaults(),
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": spec.learner.termination_grace_period_seconds,
-        "initContainers": [sidecar],
-        "containers": [trainer],
-        "volumes": volumes,
-        **pod_template.placement(spec.learner.node_selector, tolerations),
-    }
-    pod_template.apply_overrides(meta, pod_spec, trainer, spec.learner.pod)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+    return sidecar
 
 
 def build_learner_service(job: ImpalaJob, uid: str) -> Manifest:

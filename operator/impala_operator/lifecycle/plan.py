@@ -23,8 +23,8 @@ from impala_operator.build.children import Manifest
 from impala_operator.build.tokens import JobTokens
 from impala_operator.lifecycle import job_status, run_policy
 from impala_operator.lifecycle.run_policy import Event, LearnerPod
-from impala_operator.runtime.settings import Settings
 from impala_operator.scale import autoscaler
+from impala_operator.settings import Settings
 
 NodeRole = children.NodeRole
 ROLES: tuple[NodeRole, ...] = ("rollout", "aggregator")

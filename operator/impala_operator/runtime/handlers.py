@@ -34,9 +34,9 @@ from impala_operator.build.tokens import job_tokens
 from impala_operator.lifecycle import job_status, plan
 from impala_operator.lifecycle.run_policy import Event
 from impala_operator.runtime import kube, metrics
-from impala_operator.runtime.settings import Settings
 from impala_operator.runtime.sidecar_client import SidecarClient
 from impala_operator.scale.autoscaler import MetricSample
+from impala_operator.settings import Settings
 
 RESOURCE = (API_GROUP, API_VERSION, PLURAL)
 OURS = {names.MANAGED_BY_KEY: names.MANAGED_BY}

@@ -24,7 +24,7 @@ from kubernetes import client, config
 
 from impala_api.spec import API_GROUP, API_VERSION, KIND, PLURAL
 from impala_operator.lifecycle.run_policy import Event, rfc3339
-from impala_operator.runtime.settings import FIELD_MANAGER
+from impala_operator.settings import FIELD_MANAGER
 
 Manifest = dict[str, Any]
 

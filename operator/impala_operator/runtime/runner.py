@@ -18,7 +18,7 @@ import kopf
 
 from impala_operator.runtime import handlers, kube, metrics, token_key
 from impala_operator.runtime.leader import LeaderElection
-from impala_operator.runtime.settings import Settings
+from impala_operator.settings import Settings
 
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 log = logging.getLogger(__name__)

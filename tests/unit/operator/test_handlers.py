@@ -20,8 +20,8 @@ from impala_operator.lifecycle import job_status, plan
 from impala_operator.lifecycle.run_policy import Event, LearnerPod, rfc3339
 from impala_operator.runtime import handlers, metrics
 from impala_operator.runtime.kube import ApiError
-from impala_operator.runtime.settings import Settings
 from impala_operator.scale.autoscaler import MetricSample
+from impala_operator.settings import Settings
 from tests.unit.operator.test_plan import SETTINGS, SPEC, UID
 
 SIDECAR = "http://127.0.0.1:18080/status"

@@ -33,8 +33,8 @@ from impala_operator.lifecycle.job_status import (
     status_patch,
 )
 from impala_operator.lifecycle.run_policy import JobState, rfc3339, set_condition
-from impala_operator.runtime.settings import Settings
 from impala_operator.runtime.sidecar_client import SidecarClient
+from impala_operator.settings import Settings
 from impala_trainer.sidecar.app import create_app
 from impala_trainer.sidecar.settings import Settings as SidecarSettings
 

@@ -15,8 +15,8 @@ from impala_operator.lifecycle.plan import (
     removed_children,
 )
 from impala_operator.lifecycle.run_policy import LearnerPod
-from impala_operator.runtime.settings import Settings
 from impala_operator.scale.autoscaler import MetricSample
+from impala_operator.settings import Settings
 from tests.support.jobs import operator_access
 
 T0 = 1_700_000_000.0

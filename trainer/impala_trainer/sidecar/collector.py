@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from typing import get_args
+from typing import Any, get_args
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -71,121 +71,104 @@ def _gauge(name: str, doc: str, job: str, value: float | None) -> Iterator[Metri
     yield g
 
 
+# (gauge name, help, attribute path in a snapshot; a None on the way leaves the family out)
+_GAUGES = (
+    ("impala_policy_version", "Version of the learner's weights.", "counters.policy_version"),
+    ("impala_episode_return_mean", "Mean return of the last 100 episodes.", "episode_return_mean"),
+    ("impala_episode_return_min", "Min return of the last 100 episodes.", "episode_return_min"),
+    ("impala_episode_return_max", "Max return of the last 100 episodes.", "episode_return_max"),
+    ("impala_episode_length_mean", "Mean length of the last 100 episodes.", "episode_len_mean"),
+    ("impala_env_steps_per_second", "Env steps sampled per second.", "throughput.env_steps_per_s"),
+    (
+        "impala_trained_steps_per_second",
+        "Env steps trained per second.",
+        "throughput.trained_steps_per_s",
+    ),
+    (
+        "impala_learner_updates_per_second",
+        "Optimiser steps per second.",
+        "throughput.learner_updates_per_s",
+    ),
+    ("impala_learner_queue_capacity", "Learner queue capacity.", "learner_queue.capacity"),
+    ("impala_learner_queue_size_mean", "Mean learner queue size.", "learner_queue.size_mean"),
+    ("impala_learner_queue_fill", "Learner queue fill (size/capacity).", "learner_queue.fill"),
+    (
+        "impala_learner_idle_fraction",
+        "Fraction of time the learner waited for data.",
+        "learner_queue.learner_idle_fraction",
+    ),
+    ("impala_rollout_workers", "Healthy rollout actors.", "membership.rollout_workers"),
+    ("impala_aggregator_workers", "Healthy aggregator actors.", "membership.aggregator_workers"),
+    (
+        "impala_rollout_nodes",
+        "Ray nodes offering the rollout resource.",
+        "membership.rollout_nodes",
+    ),
+    (
+        "impala_aggregator_nodes",
+        "Ray nodes offering the aggregator resource.",
+        "membership.aggregator_nodes",
+    ),
+    ("impala_policy_lag_mean", "Mean policy-version lag of trained batches.", "policy_lag_mean"),
+    ("impala_stop_progress", "Progress toward the nearest stop criterion (0..1).", "stop.progress"),
+    ("impala_training_seconds", "Training wall time, accumulated across resumes.", "wall_seconds"),
+    ("impala_start_timestamp_seconds", "Unix time training started.", "started_at"),
+    # A timestamp, not an age (alert on `time() - impala_snapshot_timestamp_seconds`): the
+    # exposition is then a pure function of the file, so /metrics can cache it per version.
+    ("impala_snapshot_timestamp_seconds", "Unix time of the snapshot.", "updated_at"),
+    ("impala_checkpoint_timestamp_seconds", "Unix time of the last checkpoint.", "checkpoint.time"),
+    (
+        "impala_checkpoint_env_steps",
+        "Env steps at the last checkpoint.",
+        "checkpoint.num_env_steps_sampled",
+    ),
+)
+
+
 def snapshot_metrics(snap: StatusSnapshot, job: str) -> Iterator[Metric]:
     """All metric families for one snapshot (pure)."""
-    c = snap.counters
     for name, doc, attr in _COUNTERS:
         fam = CounterMetricFamily(name, doc, labels=["job"])
-        fam.add_metric([job], float(getattr(c, attr)))
+        fam.add_metric([job], float(getattr(snap.counters, attr)))
         yield fam
-
-    phase = GaugeMetricFamily(
-        "impala_phase", "1 for the run's current phase.", labels=["job", "phase"]
+    yield _labelled(
+        "impala_phase",
+        "1 for the run's current phase.",
+        job,
+        "phase",
+        {p: 1.0 if snap.phase == p else 0.0 for p in PHASES},
     )
-    for p in PHASES:
-        phase.add_metric([job, p], 1.0 if snap.phase == p else 0.0)
-    yield phase
-
-    t, q, m = snap.throughput, snap.learner_queue, snap.membership
-    for name, doc, value in (
-        ("impala_policy_version", "Version of the learner's weights.", c.policy_version),
-        (
-            "impala_episode_return_mean",
-            "Mean return of the last 100 episodes.",
-            snap.episode_return_mean,
-        ),
-        (
-            "impala_episode_return_min",
-            "Min return of the last 100 episodes.",
-            snap.episode_return_min,
-        ),
-        (
-            "impala_episode_return_max",
-            "Max return of the last 100 episodes.",
-            snap.episode_return_max,
-        ),
-        (
-            "impala_episode_length_mean",
-            "Mean length of the last 100 episodes.",
-            snap.episode_len_mean,
-        ),
-        ("impala_env_steps_per_second", "Env steps sampled per second.", t.env_steps_per_s),
-        ("impala_trained_steps_per_second", "Env steps trained per second.", t.trained_steps_per_s),
-        (
-            "impala_learner_updates_per_second",
-            "Optimiser steps per second.",
-            t.learner_updates_per_s,
-        ),
-        ("impala_learner_queue_capacity", "Learner queue capacity.", q.capacity),
-        ("impala_learner_queue_size_mean", "Mean learner queue size.", q.size_mean),
-        ("impala_learner_queue_fill", "Learner queue fill (size/capacity).", q.fill),
-        (
-            "impala_learner_idle_fraction",
-            "Fraction of time the learner waited for data.",
-            q.learner_idle_fraction,
-        ),
-        ("impala_rollout_workers", "Healthy rollout actors.", m.rollout_workers),
-        ("impala_aggregator_workers", "Healthy aggregator actors.", m.aggregator_workers),
-        ("impala_rollout_nodes", "Ray nodes offering the rollout resource.", m.rollout_nodes),
-        (
-            "impala_aggregator_nodes",
-            "Ray nodes offering the aggregator resource.",
-            m.aggregator_nodes,
-        ),
-        (
-            "impala_policy_lag_mean",
-            "Mean policy-version lag of trained batches.",
-            snap.policy_lag_mean,
-        ),
-        (
-            "impala_stop_progress",
-            "Progress toward the nearest stop criterion (0..1).",
-            snap.stop.progress,
-        ),
-        (
-            "impala_training_seconds",
-            "Training wall time, accumulated across resumes.",
-            snap.wall_seconds,
-        ),
-        ("impala_start_timestamp_seconds", "Unix time training started.", snap.started_at),
-        # A timestamp, not an age (alert on `time() - impala_snapshot_timestamp_seconds`): the
-        # exposition is then a pure function of the file, so /metrics can cache it per version.
-        ("impala_snapshot_timestamp_seconds", "Unix time of the snapshot.", snap.updated_at),
-    ):
-        yield from _gauge(name, doc, job, value)
-
-    if snap.checkpoint is not None:
-        yield from _gauge(
-            "impala_checkpoint_timestamp_seconds",
-            "Unix time of the last checkpoint.",
-            job,
-            snap.checkpoint.time,
-        )
-        yield from _gauge(
-            "impala_checkpoint_env_steps",
-            "Env steps at the last checkpoint.",
-            job,
-            snap.checkpoint.num_env_steps_sampled,
-        )
-
+    for name, doc, value in _GAUGES:
+        yield from _gauge(name, doc, job, _attribute(snap, value))
     members = GaugeMetricFamily(
         "impala_members", "Actors by role and state.", labels=["job", "role", "state"]
     )
-    for (role, state), n in sorted(Counter((x.role, x.state) for x in m.members).items()):
+    counts = Counter((x.role, x.state) for x in snap.membership.members)
+    for (role, state), n in sorted(counts.items()):
         members.add_metric([job, role, state], float(n))
     yield members
-
-    stats = GaugeMetricFamily(
-        "impala_learner_stat", "Latest learner statistic by name.", labels=["job", "stat"]
-    )
-    for key, value in sorted(snap.learner.items()):
-        stats.add_metric([job, key], float(value))
-    yield stats
-
+    stats = dict(sorted(snap.learner.items()))
+    yield _labelled("impala_learner_stat", "Latest learner statistic by name.", job, "stat", stats)
     # The snapshot reports milliseconds; Prometheus convention is base units.
-    timing = GaugeMetricFamily(
-        "impala_timing_seconds", "Timing breakdown by section.", labels=["job", "section"]
-    )
-    for key, value in sorted(snap.timing_breakdown.items()):
-        timing.add_metric([job, key], float(value) / 1000.0)
-    yield timing
+    timing = {k: float(v) / 1000.0 for k, v in sorted(snap.timing_breakdown.items())}
+    yield _labelled("impala_timing_seconds", "Timing breakdown by section.", job, "section", timing)
+
+
+def _labelled(
+    name: str, doc: str, job: str, label: str, values: dict[str, float]
+) -> GaugeMetricFamily:
+    """One gauge family with a series per `label` value, in the dict's order."""
+    family = GaugeMetricFamily(name, doc, labels=["job", label])
+    for key, value in values.items():
+        family.add_metric([job, key], float(value))
+    return family
+
+
+def _attribute(snap: StatusSnapshot, path: str) -> float | None:
+    """`snap.<path>`, or None where a part on the way is None (no checkpoint yet)."""
+    value: Any = snap
+    for part in path.split("."):
+        if value is None:
+            return None
+        value = getattr(value, part)
+    return None if value is None else float(value)

@@ -1,0 +1,165 @@
+"""The tree's shape, checked: packages layered without cycles, functions short, the map true.
+
+Read from the source with `ast` (nothing is imported), so a lazy import inside a function or a
+TYPE_CHECKING import counts as a dependency as much as a top-level one: each is a place where one
+room reaches into another.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = {"impala_api": "api", "impala_trainer": "trainer", "impala_operator": "operator",
+           "impala_cli": "cli"}  # fmt: skip
+LAYERS = {
+    "impala_api": set(),
+    "impala_trainer": {"impala_api"},
+    "impala_operator": {"impala_api"},
+    "impala_cli": {"impala_api", "impala_trainer", "impala_operator"},
+}
+"""Which of our packages each may import: the API below both sides, the CLI above them all."""
+MAX_FUNCTION_LINES = 80
+
+
+def modules() -> Iterator[tuple[str, Path]]:
+    for package, folder in SOURCES.items():
+        base = ROOT / folder
+        for path in sorted((base / package).rglob("*.py")):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            yield ".".join(parts), path
+
+
+def imports(name: str, path: Path) -> set[str]:
+    """Every module of ours `name` imports, wherever the import statement sits."""
+    found: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return {m for m in found if m.split(".")[0] in SOURCES}
+
+
+def unit(module: str, depth: int) -> str:
+    """The room a module lives in: its first `depth` name parts (a package, a subpackage, or a
+    top-level module of the package)."""
+    return ".".join(module.split(".")[:depth])
+
+
+def graph(depth: int) -> dict[str, set[str]]:
+    known = {name for name, _ in modules()}
+    edges: dict[str, set[str]] = defaultdict(set)
+    for name, path in modules():
+        for target in imports(name, path):
+            while target not in known and "." in target:  # `from pkg import Name`
+                target = target.rpartition(".")[0]
+            if target in known and unit(target, depth) != unit(name, depth):
+                edges[unit(name, depth)].add(unit(target, depth))
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted({*edges, *(w for ws in edges.values() for w in ws)}):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_packages_import_only_the_layers_below() -> None:
+    edges = graph(depth=1)
+    wrong = {p: sorted(t - LAYERS[p]) for p, t in edges.items() if t - LAYERS[p]}
+    assert not wrong, f"package imports outside its layer: {wrong}"
+
+
+@pytest.mark.parametrize("package", sorted(SOURCES))
+def test_no_import_cycle_between_subpackages(package: str) -> None:
+    edges = {k: v for k, v in graph(depth=2).items() if k.startswith(package + ".")}
+    found = cycles(edges)
+    detail = {c[0]: {v: sorted(edges[v] & set(c)) for v in c} for c in found}
+    assert not found, f"import cycles among {package}'s rooms: {detail}"
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    # The check itself, on a made-up graph: a -> b -> c -> a, and d alone.
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a", "d"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_api_package_imports_neither_torch_nor_ray() -> None:
+    heavy = {"torch", "ray", "gymnasium", "kopf", "kubernetes", "fastapi"}
+    for name, path in modules():
+        if name.startswith("impala_api"):
+            tree = ast.parse(path.read_text())
+            roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                     for a in n.names}  # fmt: skip
+            roots |= {(n.module or "").split(".")[0] for n in ast.walk(tree)
+                      if isinstance(n, ast.ImportFrom)}  # fmt: skip
+            assert not roots & heavy, f"{name} imports {roots & heavy}"
+
+
+def test_no_function_is_longer_than_80_lines() -> None:
+    long = []
+    for name, path in modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long.append(f"{name}.{node.name}: {length} lines")
+    assert not long, f"split these: {long}"
+
+
+def test_the_architecture_doc_lists_every_room() -> None:
+    """docs/architecture.md's package tables name exactly the tree's subpackages and modules."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    for package in SOURCES:
+        rooms = {unit(name, 2) for name, _ in modules() if name.count(".") >= 1}
+        rooms = {r.split(".")[1] for r in rooms if r.startswith(package + ".")}
+        listed = set(re.findall(rf"^\| `{package}\.(\w+)/?` \|", text, flags=re.M))
+        assert listed == rooms, (
+            f"docs/architecture.md lists {sorted(listed - rooms)} that {package} lacks and "
+            f"misses {sorted(rooms - listed)}"
+        )
