@@ -22,7 +22,7 @@ from impala_operator.runtime import handlers, metrics
 from impala_operator.runtime.kube import ApiError
 from impala_operator.scale.autoscaler import MetricSample
 from impala_operator.settings import Settings
-from tests.unit.operator.test_plan import SETTINGS, SPEC, UID
+from tests.support.plans import SETTINGS, SPEC, UID
 
 SIDECAR = "http://127.0.0.1:18080/status"
 RUNNING = LearnerPod(name="cp-learner-0", attempt=0, phase="Running", ready=True)

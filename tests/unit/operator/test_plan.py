@@ -16,25 +16,10 @@ from impala_operator.lifecycle.plan import (
 )
 from impala_operator.lifecycle.run_policy import LearnerPod
 from impala_operator.scale.autoscaler import MetricSample
-from impala_operator.settings import Settings
 from tests.support.jobs import operator_access
+from tests.support.plans import SETTINGS, SPEC, UID
 
 T0 = 1_700_000_000.0
-UID = "0f9a5a3c-1111-2222-3333-444455556666"
-SETTINGS = Settings(restart_backoff_seconds=0.0, rollout_workers_per_aggregator=2)
-
-
-SPEC: dict[str, Any] = {
-    "rollouts": {
-        "minReplicas": 1,
-        "maxReplicas": 5,
-        "workersPerPod": 2,
-        "autoscaling": {"cooldownSeconds": 0, "stabilizationWindowSeconds": 10},
-    },
-    "aggregators": {"minReplicas": 0, "maxReplicas": 4},
-    "stop": {"timesteps": 1_000_000},
-}
-"""The job of the operator's planner and handler tests (test_handlers imports it)."""
 
 
 def _job(**spec: Any) -> ImpalaJob:

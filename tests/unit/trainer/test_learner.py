@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import TrainBatch
 from impala_trainer.learning.learner import Learner
-from tests.support.jobs import make_spec
+from tests.support.learner import learner_spec, make_batch, one_torch_thread
 
 STAT_KEYS = {
     "policy_loss",
@@ -29,41 +27,8 @@ STAT_KEYS = {
 
 @pytest.fixture(autouse=True)
 def single_torch_thread() -> Iterator[None]:
-    """Tiny tensors: intra-op threads only add contention on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-SMALL_MLP: dict[str, Any] = {"model": {"hidden": [32, 32]}}
-
-
-def learner_spec(*, learner: dict[str, Any] | None = None, **training: Any) -> ImpalaJobSpec:
-    """The learner tests' spec: a [32, 32] MLP, `training` fields (camelCase), `learner` section."""
-    return make_spec(SMALL_MLP, training=training, learner=learner or {})
-
-
-def make_batch(
-    T: int = 10, B: int = 4, obs_shape: tuple[int, ...] = (4,), A: int = 2, seed: int = 0
-) -> TrainBatch:
-    """A random but well-formed batch with some terminations and truncations."""
-    rng = np.random.default_rng(seed)
-    truncateds = rng.random((T, B)) < 0.05
-    terminateds = rng.random((T, B)) < 0.05
-    final_steps = np.argwhere(truncateds & ~terminateds).astype(np.int64)
-    return TrainBatch(
-        obs=rng.standard_normal((T, B, *obs_shape)).astype(np.float32),
-        actions=rng.integers(0, A, (T, B)),
-        behaviour_logits=rng.standard_normal((T, B, A)).astype(np.float32),
-        rewards=rng.standard_normal((T, B)).astype(np.float32),
-        terminateds=terminateds,
-        truncateds=truncateds,
-        final_obs=rng.standard_normal((len(final_steps), *obs_shape)).astype(np.float32),
-        final_steps=final_steps,
-        bootstrap_obs=rng.standard_normal((B, *obs_shape)).astype(np.float32),
-        policy_versions=np.zeros(B, np.int64),
-    )
+    with one_torch_thread():
+        yield
 
 
 def params_of(learner: Learner) -> list[torch.Tensor]:

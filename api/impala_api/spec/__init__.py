@@ -1,0 +1,131 @@
+"""The ImpalaJob manifest as pydantic models: the single source of truth.
+
+The same models validate a manifest for `impalajob train -f`, are used by the operator, and
+generate the CRD's openAPIV3Schema (`impala_api.crd`). Free of torch/Ray imports: the operator
+image path and the CRD generator import it. One module per concern:
+
+- `base`: SpecModel (camelCase, unknown fields refused) and the schedule type;
+- `training`: env, model, hyperparameters (RLlib's IMPALAConfig names in camelCase with RLlib's
+  defaults except DEFAULTS_APART_FROM_RLLIB; RLlib names whose meaning differs are refused,
+  RENAMED_RLLIB) and stop criteria;
+- `pods`: resources, tolerations, pod overrides and their security rules;
+- `replicas`: the learner, rollout and aggregator pods, autoscaling;
+- `lifecycle`: checkpointing and the run policy;
+- `job`: the resource's identity, metadata and the spec that gathers the sections.
+
+Import from here (`from impala_api.spec import ImpalaJob`); the modules are the layout.
+"""
+
+from __future__ import annotations
+
+from impala_api.spec.base import (
+    MAX_SCHEDULE_POINTS,
+    Schedule,
+    SpecModel,
+    check_schedule,
+)
+from impala_api.spec.job import (
+    API_GROUP,
+    API_VERSION,
+    KIND,
+    MAX_NAME_LENGTH,
+    PLURAL,
+    ImpalaJob,
+    ImpalaJobSpec,
+    ObjectMeta,
+)
+from impala_api.spec.lifecycle import (
+    SECRET_REF_NEEDS_URI,
+    STORAGE_URI_PATTERN,
+    CheckpointSpec,
+    RunPolicy,
+    SecretReference,
+)
+from impala_api.spec.pods import (
+    MOUNT_NAMES_VOLUME_MESSAGE,
+    ONE_VOLUME_SOURCE_MESSAGE,
+    RESERVED_ENV,
+    RESERVED_ENV_MESSAGE,
+    RESERVED_ENV_PREFIXES,
+    RESERVED_PATH_MESSAGE,
+    RESERVED_PATHS,
+    RESERVED_VOLUME_MESSAGE,
+    RESERVED_VOLUMES,
+    VOLUME_SOURCES,
+    EnvFromSource,
+    EnvVar,
+    PodOverrides,
+    Quantity,
+    Resources,
+    Toleration,
+    Volume,
+    VolumeMount,
+)
+from impala_api.spec.replicas import (
+    AggregatorsSpec,
+    AutoscalingSpec,
+    LearnerSpec,
+    ReplicaGroupSpec,
+    RolloutsSpec,
+)
+from impala_api.spec.training import (
+    DEFAULTS_APART_FROM_RLLIB,
+    NO_STOP_CRITERION,
+    RENAMED_RLLIB,
+    EnvSpec,
+    ModelSpec,
+    OptimizerSpec,
+    StopSpec,
+    TrainingSpec,
+)
+
+__all__ = [
+    "API_GROUP",
+    "API_VERSION",
+    "DEFAULTS_APART_FROM_RLLIB",
+    "KIND",
+    "MAX_NAME_LENGTH",
+    "MAX_SCHEDULE_POINTS",
+    "MOUNT_NAMES_VOLUME_MESSAGE",
+    "NO_STOP_CRITERION",
+    "ONE_VOLUME_SOURCE_MESSAGE",
+    "PLURAL",
+    "RENAMED_RLLIB",
+    "RESERVED_ENV",
+    "RESERVED_ENV_MESSAGE",
+    "RESERVED_ENV_PREFIXES",
+    "RESERVED_PATHS",
+    "RESERVED_PATH_MESSAGE",
+    "RESERVED_VOLUMES",
+    "RESERVED_VOLUME_MESSAGE",
+    "SECRET_REF_NEEDS_URI",
+    "STORAGE_URI_PATTERN",
+    "VOLUME_SOURCES",
+    "AggregatorsSpec",
+    "AutoscalingSpec",
+    "CheckpointSpec",
+    "EnvFromSource",
+    "EnvSpec",
+    "EnvVar",
+    "ImpalaJob",
+    "ImpalaJobSpec",
+    "LearnerSpec",
+    "ModelSpec",
+    "ObjectMeta",
+    "OptimizerSpec",
+    "PodOverrides",
+    "Quantity",
+    "ReplicaGroupSpec",
+    "Resources",
+    "RolloutsSpec",
+    "RunPolicy",
+    "Schedule",
+    "SecretReference",
+    "SpecModel",
+    "StopSpec",
+    "Toleration",
+    "TrainingSpec",
+    "Volume",
+    "VolumeMount",
+    "check_schedule",
+]

@@ -1,0 +1,112 @@
+"""The ImpalaJob resource: its identity (group, version, kind), metadata and the spec that gathers
+every section."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from impala_api.spec.base import SpecModel
+from impala_api.spec.lifecycle import CheckpointSpec, RunPolicy
+from impala_api.spec.replicas import AggregatorsSpec, LearnerSpec, RolloutsSpec
+from impala_api.spec.training import EnvSpec, ModelSpec, StopSpec, TrainingSpec
+
+API_GROUP = "impala.dev"
+API_VERSION = "v1alpha1"
+KIND = "ImpalaJob"
+PLURAL = "impalajobs"
+
+# Children are named "<job>-learner", "<job>-rollout", "<job>-aggregator", "<job>-status": keeping
+# the job name at most 40 characters leaves room under the 63-character label/DNS limit.
+MAX_NAME_LENGTH = 40
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+class ImpalaJobSpec(SpecModel):
+    """What to train and how to run it."""
+
+    image: str = Field(default="impalajob:0.1.0", min_length=1)
+    """Container image every role runs (cluster only)."""
+
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """Image pull policy (cluster only)."""
+
+    env: EnvSpec = Field(default_factory=EnvSpec)
+    """Environment (immutable after creation)."""
+
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    """Network (immutable after creation)."""
+
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    """Algorithm hyperparameters."""
+
+    learner: LearnerSpec = Field(default_factory=LearnerSpec)
+    """Learner pod."""
+
+    rollouts: RolloutsSpec = Field(default_factory=RolloutsSpec)
+    """Rollout pods."""
+
+    aggregators: AggregatorsSpec = Field(default_factory=AggregatorsSpec)
+    """Aggregator pods."""
+
+    stop: StopSpec
+    """Stop criteria (required: a job ends when one is met)."""
+
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    """Checkpointing."""
+
+    run_policy: RunPolicy = Field(default_factory=RunPolicy)
+    """Lifecycle policy (cluster only)."""
+
+
+class ObjectMeta(BaseModel):
+    """The subset of metadata the job uses; other keys (uid, resourceVersion...) pass through."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH)
+    """Job name: a DNS-1035 label of at most 40 characters."""
+
+    namespace: str | None = None
+    """Namespace (cluster only)."""
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Labels, copied onto every child."""
+
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations."""
+
+    @field_validator("name")
+    @classmethod
+    def _dns(cls, v: str) -> str:
+        if not _DNS1035.match(v):
+            raise ValueError(
+                "must be lowercase letters, digits and '-', start with a letter and end with a "
+                "letter or digit (DNS-1035 label)"
+            )
+        return v
+
+
+class ImpalaJob(BaseModel):
+    """An ImpalaJob manifest (impala.dev/v1alpha1)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    api_version: Literal["impala.dev/v1alpha1"] = Field(
+        default="impala.dev/v1alpha1", alias="apiVersion"
+    )
+    kind: Literal["ImpalaJob"] = "ImpalaJob"
+    metadata: ObjectMeta
+    spec: ImpalaJobSpec
+    # Status is written by the operator; a manifest read back from the cluster may carry it.
+    status: dict[str, Any] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    def to_manifest(self) -> dict[str, Any]:
+        """The manifest as camelCase JSON-ready data, with defaults filled in."""
+        return self.model_dump(mode="json", by_alias=True, exclude={"status"})

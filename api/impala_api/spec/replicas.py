@@ -1,0 +1,135 @@
+"""Where the job runs: the learner pod, and the rollout and aggregator pod groups with their
+autoscaling."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from impala_api.spec.base import SpecModel
+from impala_api.spec.pods import PodOverrides, Resources, Toleration
+
+
+class LearnerSpec(SpecModel):
+    """The learner pod: Ray head, IMPALA driver and learner threads."""
+
+    gpus: int = Field(default=0, ge=0, le=16)
+    """GPUs for the learner; more than one uses the multi-device learner (one tower per GPU)."""
+
+    termination_grace_period_seconds: int = Field(default=120, ge=1, le=86_400)
+    """SIGTERM to SIGKILL for the learner pod: time to write the final checkpoint (a large
+    model on a slow volume needs more)."""
+
+    fake_devices: int = Field(default=0, ge=0, le=16)
+    """With gpus 0: run the multi-device learner on this many CPU towers (like _fake_gpus)."""
+
+    resources: Resources = Field(default_factory=Resources)
+    """Learner container resources (GPU requests are added from gpus)."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node selector for the learner pod."""
+
+    tolerations: list[Toleration] = Field(default_factory=list)
+    """Tolerations for the learner pod."""
+
+    pod: PodOverrides = Field(default_factory=PodOverrides)
+    """Settings merged onto the learner pod (env, volumes, pull secrets, affinity, priority...)."""
+
+
+class AutoscalingSpec(SpecModel):
+    """How the operator moves replicas between min and max from the learner's metrics."""
+
+    enabled: bool = True
+    """Scale between minReplicas and maxReplicas automatically."""
+
+    scale_up_step: int = Field(default=1, ge=1, le=100)
+    """Most replicas added by one decision."""
+
+    scale_down_step: int = Field(default=1, ge=1, le=100)
+    """Most replicas removed by one decision."""
+
+    cooldown_seconds: int = Field(default=60, ge=0, le=86_400)
+    """Minimum seconds between two scaling decisions."""
+
+    stabilization_window_seconds: int = Field(default=120, ge=0, le=86_400)
+    """Metrics window a decision must hold over (no flapping on noisy input)."""
+
+    starved_queue_fill: float = Field(default=0.1, ge=0.0, le=1.0)
+    """Learner queue fill at or below which (with the learner waiting) rollouts scale up."""
+
+    saturated_queue_fill: float = Field(default=0.9, ge=0.0, le=1.0)
+    """Learner queue fill at or above which rollouts scale down."""
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> AutoscalingSpec:
+        if self.starved_queue_fill >= self.saturated_queue_fill:
+            raise ValueError("starvedQueueFill must be below saturatedQueueFill")
+        return self
+
+
+class ReplicaGroupSpec(SpecModel):
+    """A group of pods that join the learner's Ray cluster."""
+
+    replicas: int | None = Field(default=None, ge=0, le=1000)
+    """Desired pods (kubectl scale sets it); kept within [minReplicas, maxReplicas]."""
+
+    min_replicas: int = Field(default=1, ge=0, le=1000)
+    """Fewest pods."""
+
+    max_replicas: int = Field(default=4, ge=0, le=1000)
+    """Most pods."""
+
+    resources: Resources = Field(default_factory=Resources)
+    """Container resources of each pod."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node selector for these pods."""
+
+    tolerations: list[Toleration] = Field(default_factory=list)
+    """Tolerations for these pods."""
+
+    pod: PodOverrides = Field(default_factory=PodOverrides)
+    """Settings merged onto these pods (env, volumes, pull secrets, affinity, priority...)."""
+
+    termination_grace_period_seconds: int = Field(default=60, ge=1, le=86_400)
+    """SIGTERM to SIGKILL for these pods: the node drains on SIGTERM, finishing and handing over
+    its in-flight fragment (a slow environment step needs more)."""
+
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    """Autoscaling policy."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ReplicaGroupSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"minReplicas ({self.min_replicas}) must be <= maxReplicas ({self.max_replicas})"
+            )
+        return self
+
+    @property
+    def initial_replicas(self) -> int:
+        """Replicas to start with: the requested count clamped into [min, max]."""
+        wanted = self.min_replicas if self.replicas is None else self.replicas
+        return max(self.min_replicas, min(self.max_replicas, wanted))
+
+
+class RolloutsSpec(ReplicaGroupSpec):
+    """Rollout pods: each runs workersPerPod rollout workers."""
+
+    min_replicas: int = Field(default=2, ge=0, le=1000)
+    """Fewest rollout pods."""
+
+    max_replicas: int = Field(default=4, ge=0, le=1000)
+    """Most rollout pods."""
+
+    workers_per_pod: int = Field(default=1, ge=1, le=256)
+    """Rollout workers (Ray actors) per pod; locally, workers per simulated pod."""
+
+
+class AggregatorsSpec(ReplicaGroupSpec):
+    """Aggregator pods: concatenate fragments into train batches and mix in replay."""
+
+    min_replicas: int = Field(default=0, ge=0, le=1000)
+    """Fewest aggregator pods (0: the driver aggregates)."""
+
+    max_replicas: int = Field(default=0, ge=0, le=1000)
+    """Most aggregator pods."""

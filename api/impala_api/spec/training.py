@@ -1,0 +1,255 @@
+"""What to train: the environment, the model, the hyperparameters (RLlib's IMPALAConfig names in
+camelCase, with RLlib's defaults except DEFAULTS_APART_FROM_RLLIB; RLlib names whose meaning differs
+here are refused, RENAMED_RLLIB) and the stop criteria."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from impala_api.spec.base import Schedule, SpecModel, check_schedule
+
+RENAMED_RLLIB: dict[str, str] = {
+    "replayProportion": (
+        "RLlib's replay_proportion is not taken under its name, because RLlib's mixin buffer "
+        "turns p into 1/(p-1) replayed fragments per new one (none for p < 1, only replays for "
+        "p = 1); set replayBatchesPerFresh, the replayed train batches per fresh one (RLlib's "
+        "p > 1 is replayBatchesPerFresh 1/(p-1))"
+    ),
+    "replayBufferNumSlots": (
+        "RLlib's replay_buffer_num_slots counts worker samples; set replayBufferBatches, the "
+        "replay capacity in train batches"
+    ),
+}
+"""RLlib IMPALAConfig names whose meaning differs here, with the field to use instead: a user
+must never get silently different behaviour under an RLlib name."""
+
+
+DEFAULTS_APART_FROM_RLLIB: dict[str, tuple[object, str]] = {
+    "env.numEnvsPerWorker": (
+        1,
+        "16: one batched forward for all of a worker's envs is where rollout speed comes from "
+        "(docs/benchmarks.md, 1a); RLlib's num_envs_per_env_runner is 1",
+    ),
+    "training.learnerQueueSize": (
+        3,
+        "16, the default of RLlib's old stack, whose LearnerThread this mirrors (RLlib now says "
+        "3); the queue never drops a batch here, it holds back the actors, so its size bounds "
+        "memory and policy lag only",
+    ),
+    "training.maxRequestsInFlightPerWorker": (
+        1,
+        "2, the old stack's max_requests_in_flight_per_sampler_worker: a worker samples its next "
+        "fragment while the last one is in transit (RLlib now says 1 per env runner)",
+    ),
+}
+"""Defaults that differ from RLlib's IMPALAConfig (field -> (RLlib's default, why ours)).
+tests/unit/trainer/test_spec.py compares every default with RLlib's."""
+
+
+class EnvSpec(SpecModel):
+    """The environment every rollout worker steps."""
+
+    id: str = Field(default="CartPole-v1", min_length=1)
+    """Gymnasium environment id, e.g. CartPole-v1 or ALE/Pong-v5 (Atari ROMs ship in ale-py)."""
+
+    num_envs_per_worker: int = Field(default=16, ge=1, le=4096)
+    """Environments each rollout worker steps as one vector env with batched inference (RLlib's
+    default is 1: DEFAULTS_APART_FROM_RLLIB says why not here)."""
+
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments passed to gymnasium.make."""
+
+    frame_stack: int | None = Field(default=None, ge=1, le=16)
+    """Frames stacked per observation (Atari; defaults to 4 for ALE/ environments)."""
+
+    frame_skip: int = Field(default=4, ge=1, le=16)
+    """Atari frame skip applied by the preprocessing wrapper."""
+
+    clip_rewards: bool | None = None
+    """Train on the sign of each reward (-1, 0, 1), as the paper and RLlib do for Atari; the
+    reported episode returns stay unclipped. Default: on for ALE/ environments, off otherwise."""
+
+    @property
+    def is_atari(self) -> bool:
+        return self.id.startswith("ALE/")
+
+    @property
+    def clips_rewards(self) -> bool:
+        return self.is_atari if self.clip_rewards is None else self.clip_rewards
+
+    @property
+    def stacked_frames(self) -> int:
+        if self.frame_stack is not None:
+            return self.frame_stack
+        return 4 if self.is_atari else 1
+
+
+class ModelSpec(SpecModel):
+    """The policy/value network."""
+
+    type: Literal["auto", "mlp", "cnn"] = "auto"
+    """mlp for vector observations, cnn (IMPALA shallow CNN) for 84x84 frames; auto picks."""
+
+    hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
+        default_factory=lambda: [256, 256], min_length=1, max_length=8
+    )
+    """Hidden layer sizes of the MLP, or of the fully connected head after the CNN."""
+
+    activation: Literal["tanh", "relu"] = "tanh"
+    """Hidden activation of the MLP."""
+
+
+class OptimizerSpec(SpecModel):
+    """Optimiser settings, as RLlib's IMPALA opt_type/decay/momentum/epsilon."""
+
+    type: Literal["adam", "rmsprop"] = "adam"
+    """adam or rmsprop."""
+
+    decay: float = Field(default=0.99, ge=0.0, le=1.0)
+    """RMSProp smoothing constant (alpha)."""
+
+    momentum: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """RMSProp momentum."""
+
+    epsilon: float | None = Field(default=None, gt=0.0, le=1.0)
+    """Denominator epsilon, added after the square root as torch does (TensorFlow adds it inside:
+    its 0.01 is about 0.1 here); omitted means 1e-8 for adam and 0.1 for rmsprop (RLlib's)."""
+
+
+class TrainingSpec(SpecModel):
+    """Algorithm hyperparameters: RLlib IMPALAConfig names in camelCase, RLlib defaults."""
+
+    mode: Literal["vtrace", "async-gradients"] = "vtrace"
+    """vtrace: IMPALA with V-trace off-policy correction; async-gradients: A3C-style workers."""
+
+    seed: int | None = Field(default=None, ge=0)
+    """Seed for environments and networks; omitted means random."""
+
+    lr: float = Field(default=5e-4, gt=0.0, le=1.0)
+    """Learning rate (used when lrSchedule is omitted)."""
+
+    lr_schedule: Schedule | None = None
+    """Piecewise-linear learning rate over env steps trained (RLlib's old-stack clock; each
+    batch counts once, whatever numSgdIter): [[timestep, lr], ...]."""
+
+    gamma: float = Field(default=0.99, ge=0.0, le=1.0)
+    """Discount factor."""
+
+    train_batch_size: int = Field(default=500, ge=1, le=1_000_000)
+    """Env steps per learner update (fragments are concatenated up to this size)."""
+
+    rollout_fragment_length: int = Field(default=50, ge=1, le=10_000)
+    """Time steps per fragment a rollout worker returns, per environment."""
+
+    vtrace_clip_rho_threshold: float = Field(default=1.0, gt=0.0)
+    """V-trace rho-bar: clip on importance weights in the value target."""
+
+    vtrace_clip_pg_rho_threshold: float = Field(default=1.0, gt=0.0)
+    """V-trace clip on importance weights in the policy-gradient advantage."""
+
+    vf_loss_coeff: float = Field(default=0.5, ge=0.0)
+    """Weight of the value-function loss."""
+
+    entropy_coeff: float = Field(default=0.01, ge=0.0)
+    """Weight of the entropy bonus (used when entropyCoeffSchedule is omitted)."""
+
+    entropy_coeff_schedule: Schedule | None = None
+    """Piecewise-linear entropy coefficient over env steps trained: [[timestep, coeff], ...]."""
+
+    grad_clip: float | None = Field(default=40.0, gt=0.0)
+    """Global-norm gradient clip; null disables clipping."""
+
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    """Optimiser type and its parameters."""
+
+    separate_vf_optimizer: bool = False
+    """Train the value head with its own optimiser at lrVf."""
+
+    lr_vf: float = Field(default=5e-4, gt=0.0, le=1.0)
+    """Learning rate of the separate value-function optimiser. An lrSchedule scales it by the
+    same factor as lr (RLlib's old stack sets both optimisers to the schedule's value, which
+    would discard lrVf)."""
+
+    num_sgd_iter: int = Field(default=1, ge=1, le=64)
+    """Passes the minibatch buffer replays each train batch."""
+
+    minibatch_buffer_size: int = Field(default=1, ge=1, le=1024)
+    """Train batches held by the minibatch buffer while they are replayed."""
+
+    learner_queue_size: int = Field(default=16, ge=1, le=4096)
+    """Capacity of the learner's inbound queue of train batches (RLlib's old stack: 16; its
+    current default is 3)."""
+
+    learner_queue_timeout: float = Field(default=300.0, gt=0.0)
+    """Seconds the learner may wait for a batch before the run fails as starved."""
+
+    num_multi_gpu_tower_stacks: int = Field(default=1, ge=1, le=64)
+    """Buffer slots per device for the multi-device learner (loaders fill idle ones)."""
+
+    num_gpu_loader_threads: int = Field(default=8, ge=1, le=64)
+    """Threads copying train batches into idle tower stacks (multi-device learner)."""
+
+    broadcast_interval: int = Field(default=1, ge=1, le=10_000)
+    """Learner updates between weight broadcasts to the rollout workers."""
+
+    max_requests_in_flight_per_worker: int = Field(default=2, ge=1, le=64)
+    """Sample requests outstanding per rollout worker (asynchronous sampling; RLlib's old stack:
+    2, its current default is 1)."""
+
+    replay_batches_per_fresh: float = Field(default=0.0, ge=0.0, le=100.0)
+    """Mixin replay: train batches replayed per fresh train batch, in expectation (the integer
+    part always, the fraction with that probability); 0 disables replay. Not RLlib's
+    replay_proportion, whose p means 1/(p-1) replayed fragments per new one (RENAMED_RLLIB)."""
+
+    replay_buffer_batches: int = Field(default=0, ge=0, le=1_000_000)
+    """Mixin replay capacity, in train batches (RLlib's slots hold one worker sample each)."""
+
+    @field_validator("lr_schedule")
+    @classmethod
+    def _lr_schedule(cls, v: Schedule | None) -> Schedule | None:
+        return check_schedule(v, "lrSchedule")
+
+    @field_validator("entropy_coeff_schedule")
+    @classmethod
+    def _entropy_schedule(cls, v: Schedule | None) -> Schedule | None:
+        return check_schedule(v, "entropyCoeffSchedule")
+
+    @model_validator(mode="after")
+    def _replay(self) -> TrainingSpec:
+        if self.replay_batches_per_fresh > 0 and self.replay_buffer_batches == 0:
+            raise ValueError(
+                "replayBatchesPerFresh > 0 needs replayBufferBatches >= 1 (the replay capacity)"
+            )
+        return self
+
+
+NO_STOP_CRITERION = (
+    "spec.stop must set at least one of timesteps, episodeReturnMean, timeLimitSeconds "
+    "(without one the job would train forever)"
+)
+"""The message for an empty `spec.stop`, from the model and from the CRD's CEL rule alike."""
+
+
+class StopSpec(SpecModel):
+    """When training ends successfully; the first criterion met stops it. At least one is set."""
+
+    timesteps: int | None = Field(default=None, ge=1)
+    """Env steps sampled."""
+
+    episode_return_mean: float | None = None
+    """Mean return over the last 100 episodes."""
+
+    time_limit_seconds: float | None = Field(default=None, gt=0.0)
+    """Wall-clock seconds of training."""
+
+    @model_validator(mode="after")
+    def _some_criterion(self) -> StopSpec:
+        if (
+            self.timesteps is None
+            and self.episode_return_mean is None
+            and (self.time_limit_seconds is None)
+        ):
+            raise ValueError(NO_STOP_CRITERION)
+        return self
