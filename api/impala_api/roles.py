@@ -108,7 +108,7 @@ def role_command(
     """The argv a role runs.
 
     learner:    `impalajob learner -f CONFIG --run-dir DIR --gcs-port GCS <node ports> [--resume]`
-    rollout:    `impalajob rollout-node --address HOST:GCS --workers N <node ports>`
+    rollout:    `impalajob rollout-node --address HOST:GCS --workers-per-pod N <node ports>`
     aggregator: `impalajob aggregator-node --address HOST:GCS <node ports>`
     status:     `impalajob status-server --run-dir DIR --status-port 8080`
 
@@ -137,7 +137,7 @@ def role_command(
         gcs = ports.gcs if learner_gcs_port is None else learner_gcs_port
         argv.append(f"--address={learner_host}:{gcs}")
         if role == "rollout":
-            argv.append(f"--workers={job.spec.rollouts.workers_per_pod}")
+            argv.append(f"--workers-per-pod={job.spec.rollouts.workers_per_pod}")
         argv += ports.node_flags() + ip
     elif role == "status":
         return status_command(

@@ -13,7 +13,7 @@ import pytest
 from cluster import Kube, wait_for
 from impala_api.manifest import parse_manifest
 from impala_operator.lifecycle.plan import learner_pod, plan_children
-from tests.e2e.test_crd_validation import install_crd
+from tests.support.crd import install_crd
 from tests.support.jobs import operator_access
 from tests.unit.operator.crd_cases import VALID
 

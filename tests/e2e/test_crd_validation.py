@@ -15,19 +15,13 @@ import yaml
 from cluster import CommandError, Kube
 from impala_api.manifest import load_manifest, parse_manifest
 from impala_api.spec import ImpalaJobSpec
+from tests.support.crd import install_crd
 from tests.unit.operator.crd_cases import INVALID, VALID, Invalid, base_job, job_with
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "manifests" / "crd.yaml"
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
-
-
-def install_crd(kube: Kube) -> None:
-    """Apply the CRD and wait until the API server serves it (idempotent; other modules too)."""
-    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    kube.wait_crd_established("impalajobs.impala.dev")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from cluster import CommandError, Kube
-from tests.e2e.test_crd_validation import install_crd
+from tests.support.crd import install_crd
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cluster import Kube
-from tests.e2e.test_operator_helm import OperatorSuite
+from tests.support.operator_suite import OperatorSuite
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -348,7 +348,9 @@ def faulty_job(real_kube: Kube, operator: None) -> Iterator[tuple[str, Path]]:
         yield ns, checkpoints
 
 
-def test_progress_rises_and_reads_live(real_kube: Kube, faulty_job: tuple[str, Path]) -> None:
+def test_progress_rises_and_reads_live(
+    real_kube: Kube, faulty_job: tuple[str, Path], tmp_path: Path
+) -> None:
     """`kubectl get ij` shows steps rising; `impalajob status` reads the sidecar mid-run (the
     token from the job's Secret, through a port-forward), ahead of or equal to what the operator
     last published; the sidecar refuses a wrong token."""
@@ -372,9 +374,11 @@ def test_progress_rises_and_reads_live(real_kube: Kube, faulty_job: tuple[str, P
     # Security is on: the operator made the job's Secret, and a wrong token gets nothing.
     secret = kube.get("secret", f"{FAULT_JOB}-auth", "-n", ns)
     assert set(secret["data"]) == {"status-token", "ray-token"}
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("wrong")
     refused = subprocess.run(
         [sys.executable, "-m", "impala_cli.main", "status", FAULT_JOB, "-n", ns,
-         "--token", "wrong"],
+         "--token-file", str(wrong)],
         capture_output=True, text=True, timeout=60, env=kube.env, check=False,
     )  # fmt: skip
     assert refused.returncode == 1 and "answered 401" in refused.stderr, refused.stderr

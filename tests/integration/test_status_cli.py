@@ -125,8 +125,33 @@ def test_token_flag_and_env(
     assert refused.returncode == 1
     assert "answered 401: unauthorized" in refused.stderr
     assert cli(url, env={"IMPALA_STATUS_TOKEN": "cli-token"}).returncode == 0
-    assert cli_inproc(url, "--token", "cli-token").returncode == 0
-    assert "invalid_token" in cli_inproc(url, "--token", "nope").stderr
+    good, bad = tmp_path / "good-token", tmp_path / "bad-token"
+    good.write_text("cli-token\n")  # as `kubectl get secret ... | base64 -d >FILE` leaves it
+    bad.write_text("nope")
+    assert cli_inproc(url, "--token-file", str(good)).returncode == 0
+    assert "invalid_token" in cli_inproc(url, "--token-file", str(bad)).stderr
+    # The file wins over the environment, as the flag did.
+    assert cli(url, "--token-file", str(good), env={"IMPALA_STATUS_TOKEN": "nope"}).returncode == 0
+
+
+def test_token_file_problems_and_token_on_argv_are_usage_errors(
+    cli_inproc: Cli, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = cli_inproc("http://127.0.0.1:9", "--token-file", str(tmp_path / "absent"))
+    assert missing.returncode == 2
+    assert f"cannot read --token-file {tmp_path / 'absent'}: No such file" in missing.stderr
+    (tmp_path / "empty").write_text("\n")
+    empty = cli_inproc("http://127.0.0.1:9", "--token-file", str(tmp_path / "empty"))
+    assert empty.returncode == 2 and "is empty" in empty.stderr
+    # A token on argv is visible in `ps`: refused, whatever its form (and never read as a path
+    # by argparse's prefix matching of --token-file).
+    for argv in (["--token", "secret"], ["--token=secret"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["status", "http://127.0.0.1:9", *argv])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert "impalajob status: error: a token on the command line is visible in ps" in err
+        assert "--token-file PATH" in err
 
 
 def test_errors_are_one_line_messages(
@@ -263,6 +288,23 @@ def test_job_name_resolves_through_status_url(
     proc = cli("missing-job", env=env)
     assert proc.returncode == 1
     assert "ImpalaJob team-a/missing-job not found" in proc.stderr
+
+
+def test_job_name_with_token_file_skips_the_secret(
+    cli: Cli, sidecar: Callable[..., str], kubeconfig: tuple, tmp_path: Path
+) -> None:
+    path, handler = kubeconfig
+    write_sample_run(tmp_path / "run", job="pong", points=10)
+    url = sidecar(tmp_path / "run", token="job-token")
+    handler.objects.update([_job("team-a", "pong", url)])  # and no Secret to read
+    token_file = tmp_path / "token"
+    token_file.write_text("job-token")
+    proc = cli("pong", "--json", "--token-file", str(token_file), env={"KUBECONFIG": str(path)})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["job"] == "pong"
+    assert [p for p, _ in handler.seen] == [
+        "/apis/impala.dev/v1alpha1/namespaces/team-a/impalajobs/pong"
+    ]
 
 
 def test_job_name_without_status_url(cli: Cli, kubeconfig: tuple) -> None:

@@ -61,7 +61,7 @@ VOLUME_SOURCES = (
 """The volume types the restricted Pod Security Standard allows (hostPath and the in-tree
 network volumes are not): the only ones a pod override may add."""
 
-# The pod overrides' refusals, shared with the CRD's CEL rules (operator/impala_operator/cel.py)
+# The pod overrides' refusals, shared with the CRD's CEL rules (impala_api.cel)
 # so the API server and `impalajob validate` say the same words.
 RESERVED_ENV_MESSAGE = (
     f"env: {', '.join(RESERVED_ENV)} and {'*, '.join(RESERVED_ENV_PREFIXES)}* are set by the "

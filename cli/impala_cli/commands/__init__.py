@@ -2,16 +2,21 @@
 
 Every command reports a failure the same way, `impalajob CMD: error: ...` on stderr (argparse's
 own format), by raising `CommandError`; `cli.main` prints it and exits with its code. The
-vocabulary is shared too: `-f/--file` a manifest, `--set` an override, `--run-dir` the run
-directory, `--resume` "continue from its newest checkpoint when there is one", and every port
-flag names its port (`--gcs-port`, `--status-port`, `--node-manager-port`, ...).
+vocabulary is shared too: `-f/--file` a manifest (and nothing else: `logs` streams with
+`--follow`, which has no short form), `--set` an override, `--run-dir` the run directory,
+`--resume` "continue from its newest checkpoint when there is one", `--token-file` a file holding
+a bearer token (never the token itself on argv, where `ps` shows it), `--log-level` how much a
+long-running process logs (critical, error, warning, info, debug), flags named for the spec field
+they come from (`--workers-per-pod`: `spec.rollouts.workersPerPod`), and every port flag names
+its port (`--gcs-port`, `--status-port`, `--node-manager-port`, ...).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from impala_api.spec import ImpalaJob
@@ -44,6 +49,37 @@ def add_manifest_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="override a field, e.g. training.lr=0.001 (repeatable)",
     )
+
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+"""The choices of every `--log-level` flag (`status-server`, `operator`)."""
+
+
+class _Refused(argparse.Action):
+    """A flag that is a usage error: parsing it exits 2 with the action's message."""
+
+    def __init__(
+        self, option_strings: Sequence[str], dest: str, message: str, **kwargs: Any
+    ) -> None:
+        # nargs="?": `--token X` and `--token=X` reach the message too, not another error.
+        super().__init__(option_strings, dest, nargs="?", default=argparse.SUPPRESS, **kwargs)
+        self.message = message
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        parser.error(self.message)
+
+
+def add_refused_option(parser: argparse.ArgumentParser, *flags: str, message: str) -> None:
+    """A hidden flag that another tool spells differently (`kubectl logs -f`) or that this CLI
+    no longer takes: using it is a usage error (exit 2) saying what to write instead, rather than
+    argparse's "unrecognized arguments" or, worse, a prefix match with another flag."""
+    parser.add_argument(*flags, action=_Refused, message=message, help=argparse.SUPPRESS)
 
 
 def add_resume_argument(parser: argparse.ArgumentParser) -> None:

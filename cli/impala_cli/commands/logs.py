@@ -1,9 +1,12 @@
-"""`impalajob logs NAME [--role learner|rollout|aggregator|status]`: an ImpalaJob's pod logs.
+"""`impalajob logs NAME [--role learner|rollout|aggregator|status] [--follow]`: an ImpalaJob's
+pod logs.
 
-The pods are found by the labels the operator puts on them (`app.kubernetes.io/instance=NAME`,
-`component=ROLE`), so the user needs neither pod names nor attempt numbers: `learner` is the
-current attempt's learner container (`--previous-attempt` the one before it), `status` its
-sidecar, `rollout`/`aggregator` every pod of the group, each line prefixed with its pod.
+The pods are found by the labels the operator puts on them (`impala_api.names`: the job's
+instance and component labels), so the user needs neither pod names nor attempt numbers:
+`learner` is the current attempt's learner container (`--previous-attempt` the one before it),
+`status` its sidecar, `rollout`/`aggregator` every pod of the group, each line prefixed with its
+pod. `-f` is `--file` in every impalajob command, so `--follow` has no short form, and the
+`kubectl logs -f` habit gets a usage error saying so.
 """
 
 from __future__ import annotations
@@ -12,19 +15,18 @@ import argparse
 import sys
 from typing import Any
 
-from impala_api.spec import API_GROUP
-from impala_cli.commands import EXIT_FAILED, CommandError
+from impala_api import names
+from impala_cli.commands import EXIT_FAILED, CommandError, add_refused_option
 from impala_cli.commands.cluster import NoClusterError, connect
 
-_CONTAINERS: dict[str, tuple[str, str]] = {
+_CONTAINERS: dict[str, tuple[names.Component, str]] = {
     # role -> (pods' component label, container)
     "learner": ("learner", "learner"),
     "status": ("learner", "status"),
     "rollout": ("rollout", "rollout"),
     "aggregator": ("aggregator", "aggregator"),
 }
-RESTART_LABEL = f"{API_GROUP}/restart"
-"""The learner pod's attempt number (the operator's names.RESTART_KEY)."""
+FOLLOW_SHORT_FORM = "-f is --file in every impalajob command; use --follow"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +35,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--role", choices=list(_CONTAINERS), default="learner", help="whose logs (default learner)"
     )
     parser.add_argument("-n", "--namespace", help="the job's namespace (default: the context's)")
-    parser.add_argument("-f", "--follow", action="store_true", help="stream new lines (one pod)")
+    parser.add_argument("--follow", action="store_true", help="stream new lines (one pod)")
+    add_refused_option(parser, "-f", message=FOLLOW_SHORT_FORM)
     parser.add_argument("--tail", type=int, default=None, help="last N lines of each pod")
     parser.add_argument(
         "--previous-attempt",
@@ -47,7 +50,7 @@ def select_pods(pods: list[dict[str, Any]], role: str, previous: bool) -> list[d
     if role not in ("learner", "status"):
         return sorted(pods, key=lambda p: p["metadata"]["name"])
     by_attempt = sorted(
-        pods, key=lambda p: int(p["metadata"].get("labels", {}).get(RESTART_LABEL, "0"))
+        pods, key=lambda p: int(p["metadata"].get("labels", {}).get(names.RESTART_KEY, "0"))
     )
     if previous:
         return by_attempt[-2:-1]
@@ -64,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(err), EXIT_FAILED) from err
     component, container = _CONTAINERS[args.role]
     core = client.CoreV1Api()
-    selector = f"app.kubernetes.io/instance={args.name},app.kubernetes.io/component={component}"
+    selector = names.selector_string(args.name, component)
     try:
         listed = core.list_namespaced_pod(namespace, label_selector=selector)
     except ApiException as err:

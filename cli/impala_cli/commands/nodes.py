@@ -1,7 +1,8 @@
 """`impalajob rollout-node` / `aggregator-node`: lend this pod to the learner's Ray cluster.
 
-The node offers the custom resource `rollout: N` (N = --workers) or `aggregator: N`; the driver's
-membership loop (membership.py) sees it within a couple of seconds and places one actor per unit.
+The node offers the custom resource `rollout: N` (N = --workers-per-pod, the job's
+`spec.rollouts.workersPerPod`) or `aggregator: N`; the driver's membership loop (membership.py)
+sees it within a couple of seconds and places one actor per unit.
 The process stays up for the pod's lifetime:
 
 * SIGTERM (scale-down, pod deletion): forwarded to `ray start` alone, which marks the node draining
@@ -42,7 +43,10 @@ ROLE_BY_COMMAND = {"rollout-node": "rollout", "aggregator-node": "aggregator"}
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", required=True, help="learner GCS, HOST:PORT")
     parser.add_argument(
-        "--workers", type=int, default=1, help="actors this node hosts (units of its resource)"
+        "--workers-per-pod",
+        type=int,
+        default=1,
+        help="actors this node hosts (units of its resource; spec.rollouts.workersPerPod)",
     )
     parser.add_argument(
         "--drain-timeout",
@@ -72,19 +76,19 @@ def _say(msg: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     role = ROLE_BY_COMMAND[args.command]
-    if args.workers < 1:
-        raise CommandError(f"--workers must be >= 1, got {args.workers}")
+    if args.workers_per_pod < 1:
+        raise CommandError(f"--workers-per-pod must be >= 1, got {args.workers_per_pod}")
     host, port = split_address(args.address)
     cfg = NodeConfig.from_args(
         args,
         head=False,
         address=args.address,
-        resources={role: float(args.workers)},
+        resources={role: float(args.workers_per_pod)},
     )
     if cfg.num_cpus is None:
         # Actors ask for 0 CPUs (they are placed by the custom resource); the CPU count only
         # sizes Ray's worker pool: about one process per actor.
-        cfg.num_cpus = args.workers
+        cfg.num_cpus = args.workers_per_pod
     apply_ray_env(args.drain_timeout)  # our own GCS queries use the nodes' auth settings
     stopping = threading.Event()
 
@@ -110,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         node = RayNodeProcess(cfg, log_path=args.log_file, drain_timeout_s=args.drain_timeout)
         node.start()
         joins += 1
-        _say(f"joining as a {role} node offering {role}={args.workers} (attempt {joins})")
+        _say(f"joining as a {role} node offering {role}={args.workers_per_pod} (attempt {joins})")
         outcome = _watch(node, host, port, args.head_lost_after, stopping)
         if outcome == "stop":
             _say("SIGTERM: draining; the driver collects in-flight fragments first")

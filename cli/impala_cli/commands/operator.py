@@ -2,6 +2,7 @@
 
     impalajob operator --namespace team-a [--namespace team-b] [--kubeconfig PATH]
     impalajob operator --all-namespaces --metrics-port 9090 --health-port 8081
+    impalajob operator --log-level debug          # kopf's and every handler run's lines too
 
 Flags override the IMPALA_OPERATOR_* environment (impala_operator/settings.py). Without
 --namespace and --all-namespaces it watches the kubeconfig context's namespace (in a pod: its own
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 
+from impala_cli.commands import LOG_LEVELS, add_refused_option
 from impala_operator.settings import Settings
 
 
@@ -44,7 +46,13 @@ def register(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="reconcile only while holding the operator's Lease (for several replicas)",
     )
-    parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=LOG_LEVELS,
+        help="how much to log (default info; debug: kopf's own lines and every handler run)",
+    )
+    add_refused_option(parser, "--verbose", "-v", message="--verbose is --log-level debug")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -68,5 +76,5 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def run(args: argparse.Namespace) -> int:
     from impala_operator.runtime.runner import serve
 
-    serve(settings_from_args(args), verbose=args.verbose)
+    serve(settings_from_args(args), log_level=args.log_level)
     return 0

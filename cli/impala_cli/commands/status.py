@@ -2,12 +2,13 @@
 
 TARGET is the sidecar's URL, or an ImpalaJob name: then the URL is the job's `status.statusURL`
 (set by the operator), read with the Kubernetes client from the current (or --namespace)
-namespace, and the bearer token is the job's, from its auth Secret `<job>-auth` (unless --token
-or $IMPALA_STATUS_TOKEN gives one). In a pod that URL is fetched directly; from a kubeconfig,
-i.e. outside the cluster, the command port-forwards to the learner pod itself (the job's
-NetworkPolicy admits only labelled pods to the status port; a forward enters the pod's own
-network), and falls back to the API server's Service proxy when no learner pod is running. The
-Kubernetes client is imported only for names, so URL targets start fast.
+namespace, and the bearer token is the job's, from its auth Secret `<job>-auth` (unless
+--token-file or $IMPALA_STATUS_TOKEN gives one: never the token itself on argv, where `ps` shows
+it). In a pod that URL is fetched directly; from a kubeconfig, i.e. outside the cluster, the
+command port-forwards to the learner pod itself (the job's NetworkPolicy admits only labelled
+pods to the status port; a forward enters the pod's own network), and falls back to the API
+server's Service proxy when no learner pod is running. The Kubernetes client is imported only for
+names, so URL targets start fast.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,9 +26,13 @@ import httpx
 
 from impala_api.roles import STATUS_PORT
 from impala_api.spec import API_GROUP, API_VERSION, PLURAL
-from impala_cli.commands import EXIT_FAILED, CommandError
+from impala_cli.commands import EXIT_FAILED, CommandError, add_refused_option
 from impala_cli.commands.cluster import NoClusterError, connect
 from impala_trainer.sidecar.models import StatusResponse
+
+TOKEN_ON_ARGV = (
+    "a token on the command line is visible in ps: use --token-file PATH or $IMPALA_STATUS_TOKEN"
+)
 
 
 class StatusCommandError(Exception):
@@ -37,8 +43,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", help="sidecar URL (http://host:8080) or ImpalaJob name")
     parser.add_argument("--json", action="store_true", help="print the raw /status JSON")
     parser.add_argument(
-        "--token", default=None, help="bearer token (default: $IMPALA_STATUS_TOKEN)"
+        "--token-file",
+        type=Path,
+        default=None,
+        help="send the bearer token in this file (or set IMPALA_STATUS_TOKEN; default for a job "
+        "name: its Secret)",
     )
+    add_refused_option(parser, "--token", message=TOKEN_ON_ARGV)
     parser.add_argument(
         "-n",
         "--namespace",
@@ -49,8 +60,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    token = given_token(args.token_file)
     try:
-        token = args.token if args.token is not None else os.environ.get("IMPALA_STATUS_TOKEN")
         if is_url(args.target):
             data = fetch_status(base_url(args.target), token, args.timeout)
         else:
@@ -62,6 +73,21 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_table(StatusResponse.model_validate(data))
     return 0
+
+
+def given_token(token_file: Path | None) -> str | None:
+    """The token the user gave: the content of `--token-file` (stripped, as the sidecar reads
+    its own), else $IMPALA_STATUS_TOKEN, else None (a job name then reads the job's Secret)."""
+    if token_file is None:
+        return os.environ.get("IMPALA_STATUS_TOKEN")
+    try:
+        token = token_file.read_text().strip()
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) else "not text"
+        raise CommandError(f"cannot read --token-file {token_file}: {why}") from None
+    if not token:
+        raise CommandError(f"--token-file {token_file} is empty")
+    return token
 
 
 def is_url(target: str) -> bool:
@@ -114,7 +140,8 @@ def job_token(name: str, namespace: str) -> tuple[str | None, str]:
     except ApiException as err:
         note = (
             f"\n  the status token is in Secret {namespace}/{secret_name}, which could not be "
-            f"read ({err.status} {err.reason}): pass --token, or ask for get on that Secret"
+            f"read ({err.status} {err.reason}): pass --token-file, or ask for get on that "
+            "Secret"
         )
         return None, note
     except Exception as err:  # urllib3 connection errors and the like
@@ -288,7 +315,8 @@ def fetch_status_via_api_server(url: str, token: str | None, timeout: float) -> 
         if err.status in (401, 503):
             hint = (
                 f"\n  or reach the sidecar yourself: `kubectl port-forward -n {namespace} "
-                f"svc/{service} {port}` and `impalajob status http://localhost:{port} --token ...`"
+                f"svc/{service} {port}` and `impalajob status http://localhost:{port} "
+                "--token-file ...`"
             )
         raise StatusCommandError(
             f"{url}/status (through the API server's Service proxy) answered {err.status}: "

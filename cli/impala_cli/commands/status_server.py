@@ -10,6 +10,7 @@ from pathlib import Path
 import uvicorn
 
 from impala_api.roles import STATUS_PORT
+from impala_cli.commands import LOG_LEVELS
 from impala_trainer.sidecar.app import create_app
 from impala_trainer.sidecar.settings import Settings
 
@@ -50,9 +51,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="log every request (off by default: probes would flood the log)",
     )
-    parser.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
-    )
+    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

@@ -90,14 +90,38 @@ def _standby_health(port: int) -> ThreadingHTTPServer:
     return server
 
 
-def serve(config: Settings, *, verbose: bool = False) -> None:
+LOG_LEVELS = {
+    "critical": logging.CRITICAL,
+    "error": logging.ERROR,
+    "warning": logging.WARNING,
+    "info": logging.INFO,
+    "debug": logging.DEBUG,
+}
+"""`--log-level`'s choices (the CLI's LOG_LEVELS) and the logging levels they set."""
+
+
+def configure_logging(log_level: str = "info") -> None:
+    """Logging for `impalajob operator --log-level LEVEL` (critical, error, warning, info, debug).
+
+    `debug` is kopf's verbose mode (its own and the Kubernetes client's lines) with every handler
+    run logged; `info` and above keep kopf's per-handler lines ("Handler ... succeeded", per job
+    per tick) out; the operator's own lines show at `info` and at `debug` alike.
+    """
+    if log_level not in LOG_LEVELS:
+        raise ValueError(f"unknown log level {log_level!r}")
+    level = LOG_LEVELS[log_level]
+    debug = level <= logging.DEBUG
+    kopf.configure(verbose=debug)
+    logging.getLogger().setLevel(level)
+    logging.getLogger("httpx").setLevel(max(level, logging.WARNING))
+    logging.getLogger("impala_operator").setLevel(max(level, logging.INFO))
+    kopf_objects = logging.getLogger("kopf.objects")
+    kopf_objects.setLevel(logging.NOTSET if debug else max(level, logging.WARNING))
+
+
+def serve(config: Settings, *, log_level: str = "info") -> None:
     """Run the operator until SIGINT/SIGTERM."""
-    kopf.configure(verbose=verbose)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("impala_operator").setLevel(logging.INFO)
-    if not verbose:
-        # kopf logs every handler run at INFO ("Handler ... succeeded"): per job per tick.
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    configure_logging(log_level)
     if config.kubeconfig:
         # kopf's own login (kubernetes-client based) reads $KUBECONFIG: one identity for both.
         os.environ["KUBECONFIG"] = config.kubeconfig

@@ -254,14 +254,15 @@ def test_node_deployments_join_the_learner_service() -> None:
     assert cmd == role_command(
         "rollout", job, learner_host="cartpole-learner.team-a.svc", node_ip=POD_IP
     )
-    assert "--address=cartpole-learner.team-a.svc:6379" in cmd and "--workers=3" in cmd
+    assert "--address=cartpole-learner.team-a.svc:6379" in cmd and "--workers-per-pod=3" in cmd
     assert "--node-ip-address=$(POD_IP)" in cmd
     # Each group's own grace: the rollouts' default, the aggregators' as set.
     assert rollout["terminationGracePeriodSeconds"] == 60
     aggregator = deps["cartpole-aggregator"]["spec"]["template"]["spec"]
     assert aggregator["terminationGracePeriodSeconds"] == 300
     agg = aggregator["containers"][0]["command"]
-    assert agg[:2] == ["impalajob", "aggregator-node"] and not any("--workers" in a for a in agg)
+    assert agg[:2] == ["impalajob", "aggregator-node"]
+    assert not any("--workers-per-pod" in a for a in agg)
 
 
 def test_replicas_follow_the_decision_and_suspend() -> None:
@@ -410,7 +411,7 @@ def test_rendered_commands_parse_with_the_role_entrypoints(role: str) -> None:
         assert args.address == "cartpole-learner.team-a.svc:6379"
         assert args.node_ip_address == "$(POD_IP)"
     if role == "rollout":
-        assert args.workers == 3
+        assert args.workers_per_pod == 3
     if role == "learner":
         assert str(args.file) == children.CONFIG_PATH and str(args.run_dir) == children.RUN_DIR
         assert args.resume is True
@@ -530,3 +531,27 @@ def test_network_policy_admits_the_status_port_only_from_labelled_pods() -> None
             "podSelector": access,
         },  # the operator's
     ]
+
+
+def test_rollout_nodes_take_workers_per_pod_from_the_spec_field() -> None:
+    """`--workers-per-pod` is named for `spec.rollouts.workersPerPod` (`--num-rollout-workers` of
+    `train` is the job's total): rendered by role_command, parsed by `impalajob rollout-node`."""
+    import argparse
+
+    from impala_cli.commands import nodes
+
+    job = _job()  # rollouts.workersPerPod: 3
+    cmd = role_command("rollout", job, learner_host="127.0.0.1")
+    assert [a for a in cmd if a.startswith("--workers")] == ["--workers-per-pod=3"]
+
+    def parse(*argv: str) -> argparse.Namespace:
+        parser = argparse.ArgumentParser(prog="impalajob rollout-node")
+        nodes.register(parser)
+        return parser.parse_args(list(argv))
+
+    assert parse(*cmd[2:]).workers_per_pod == 3
+    assert parse("--address", "127.0.0.1:6379", "--workers-per-pod", "4").workers_per_pod == 4
+    assert parse("--address", "127.0.0.1:6379").workers_per_pod == 1
+    # A pod an operator of the previous release rendered (`--workers=N`) still parses: argparse
+    # reads it as the unambiguous prefix of --workers-per-pod.
+    assert parse("--address", "127.0.0.1:6379", "--workers=2").workers_per_pod == 2

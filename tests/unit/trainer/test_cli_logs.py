@@ -1,20 +1,23 @@
-"""`impalajob logs`: which pods' logs it prints (the API calls are e2e-tested on the real node)."""
+"""`impalajob logs`: its flags, and which pods' logs it prints (the API calls are e2e-tested on
+the real node)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from impala_api import names
-from impala_cli.commands.logs import RESTART_LABEL, select_pods
+from impala_cli.commands.logs import select_pods
+from impala_cli.main import main
 
 
 def _pod(name: str, attempt: int | None = None) -> dict[str, Any]:
-    labels = {} if attempt is None else {RESTART_LABEL: str(attempt)}
+    labels = {} if attempt is None else {names.RESTART_KEY: str(attempt)}
     return {"metadata": {"name": name, "labels": labels}}
 
 
 def test_learner_logs_are_the_current_attempts_or_the_one_before() -> None:
-    assert RESTART_LABEL == names.RESTART_KEY  # the label the operator writes
     # Attempt 10 sorts after 9 by number, not by name.
     pods = [_pod("j-learner-9", 9), _pod("j-learner-10", 10), _pod("j-learner-8", 8)]
     assert [p["metadata"]["name"] for p in select_pods(pods, "learner", False)] == [
@@ -30,3 +33,27 @@ def test_group_logs_are_every_pod_by_name() -> None:
         "j-rollout-a",
         "j-rollout-b",
     ]
+
+
+@pytest.mark.parametrize("argv", [["cartpole", "-f"], ["-f", "cartpole"], ["cartpole", "-f", "x"]])
+def test_kubectl_follow_short_form_is_a_usage_error(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`-f` is `--file` in every impalajob command: the `kubectl logs -f` habit is told to write
+    --follow (exit 2, argparse's format), before any cluster is looked for."""
+    with pytest.raises(SystemExit) as exc:
+        main(["logs", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "impalajob logs: error: -f is --file in every impalajob command; use --follow" in err
+    assert "[-f" not in err  # hidden from the usage line
+
+
+def test_follow_has_no_short_form_but_parses_long(monkeypatch: pytest.MonkeyPatch) -> None:
+    from impala_cli.commands import logs
+
+    seen: list[bool] = []
+    monkeypatch.setattr(logs, "run", lambda args: seen.append(args.follow) or 0)
+    assert main(["logs", "cartpole", "--follow", "--role", "rollout"]) == 0
+    assert main(["logs", "cartpole"]) == 0
+    assert seen == [True, False]

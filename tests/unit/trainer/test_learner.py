@@ -10,6 +10,7 @@ import torch
 
 from impala_trainer.batches import TrainBatch
 from impala_trainer.learning.learner import Learner
+from tests.support.jobs import make_spec
 from tests.support.learner import learner_spec, make_batch, one_torch_thread
 
 STAT_KEYS = {
@@ -27,6 +28,7 @@ STAT_KEYS = {
 
 @pytest.fixture(autouse=True)
 def single_torch_thread() -> Iterator[None]:
+    """Tiny tensors: intra-op threads only add contention on a shared machine."""
     with one_torch_thread():
         yield
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -16,7 +16,14 @@ from impala_trainer.learning.minibatch_buffer import MinibatchBuffer
 from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
 from impala_trainer.learning.threads import make_learner_thread
 from tests.support.jobs import make_job
-from tests.unit.trainer.test_learner import learner_spec, make_batch, single_torch_thread  # noqa: F401
+from tests.support.learner import learner_spec, make_batch, one_torch_thread
+
+
+@pytest.fixture(autouse=True)
+def single_torch_thread() -> Iterator[None]:
+    """Tiny tensors: intra-op threads only add contention on a shared machine."""
+    with one_torch_thread():
+        yield
 
 
 class CountingLearner:

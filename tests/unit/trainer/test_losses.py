@@ -3,7 +3,10 @@ optimiser's gradients."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
+import pytest
 import torch
 
 from impala_api.spec import ModelSpec
@@ -17,9 +20,16 @@ from impala_trainer.learning.losses import (
     impala_loss,
 )
 from impala_trainer.learning.models import build_model
-from tests.unit.trainer.test_learner import make_batch, single_torch_thread  # noqa: F401
+from tests.support.learner import make_batch, one_torch_thread
 
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def single_torch_thread() -> Iterator[None]:
+    """Tiny tensors: intra-op threads only add contention on a shared machine."""
+    with one_torch_thread():
+        yield
 
 
 def coeffs(vf: float = 0.5, ent: float = 0.01, gamma: float = 0.99) -> LossCoefficients:

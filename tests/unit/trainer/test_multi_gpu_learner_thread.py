@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -10,7 +11,14 @@ import torch
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.learning.learner import Learner, MultiDeviceLearner
 from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
-from tests.unit.trainer.test_learner import learner_spec, make_batch, single_torch_thread  # noqa: F401
+from tests.support.learner import learner_spec, make_batch, one_torch_thread
+
+
+@pytest.fixture(autouse=True)
+def single_torch_thread() -> Iterator[None]:
+    """Tiny tensors: intra-op threads only add contention on a shared machine."""
+    with one_torch_thread():
+        yield
 
 
 def fake_spec(devices: int, **training: Any) -> ImpalaJobSpec:

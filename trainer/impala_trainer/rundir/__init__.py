@@ -1,2 +1,3 @@
-"""The run directory: its files typed (`snapshot`), written (`writer`, `checkpoint`), read back
-robustly (`reader`), and the driver's counters that fill them (`stats`)."""
+"""The run directory: its files written (`writer`, `checkpoint`, `tensorboard`), read back
+robustly (`reader`), mirrored to S3 (`remote`), and the driver's counters that fill them (`stats`).
+The files' types are the API's (`impala_api.snapshot`)."""

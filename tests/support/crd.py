@@ -1,0 +1,19 @@
+"""The ImpalaJob CRD on a test cluster: `install_crd`, for every e2e module that needs the CRD.
+
+Imports `cluster` (the harness under tests/cluster/), which tests/e2e/conftest.py puts on the path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cluster import Kube
+
+CRD = Path(__file__).resolve().parents[2] / "manifests" / "crd.yaml"
+"""manifests/crd.yaml: the CRD both install paths apply."""
+
+
+def install_crd(kube: Kube) -> None:
+    """Apply the CRD and wait until the API server serves it (idempotent; other modules too)."""
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    kube.wait_crd_established("impalajobs.impala.dev")
