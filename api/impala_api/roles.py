@@ -27,7 +27,7 @@ ROLES: tuple[Role, ...] = ("learner", "rollout", "aggregator", "status")
 STATUS_PORT = 8080
 """Port of the status sidecar (`/status`, `/metrics`, `/healthz`, `/readyz`)."""
 
-# Role -> `impalajob` subcommand (cli.COMMANDS).
+# Role -> `impalajob` subcommand (impala_cli.main.COMMANDS).
 SUBCOMMAND: dict[Role, str] = {
     "learner": "learner",
     "rollout": "rollout-node",

@@ -1,7 +1,7 @@
 """One module per `impalajob` subcommand, each with `register(parser)` and `run(args) -> int`.
 
 Every command reports a failure the same way, `impalajob CMD: error: ...` on stderr (argparse's
-own format), by raising `CommandError`; `cli.main` prints it and exits with its code. The
+own format), by raising `CommandError`; `impala_cli.main` prints it and exits with its code. The
 vocabulary is shared too: `-f/--file` a manifest (and nothing else: `logs` streams with
 `--follow`, which has no short form), `--set` an override, `--run-dir` the run directory,
 `--resume` "continue from its newest checkpoint when there is one", `--token-file` a file holding

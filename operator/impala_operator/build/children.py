@@ -1,7 +1,7 @@
 """Pure builders: an ImpalaJob (plus what the operator decided) -> its child manifests as dicts.
 
-Nothing here talks to the API server; `kube.py` does. Every child carries an ownerReference to
-the job (controller, blockOwnerDeletion: deletion is garbage collection), the
+Nothing here talks to the API server; `runtime/kube.py` does. Every child carries an
+ownerReference to the job (controller, blockOwnerDeletion: deletion is garbage collection), the
 `app.kubernetes.io/*` labels plus the job's own labels, and a name of at most 63 characters.
 
 The learner is a bare Pod with `restartPolicy: Never`, not a StatefulSet of one: the operator
