@@ -70,6 +70,7 @@ from impala_api.spec.replicas import (
 )
 from impala_api.spec.training import (
     DEFAULTS_APART_FROM_RLLIB,
+    IMPORT_PATH_PATTERN,
     NO_STOP_CRITERION,
     RENAMED_RLLIB,
     EnvSpec,
@@ -77,12 +78,14 @@ from impala_api.spec.training import (
     OptimizerSpec,
     StopSpec,
     TrainingSpec,
+    WrapperSpec,
 )
 
 __all__ = [
     "API_GROUP",
     "API_VERSION",
     "DEFAULTS_APART_FROM_RLLIB",
+    "IMPORT_PATH_PATTERN",
     "KIND",
     "MAX_NAME_LENGTH",
     "MAX_SCHEDULE_POINTS",
@@ -127,5 +130,6 @@ __all__ = [
     "TrainingSpec",
     "Volume",
     "VolumeMount",
+    "WrapperSpec",
     "check_schedule",
 ]

@@ -48,11 +48,34 @@ DEFAULTS_APART_FROM_RLLIB: dict[str, tuple[object, str]] = {
 tests/unit/trainer/test_spec.py compares every default with RLlib's."""
 
 
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+IMPORT_PATH_PATTERN = rf"^{_NAME}(\.{_NAME})*[:.]{_NAME}$"
+"""`package.module:Name` (or `package.module.Name`): something of the user's to import."""
+
+
+class WrapperSpec(SpecModel):
+    """One of your gymnasium wrappers, applied to every sub-env in list order."""
+
+    import_path: str = Field(alias="import", pattern=IMPORT_PATH_PATTERN)
+    """Import path of a gymnasium.Wrapper subclass (or any callable env -> env), e.g.
+    `mygrid.wrappers:TimeLimitPenalty`. Its package must be installed wherever the env is made:
+    the image of a cluster job, the machine of `impalajob train`."""
+
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments passed to it after the env."""
+
+
 class EnvSpec(SpecModel):
     """The environment every rollout worker steps."""
 
     id: str = Field(default="CartPole-v1", min_length=1)
-    """Gymnasium environment id, e.g. CartPole-v1 or ALE/Pong-v5 (Atari ROMs ship in ale-py)."""
+    """Gymnasium environment id: a registered one (CartPole-v1, ALE/Pong-v5: Atari ROMs ship in
+    ale-py), or gymnasium's `module:Env-vN`, whose module is imported (and registers the id)
+    wherever the env is made: `impalajob validate`, the driver and every rollout worker."""
+
+    wrappers: list[WrapperSpec] = Field(default_factory=list, max_length=16)
+    """Your own wrappers around each sub-env, innermost first, applied to the env gymnasium
+    makes (before the Atari preprocessing of `ALE/` ids)."""
 
     num_envs_per_worker: int = Field(default=16, ge=1, le=4096)
     """Environments each rollout worker steps as one vector env with batched inference (RLlib's
@@ -72,8 +95,18 @@ class EnvSpec(SpecModel):
     reported episode returns stay unclipped. Default: on for ALE/ environments, off otherwise."""
 
     @property
+    def module(self) -> str | None:
+        """The module `id` names to import first (`module:Env-vN`), or None."""
+        return self.id.split(":", 1)[0] if ":" in self.id else None
+
+    @property
+    def registered_id(self) -> str:
+        """The id as gymnasium's registry knows it (`id` without its `module:` part)."""
+        return self.id.split(":", 1)[1] if ":" in self.id else self.id
+
+    @property
     def is_atari(self) -> bool:
-        return self.id.startswith("ALE/")
+        return self.registered_id.startswith("ALE/")
 
     @property
     def clips_rewards(self) -> bool:

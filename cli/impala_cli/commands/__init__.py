@@ -103,11 +103,12 @@ def load_job(args: argparse.Namespace) -> ImpalaJob:
         job = load_manifest(args.file, args.set)
     except ManifestError as err:
         raise CommandError(str(err)) from None
-    from impala_trainer.rollouts.envs import env_id_problem
+    from impala_trainer.rollouts.envs import env_problem
 
-    problem = env_id_problem(job.spec.env)
+    problem = env_problem(job.spec.env)
     if problem is not None:
-        raise CommandError(str(ManifestError(str(args.file), [f"spec.env.id: {problem}"])))
+        field, why = problem
+        raise CommandError(str(ManifestError(str(args.file), [f"spec.env.{field}: {why}"])))
     return job
 
 

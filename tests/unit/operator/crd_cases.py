@@ -89,6 +89,18 @@ INVALID: list[Invalid] = [
     Invalid("gamma-above-one", "schema", {"training": {"gamma": 1.5}}, "spec.training.gamma"),
     Invalid("no-envs", "schema", {"env": {"numEnvsPerWorker": 0}}, "spec.env.numEnvsPerWorker"),
     Invalid(
+        "wrapper-not-an-import-path",
+        "schema",
+        {"env": {"wrappers": [{"import": "my grid/wrappers.py"}]}},
+        "spec.env.wrappers[0].import",
+    ),
+    Invalid(
+        "wrapper-unknown-field",
+        "unknown",
+        {"env": {"wrappers": [{"import": "mygrid:Wrap", "args": [1]}]}},
+        "spec.env.wrappers[0].args",
+    ),
+    Invalid(
         "batch-zero", "schema", {"training": {"trainBatchSize": 0}}, "spec.training.trainBatchSize"
     ),
     Invalid("hidden-empty", "schema", {"model": {"hidden": []}}, "spec.model.hidden"),
@@ -285,7 +297,14 @@ VALID: dict[str, dict[str, Any]] = {
         {
             "spec": {
                 "image": "registry.example/impalajob:1.2.3",
-                "env": {"kwargs": {"max_episode_steps": 200, "render_mode": None}},
+                "env": {
+                    "id": "mygrid:Corridor-v0",
+                    "kwargs": {"max_episode_steps": 200, "render_mode": None},
+                    "wrappers": [
+                        {"import": "mygrid.wrappers:TimePenalty", "kwargs": {"cost": 0.01}},
+                        {"import": "mygrid.wrappers.Flatten"},
+                    ],
+                },
                 "training": {
                     "lrSchedule": [[0, 0.001], [100000, 0.0001]],
                     "entropyCoeffSchedule": [[0, 0.01], [50000, 0.001]],

@@ -8,7 +8,7 @@ from gymnasium.vector import AutoresetMode
 
 from impala_api.spec import EnvSpec
 from impala_trainer.rollouts.envs import (
-    env_id_problem,
+    env_problem,
     env_spaces,
     final_observations,
     make_vector_env,
@@ -120,8 +120,8 @@ def test_atari_preprocessing_and_frame_stack() -> None:
     env.close()
 
 
-def test_env_id_problem_names_unknown_ids() -> None:
-    assert env_id_problem(EnvSpec(id="CartPole-v1")) is None
-    assert env_id_problem(EnvSpec(id="ALE/Pong-v5")) is None
-    problem = env_id_problem(EnvSpec(id="NoSuchEnv-v0"))
-    assert problem is not None and "NoSuchEnv" in problem
+def test_env_problem_names_unknown_ids() -> None:
+    assert env_problem(EnvSpec(id="CartPole-v1")) is None
+    assert env_problem(EnvSpec(id="ALE/Pong-v5")) is None
+    problem = env_problem(EnvSpec(id="NoSuchEnv-v0"))
+    assert problem is not None and problem[0] == "id" and "NoSuchEnv" in problem[1]
