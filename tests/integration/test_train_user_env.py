@@ -1,5 +1,6 @@
 """A user's own environment trains for real: `impalajob train` on `module:Env-vN` with a wrapper
-of theirs, their package on PYTHONPATH only (the driver and every Ray rollout worker import it)."""
+of theirs and a Dict observation (flattened), their package on PYTHONPATH only (the driver and
+every Ray rollout worker import it)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def test_a_module_env_with_a_wrapper_trains_to_its_best_return(tmp_path: Path) -
     # Corridor's best return is 0.95 (six cells, 0.01 a step); the wrapper doubles every reward,
     # so 1.8 is reached only by the wrapped env, and only once the policy walks straight on.
     env = {
-        "id": "tests.support.corridor:Corridor-v0",
+        "id": "tests.support.corridor:DictCorridor-v0",
         "numEnvsPerWorker": 8,
         "wrappers": [{"import": "tests.support.corridor:RewardScale", "kwargs": {"scale": 2.0}}],
     }

@@ -47,6 +47,33 @@ class RewardScale(gym.RewardWrapper):  # type: ignore[misc]
         return reward * self.scale
 
 
+class DictCorridor(Corridor):
+    """The same corridor observed as a Dict: the cell index (Discrete) and the distance left."""
+
+    def __init__(self, length: int = 6) -> None:
+        super().__init__(length)
+        self.observation_space = gym.spaces.Dict(
+            {
+                "cell": gym.spaces.Discrete(length),
+                "left": gym.spaces.Box(0.0, 1.0, (1,), np.float32),
+            }
+        )
+
+    def _obs(self) -> dict[str, Any]:  # type: ignore[override]
+        left = (self.length - 1 - self.position) / (self.length - 1)
+        return {"cell": self.position, "left": np.array([left], np.float32)}
+
+
+class SlidingCorridor(Corridor):
+    """A corridor with a continuous push: an action space the trainer does not take yet."""
+
+    def __init__(self, length: int = 6) -> None:
+        super().__init__(length)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+
 NotAWrapper = 42
 
 gym.register("Corridor-v0", entry_point=Corridor, max_episode_steps=50)
+gym.register("DictCorridor-v0", entry_point=DictCorridor, max_episode_steps=50)
+gym.register("SlidingCorridor-v0", entry_point=SlidingCorridor, max_episode_steps=50)

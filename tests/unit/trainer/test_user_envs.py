@@ -64,8 +64,22 @@ def test_a_module_id_and_wrappers_validate(tmp_path: Path) -> None:
             "spec.env.wrappers[0].import",
             "is not a class or callable",
         ),
+        (
+            {"id": "tests.support.corridor:SlidingCorridor-v0"},
+            "spec.env.id",
+            "action space Box(-1.0, 1.0, (1,), float32) is not supported yet",
+        ),
+        ({"id": "Pendulum-v1"}, "spec.env.id", "only Discrete actions are"),
     ],
-    ids=["module", "version", "wrapper-module", "wrapper-name", "wrapper-not-callable"],
+    ids=[
+        "module",
+        "version",
+        "wrapper-module",
+        "wrapper-name",
+        "wrapper-not-callable",
+        "box-actions",
+        "box-actions-registered",
+    ],
 )
 def test_what_cannot_be_imported_is_refused_naming_the_field(
     tmp_path: Path, env: dict[str, Any], field: str, says: str
@@ -107,3 +121,27 @@ def test_wrappers_wrap_each_sub_env_in_order() -> None:
         assert (inner.scale, inner.env.scale) == (2.0, 3.0)  # the first listed is innermost
     finally:
         vec.close()
+
+
+def test_dict_and_discrete_observations_are_flattened_as_rllibs_preprocessor_does() -> None:
+    env = EnvSpec.model_validate({"id": "tests.support.corridor:DictCorridor-v0"})
+    vec = make_vector_env(env, 2, seed=0)
+    try:
+        obs, _ = vec.reset(seed=0)
+        # Dict parts in key order: `cell` one-hot over 6 cells, then `left`.
+        np.testing.assert_array_equal(obs[0], [1, 0, 0, 0, 0, 0, 1])
+        obs, *_ = vec.step(np.array([1, 1]))
+        np.testing.assert_allclose(obs[0], [0, 1, 0, 0, 0, 0, 0.8], rtol=1e-6)
+        assert vec.single_observation_space.shape == (7,)
+    finally:
+        vec.close()
+
+
+def test_an_unsupported_observation_space_is_named() -> None:
+    import gymnasium as gym
+
+    from impala_trainer.rollouts.envs import UnsupportedSpaceError, check_spaces
+
+    with pytest.raises(UnsupportedSpaceError, match="observation space Text"):
+        check_spaces(gym.spaces.Dict({"note": gym.spaces.Text(8)}), gym.spaces.Discrete(2))
+    check_spaces(gym.spaces.Tuple((gym.spaces.MultiBinary(3),)), gym.spaces.Discrete(2))

@@ -94,11 +94,57 @@ class SameStepCartPole(VectorWrapper):  # type: ignore[misc]  # gymnasium is unt
         return obs, rewards, terminated, truncated, infos
 
 
+class UnsupportedSpaceError(ValueError):
+    """The env's observation or action space is one the trainer cannot (yet) learn from."""
+
+
+# Observation spaces the trainer flattens into one float vector, as RLlib's default preprocessor
+# does: Discrete one-hot, MultiDiscrete/MultiBinary as their one-hots/bits, Dict/Tuple their
+# parts flattened and concatenated (gymnasium's `flatten_space`, Dict keys in their order).
+FLATTENED = (
+    gym.spaces.Discrete
+    | gym.spaces.MultiDiscrete
+    | gym.spaces.MultiBinary
+    | gym.spaces.Dict
+    | gym.spaces.Tuple
+)
+
+
+def check_spaces(observation: gym.Space[Any], action: gym.Space[Any]) -> None:
+    """Raise UnsupportedSpaceError naming the space the trainer cannot take."""
+    if not isinstance(action, gym.spaces.Discrete):
+        raise UnsupportedSpaceError(
+            f"action space {action} is not supported yet: only Discrete actions are "
+            "(MultiDiscrete and Box are issue 21's next step)"
+        )
+    _check_observation(observation)
+
+
+def _check_observation(space: gym.Space[Any]) -> None:
+    if isinstance(space, gym.spaces.Dict):
+        parts = list(space.spaces.values())
+    elif isinstance(space, gym.spaces.Tuple):
+        parts = list(space.spaces)
+    elif isinstance(space, gym.spaces.Box | FLATTENED):
+        return
+    else:
+        raise UnsupportedSpaceError(
+            f"observation space {space} is not supported: observations must be Box, "
+            "Discrete, MultiDiscrete, MultiBinary, or a Dict/Tuple of them"
+        )
+    for part in parts:
+        _check_observation(part)
+
+
 def _made(env: EnvSpec, wrappers: list[Any], **kwargs: Any) -> gym.Env:
-    """gymnasium's env for `env.id`, inside the job's own wrappers (innermost first)."""
+    """gymnasium's env for `env.id`, inside the job's own wrappers (innermost first), its
+    observations flattened to one vector unless they are a Box already."""
     made = gym.make(env.id, **kwargs)
     for wrap in wrappers:
         made = wrap(made)
+    check_spaces(made.observation_space, made.action_space)
+    if isinstance(made.observation_space, FLATTENED):
+        made = gym.wrappers.FlattenObservation(made)
     return made
 
 
@@ -187,9 +233,11 @@ def env_problem(env: EnvSpec) -> tuple[str, str] | None:
 
             gym.register_envs(ale_py)
         gym.spec(env.registered_id)
+        if not env.is_atari:  # ALE's spaces are known; making one costs a ROM load
+            _single_thunk(env, wrapper_factories(env))().close()
     except UserCodeError as err:
         return err.field, str(err)
-    except (gym.error.Error, ImportError) as err:
+    except (gym.error.Error, ImportError, UnsupportedSpaceError) as err:
         return "id", str(err)
     return None
 
@@ -205,8 +253,7 @@ def env_spaces(env: EnvSpec) -> tuple[tuple[int, ...], int]:
     vec = make_vector_env(env, 1, seed=0)
     try:
         space = vec.single_action_space
-        if not isinstance(space, gym.spaces.Discrete):
-            raise ValueError(f"{env.id}: only Discrete action spaces are supported, got {space}")
+        check_spaces(vec.single_observation_space, space)
         shape = vec.single_observation_space.shape
         assert shape is not None
         return tuple(shape), int(space.n)
