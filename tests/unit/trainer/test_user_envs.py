@@ -70,6 +70,11 @@ def test_a_module_id_and_wrappers_validate(tmp_path: Path) -> None:
             "action space Box(-1.0, 1.0, (1,), float32) is not supported yet",
         ),
         ({"id": "Pendulum-v1"}, "spec.env.id", "only Discrete actions are"),
+        (
+            {"id": CORRIDOR, "kwargs": {"lenght": 4}},
+            "spec.env.kwargs",
+            "making tests.support.corridor:Corridor-v0 failed: TypeError",
+        ),
     ],
     ids=[
         "module",
@@ -79,6 +84,7 @@ def test_a_module_id_and_wrappers_validate(tmp_path: Path) -> None:
         "wrapper-not-callable",
         "box-actions",
         "box-actions-registered",
+        "bad-kwargs",
     ],
 )
 def test_what_cannot_be_imported_is_refused_naming_the_field(
@@ -129,6 +135,7 @@ def test_dict_and_discrete_observations_are_flattened_as_rllibs_preprocessor_doe
     try:
         obs, _ = vec.reset(seed=0)
         # Dict parts in key order: `cell` one-hot over 6 cells, then `left`.
+        assert obs.dtype == np.float32  # not gymnasium's float64 for mixed parts
         np.testing.assert_array_equal(obs[0], [1, 0, 0, 0, 0, 0, 1])
         obs, *_ = vec.step(np.array([1, 1]))
         np.testing.assert_allclose(obs[0], [0, 1, 0, 0, 0, 0, 0.8], rtol=1e-6)

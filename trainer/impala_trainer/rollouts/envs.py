@@ -144,7 +144,12 @@ def _made(env: EnvSpec, wrappers: list[Any], **kwargs: Any) -> gym.Env:
         made = wrap(made)
     check_spaces(made.observation_space, made.action_space)
     if isinstance(made.observation_space, FLATTENED):
+        # float32, as a Box of the model's own: gymnasium's flattening widens mixed parts
+        # (one-hots are int64) to float64, twice the bytes every fragment ships.
         made = gym.wrappers.FlattenObservation(made)
+        flat = made.observation_space
+        space = gym.spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32))
+        made = gym.wrappers.TransformObservation(made, lambda o: o.astype(np.float32), space)
     return made
 
 
@@ -233,12 +238,19 @@ def env_problem(env: EnvSpec) -> tuple[str, str] | None:
 
             gym.register_envs(ale_py)
         gym.spec(env.registered_id)
-        if not env.is_atari:  # ALE's spaces are known; making one costs a ROM load
-            _single_thunk(env, wrapper_factories(env))().close()
     except UserCodeError as err:
         return err.field, str(err)
-    except (gym.error.Error, ImportError, UnsupportedSpaceError) as err:
+    except (gym.error.Error, ImportError) as err:
         return "id", str(err)
+    if env.is_atari:  # ALE's spaces are known; making one costs a ROM load
+        return None
+    try:
+        _single_thunk(env, wrapper_factories(env))().close()
+    except UnsupportedSpaceError as err:
+        return "id", str(err)
+    except Exception as err:  # the user's env or wrapper may raise anything while it is made
+        where = "kwargs" if env.kwargs else "id"
+        return where, f"making {env.id} failed: {type(err).__name__}: {err}"
     return None
 
 
