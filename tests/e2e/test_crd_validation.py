@@ -72,7 +72,9 @@ def test_cli_refuses_with_the_api_servers_message(tmp_path: Path, case: Invalid)
 
 def _clean(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items() if v is not None}
+        # Unset inside list items too: the API server defaults no field of an array's items
+        # (a wrapper's `kwargs: {}` is the model's default, and absent on the server).
+        return {k: _clean(v) for k, v in value.items() if v is not None and v != {} and v != []}
     if isinstance(value, list):
         return [_clean(v) for v in value]
     return value
@@ -80,7 +82,7 @@ def _clean(value: Any) -> Any:
 
 def _leaves(value: Any, path: str = "") -> dict[str, Any]:
     """Non-empty leaves of a nested dict by dotted path (None/{}/[] are "unset"; lists are
-    leaves, with None fields inside their items dropped)."""
+    leaves, with unset fields inside their items dropped)."""
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for k, v in value.items():
