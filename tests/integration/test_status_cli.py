@@ -8,6 +8,7 @@ paths are exercised without a cluster.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import os
@@ -134,8 +135,11 @@ def test_token_flag_and_env(
     assert cli(url, "--token-file", str(good), env={"IMPALA_STATUS_TOKEN": "nope"}).returncode == 0
 
 
-def test_token_file_problems_and_token_on_argv_are_usage_errors(
-    cli_inproc: Cli, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_token_file_problems_are_usage_errors_and_a_token_on_argv_still_works(
+    cli_inproc: Cli,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     missing = cli_inproc("http://127.0.0.1:9", "--token-file", str(tmp_path / "absent"))
     assert missing.returncode == 2
@@ -143,14 +147,17 @@ def test_token_file_problems_and_token_on_argv_are_usage_errors(
     (tmp_path / "empty").write_text("\n")
     empty = cli_inproc("http://127.0.0.1:9", "--token-file", str(tmp_path / "empty"))
     assert empty.returncode == 2 and "is empty" in empty.stderr
-    # A token on argv is visible in `ps`: refused, whatever its form (and never read as a path
-    # by argparse's prefix matching of --token-file).
+    # A token on argv (earlier releases' --token) still works, whatever its form (and is never
+    # read as a path by argparse's prefix matching of --token-file), with a warning: `ps` shows it.
+    from impala_cli.commands import status
+
+    parsed: list[argparse.Namespace] = []
+    monkeypatch.setattr(status, "run", lambda a: parsed.append(a) or 0)
     for argv in (["--token", "secret"], ["--token=secret"]):
-        with pytest.raises(SystemExit) as exc:
-            main(["status", "http://127.0.0.1:9", *argv])
-        assert exc.value.code == 2
+        assert main(["status", "http://127.0.0.1:9", *argv]) == 0
+        assert parsed[-1].token == "secret" and parsed[-1].token_file is None
         err = capsys.readouterr().err
-        assert "impalajob status: error: a token on the command line is visible in ps" in err
+        assert "impalajob status: warning: --token is deprecated: a token on the command" in err
         assert "--token-file PATH" in err
 
 

@@ -179,3 +179,22 @@ def test_the_architecture_doc_lists_every_room() -> None:
             f"docs/architecture.md lists {sorted(listed - rooms)} that {package} lacks and "
             f"misses {sorted(rooms - listed)}"
         )
+
+
+def test_the_old_job_module_paths_still_import_with_a_deprecation_warning() -> None:
+    import importlib
+    import sys
+
+    import impala_api.manifest
+    import impala_api.roles
+    import impala_api.spec
+
+    for name in [n for n in sys.modules if n.startswith("impala_trainer.job")]:
+        del sys.modules[name]
+    with pytest.warns(DeprecationWarning, match="import impala_api"):
+        old_spec = importlib.import_module("impala_trainer.job.spec")
+    assert old_spec is impala_api.spec and old_spec.ImpalaJob is impala_api.spec.ImpalaJob
+    assert importlib.import_module("impala_trainer.job.manifest") is impala_api.manifest
+    assert importlib.import_module("impala_trainer.job.roles").role_command is (
+        impala_api.roles.role_command
+    )

@@ -14,6 +14,7 @@ its port (`--gcs-port`, `--status-port`, `--node-manager-port`, ...).
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,14 +56,14 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 """The choices of every `--log-level` flag (`status-server`, `operator`)."""
 
 
-class _Refused(argparse.Action):
-    """A flag that is a usage error: parsing it exits 2 with the action's message."""
+class _Deprecated(argparse.Action):
+    """A flag of an earlier release: still does what it did, with a warning naming its successor."""
 
     def __init__(
         self, option_strings: Sequence[str], dest: str, message: str, **kwargs: Any
     ) -> None:
-        # nargs="?": `--token X` and `--token=X` reach the message too, not another error.
-        super().__init__(option_strings, dest, nargs="?", default=argparse.SUPPRESS, **kwargs)
+        # SUPPRESS: the successor flag (same dest) owns the default.
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, **kwargs)
         self.message = message
 
     def __call__(
@@ -72,14 +73,21 @@ class _Refused(argparse.Action):
         values: object,
         option_string: str | None = None,
     ) -> None:
-        parser.error(self.message)
+        print(f"{parser.prog}: warning: {option_string} is deprecated: {self.message}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 
 
-def add_refused_option(parser: argparse.ArgumentParser, *flags: str, message: str) -> None:
-    """A hidden flag that another tool spells differently (`kubectl logs -f`) or that this CLI
-    no longer takes: using it is a usage error (exit 2) saying what to write instead, rather than
-    argparse's "unrecognized arguments" or, worse, a prefix match with another flag."""
-    parser.add_argument(*flags, action=_Refused, message=message, help=argparse.SUPPRESS)
+def add_deprecated_option(
+    parser: argparse.ArgumentParser, *flags: str, dest: str, message: str, **kwargs: Any
+) -> None:
+    """A hidden flag of an earlier release that still works, into `dest` (its successor's), with a
+    warning on stderr saying what to write instead. `const=...` makes it a switch."""
+    if "const" in kwargs:
+        kwargs["nargs"] = 0
+    parser.add_argument(
+        *flags, dest=dest, action=_Deprecated, message=message, help=argparse.SUPPRESS, **kwargs
+    )
 
 
 def add_resume_argument(parser: argparse.ArgumentParser) -> None:

@@ -26,13 +26,14 @@ import httpx
 
 from impala_api.roles import STATUS_PORT
 from impala_api.spec import API_GROUP, API_VERSION, PLURAL
-from impala_cli.commands import EXIT_FAILED, CommandError, add_refused_option
+from impala_cli.commands import EXIT_FAILED, CommandError, add_deprecated_option
 from impala_cli.commands.cluster import NoClusterError, connect
 from impala_trainer.sidecar.models import StatusResponse
 
 TOKEN_ON_ARGV = (
     "a token on the command line is visible in ps: use --token-file PATH or $IMPALA_STATUS_TOKEN"
 )
+"""Said when `--token` (the flag of earlier releases) is used: it still works."""
 
 
 class StatusCommandError(Exception):
@@ -49,7 +50,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="send the bearer token in this file (or set IMPALA_STATUS_TOKEN; default for a job "
         "name: its Secret)",
     )
-    add_refused_option(parser, "--token", message=TOKEN_ON_ARGV)
+    add_deprecated_option(parser, "--token", dest="token", message=TOKEN_ON_ARGV)
     parser.add_argument(
         "-n",
         "--namespace",
@@ -60,7 +61,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    token = given_token(args.token_file)
+    token = getattr(args, "token", None) or given_token(args.token_file)
     try:
         if is_url(args.target):
             data = fetch_status(base_url(args.target), token, args.timeout)

@@ -35,18 +35,21 @@ def test_group_logs_are_every_pod_by_name() -> None:
     ]
 
 
-@pytest.mark.parametrize("argv", [["cartpole", "-f"], ["-f", "cartpole"], ["cartpole", "-f", "x"]])
-def test_kubectl_follow_short_form_is_a_usage_error(
-    argv: list[str], capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("argv", [["cartpole", "-f"], ["-f", "cartpole"]])
+def test_the_old_follow_short_form_still_follows_with_a_warning(
+    argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`-f` is `--file` in every impalajob command: the `kubectl logs -f` habit is told to write
-    --follow (exit 2, argparse's format), before any cluster is looked for."""
-    with pytest.raises(SystemExit) as exc:
-        main(["logs", *argv])
-    assert exc.value.code == 2
+    """`-f` is `--file` in every other impalajob command: the `kubectl logs -f` habit (and this
+    command's earlier releases) still follows, and is told to write --follow."""
+    from impala_cli.commands import logs
+
+    seen: list[bool] = []
+    monkeypatch.setattr(logs, "run", lambda args: seen.append(args.follow) or 0)
+    assert main(["logs", *argv]) == 0
+    assert seen == [True]
     err = capsys.readouterr().err
-    assert "impalajob logs: error: -f is --file in every impalajob command; use --follow" in err
-    assert "[-f" not in err  # hidden from the usage line
+    assert "impalajob logs: warning: -f is deprecated: -f is --file in every other" in err
+    assert "use --follow" in err
 
 
 def test_follow_has_no_short_form_but_parses_long(monkeypatch: pytest.MonkeyPatch) -> None:
