@@ -11,6 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from impala_api.spec import (
+    CUSTOM_MODEL_IMPORT,
+    CUSTOM_MODEL_LSTM,
+    MAX_SEQ_LEN_DIVIDES,
     MOUNT_NAMES_VOLUME_MESSAGE,
     NO_STOP_CRITERION,
     ONE_VOLUME_SOURCE_MESSAGE,
@@ -143,6 +146,14 @@ def _pod_overrides(group: str) -> dict[tuple[str, ...], list[Rule]]:
 
 
 RULES: dict[tuple[str, ...], list[Rule]] = {
+    (): [
+        _rule(
+            "!has(self.model.maxSeqLen) || "
+            "self.training.rolloutFragmentLength % self.model.maxSeqLen == 0",
+            MAX_SEQ_LEN_DIVIDES,
+            ".model.maxSeqLen",
+        )
+    ],
     ("stop",): [
         _rule(
             "has(self.timesteps) || has(self.episodeReturnMean) || has(self.timeLimitSeconds)",
@@ -150,7 +161,11 @@ RULES: dict[tuple[str, ...], list[Rule]] = {
         )
     ],
     ("env",): _immutable("env", "environment"),
-    ("model",): _immutable("model", "network"),
+    ("model",): [
+        *_immutable("model", "network"),
+        _rule("(self.type == 'custom') == has(self.import)", CUSTOM_MODEL_IMPORT, ".import"),
+        _rule("self.type != 'custom' || !self.useLstm", CUSTOM_MODEL_LSTM, ".useLstm"),
+    ],
     ("training",): [
         _rule(
             "self.replayBatchesPerFresh == 0.0 || self.replayBufferBatches >= 1",

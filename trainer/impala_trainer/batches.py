@@ -20,9 +20,10 @@ class Fragment:
     obs: np.ndarray
     """[T, B, *obs_shape] observation each action was taken in."""
     actions: np.ndarray
-    """[T, B] int64 actions."""
+    """[T, B, *action_shape] actions: int64 for the discrete spaces, float32 for Box (the
+    sampled, unclipped action; the env got it clipped)."""
     behaviour_logits: np.ndarray
-    """[T, B, A] float32 logits of the policy that acted."""
+    """[T, B, D] float32 distribution inputs of the policy that acted (logits for Discrete)."""
     rewards: np.ndarray
     """[T, B] float32 rewards."""
     terminateds: np.ndarray
@@ -40,6 +41,9 @@ class Fragment:
     """[B, *obs_shape] observation after the last step (the learner bootstraps from its value)."""
     policy_version: int
     """Version of the weights that produced behaviour_logits (off-policy lag = learner - this)."""
+    state_in: np.ndarray = field(default_factory=lambda: no_state(0))
+    """[B, S] float32: a recurrent policy's state before each column's first step (S = 0 for a
+    feed-forward policy); the learner unrolls each column from it."""
     episode_returns: list[float] = field(default_factory=list)
     """Returns of episodes that finished inside this fragment."""
     episode_lengths: list[int] = field(default_factory=list)
@@ -118,6 +122,8 @@ class TrainBatch:
     bootstrap_obs: np.ndarray
     policy_versions: np.ndarray
     """[B] int64: behaviour policy version of each column."""
+    state_in: np.ndarray = field(default_factory=lambda: no_state(0))
+    """[B, S] recurrent state each column starts from (S = 0: feed-forward)."""
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
     worker_ids: list[str] = field(default_factory=list)
@@ -143,6 +149,11 @@ _ARRAY_FIELDS = (
     "truncateds",
 )
 """The [T, B, ...] fields, concatenated and sliced along B."""
+
+
+def no_state(columns: int) -> np.ndarray:
+    """The state_in of a feed-forward policy's fragment: [B, 0]."""
+    return np.zeros((columns, 0), np.float32)
 
 
 def no_final_steps(
@@ -174,6 +185,7 @@ def concat_fragments(fragments: list[Fragment]) -> TrainBatch:
             ]
         ),
         bootstrap_obs=np.concatenate([f.bootstrap_obs for f in fragments], axis=0),
+        state_in=np.concatenate([f.state_in for f in fragments], axis=0),
         policy_versions=np.concatenate(
             [np.full(f.actions.shape[1], f.policy_version, dtype=np.int64) for f in fragments]
         ),
@@ -193,6 +205,39 @@ def slice_columns(batch: TrainBatch, start: int, stop: int) -> TrainBatch:
         final_obs=batch.final_obs[picked],
         final_steps=batch.final_steps[picked] - np.array([0, start], np.int64),
         bootstrap_obs=batch.bootstrap_obs[start:stop],
+        state_in=batch.state_in[start:stop],
         policy_versions=batch.policy_versions[start:stop],
         replayed=batch.replayed,
+    )
+
+
+def split_sequences(fragment: Fragment, seq_len: int, starts: np.ndarray) -> Fragment:
+    """A [T, B] fragment as [seq_len, T / seq_len * B] sequences (truncated BPTT, maxSeqLen).
+
+    Column `i * B + b` is steps [i * seq_len, (i + 1) * seq_len) of env b, starting from
+    `starts[i, b]` (the worker's state before that step, [T / seq_len, B, S]); its bootstrap
+    observation is the next sequence's first (the fragment's own for the last). Env steps,
+    episodes and the policy version are unchanged.
+    """
+    t_len, b = fragment.actions.shape[:2]
+    n = t_len // seq_len
+    if n * seq_len != t_len or starts.shape[:2] != (n, b):
+        raise ValueError(f"{t_len} steps do not split into {starts.shape[0]} x {seq_len}")
+
+    def seqs(a: np.ndarray) -> np.ndarray:
+        rest = a.shape[2:]
+        return a.reshape(n, seq_len, b, *rest).swapaxes(0, 1).reshape(seq_len, n * b, *rest)
+
+    nexts = np.concatenate([fragment.obs[seq_len::seq_len], fragment.bootstrap_obs[None]])
+    t, col = fragment.final_steps[:, 0], fragment.final_steps[:, 1]
+    return Fragment(
+        **{name: seqs(getattr(fragment, name)) for name in _ARRAY_FIELDS},
+        final_obs=fragment.final_obs,
+        final_steps=np.stack([t % seq_len, (t // seq_len) * b + col], axis=1).astype(np.int64),
+        bootstrap_obs=nexts.reshape(n * b, *nexts.shape[2:]),
+        state_in=starts.reshape(n * b, -1),
+        policy_version=fragment.policy_version,
+        episode_returns=fragment.episode_returns,
+        episode_lengths=fragment.episode_lengths,
+        worker_id=fragment.worker_id,
     )

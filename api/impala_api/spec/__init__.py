@@ -69,8 +69,11 @@ from impala_api.spec.replicas import (
     RolloutsSpec,
 )
 from impala_api.spec.training import (
+    CUSTOM_MODEL_IMPORT,
+    CUSTOM_MODEL_LSTM,
     DEFAULTS_APART_FROM_RLLIB,
     IMPORT_PATH_PATTERN,
+    MAX_SEQ_LEN_DIVIDES,
     NO_STOP_CRITERION,
     RENAMED_RLLIB,
     EnvSpec,
@@ -84,11 +87,14 @@ from impala_api.spec.training import (
 __all__ = [
     "API_GROUP",
     "API_VERSION",
+    "CUSTOM_MODEL_IMPORT",
+    "CUSTOM_MODEL_LSTM",
     "DEFAULTS_APART_FROM_RLLIB",
     "IMPORT_PATH_PATTERN",
     "KIND",
     "MAX_NAME_LENGTH",
     "MAX_SCHEDULE_POINTS",
+    "MAX_SEQ_LEN_DIVIDES",
     "MOUNT_NAMES_VOLUME_MESSAGE",
     "NO_STOP_CRITERION",
     "ONE_VOLUME_SOURCE_MESSAGE",

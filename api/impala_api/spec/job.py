@@ -6,12 +6,18 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from impala_api.spec.base import SpecModel
 from impala_api.spec.lifecycle import CheckpointSpec, RunPolicy
 from impala_api.spec.replicas import AggregatorsSpec, LearnerSpec, RolloutsSpec
-from impala_api.spec.training import EnvSpec, ModelSpec, StopSpec, TrainingSpec
+from impala_api.spec.training import (
+    MAX_SEQ_LEN_DIVIDES,
+    EnvSpec,
+    ModelSpec,
+    StopSpec,
+    TrainingSpec,
+)
 
 API_GROUP = "impala.dev"
 API_VERSION = "v1alpha1"
@@ -59,6 +65,13 @@ class ImpalaJobSpec(SpecModel):
 
     run_policy: RunPolicy = Field(default_factory=RunPolicy)
     """Lifecycle policy (cluster only)."""
+
+    @model_validator(mode="after")
+    def _sequences(self) -> ImpalaJobSpec:
+        seq = self.model.max_seq_len
+        if seq is not None and self.training.rollout_fragment_length % seq:
+            raise ValueError(MAX_SEQ_LEN_DIVIDES)
+        return self
 
 
 class ObjectMeta(BaseModel):

@@ -38,6 +38,12 @@ DEFAULTS_APART_FROM_RLLIB: dict[str, tuple[object, str]] = {
         "3); the queue never drops a batch here, it holds back the actors, so its size bounds "
         "memory and policy lag only",
     ),
+    "model.maxSeqLen": (
+        20,
+        "the whole fragment: the learner unrolls each fragment column from the state it began "
+        "with, as the paper's learner does, and chunks it only when maxSeqLen is set (which must "
+        "divide rolloutFragmentLength: nothing is padded, where RLlib pads to 20)",
+    ),
     "training.maxRequestsInFlightPerWorker": (
         1,
         "2, the old stack's max_requests_in_flight_per_sampler_worker: a worker samples its next "
@@ -119,11 +125,28 @@ class EnvSpec(SpecModel):
         return 4 if self.is_atari else 1
 
 
+CUSTOM_MODEL_IMPORT = (
+    "spec.model.type custom needs spec.model.import (package.module:Class), and "
+    "spec.model.import is only read with type custom"
+)
+CUSTOM_MODEL_LSTM = (
+    "spec.model.useLstm wraps the built-in networks; a custom model is recurrent by its own "
+    "state_size (docs/models.md): drop useLstm or use a built-in type"
+)
+
+MAX_SEQ_LEN_DIVIDES = (
+    "spec.model.maxSeqLen must divide spec.training.rolloutFragmentLength (each fragment is cut "
+    "into whole sequences; nothing is padded)"
+)
+
+
 class ModelSpec(SpecModel):
     """The policy/value network."""
 
-    type: Literal["auto", "mlp", "cnn"] = "auto"
-    """mlp for vector observations, cnn (IMPALA shallow CNN) for 84x84 frames; auto picks."""
+    type: Literal["auto", "mlp", "cnn", "resnet", "custom"] = "auto"
+    """mlp for vector observations; cnn (the IMPALA paper's shallow CNN) or resnet (its deep
+    network: 3 stacks of conv, max-pool and 2 residual blocks, 16/32/32 channels) for [C, H, W]
+    frames; auto picks mlp or cnn; custom is your class, `import`."""
 
     hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
         default_factory=lambda: [256, 256], min_length=1, max_length=8
@@ -132,6 +155,38 @@ class ModelSpec(SpecModel):
 
     activation: Literal["tanh", "relu"] = "tanh"
     """Hidden activation of the MLP."""
+
+    use_lstm: bool = False
+    """Put an LSTM core between the network and its heads (RLlib's use_lstm): the workers carry
+    its state across steps, the learner unrolls each sequence from the state it began with."""
+
+    lstm_cell_size: int = Field(default=256, ge=1, le=8192)
+    """Units of the LSTM core."""
+
+    max_seq_len: int | None = Field(default=None, ge=1, le=10_000)
+    """Steps the learner unrolls a recurrent model through before it restarts from a state the
+    worker recorded (truncated backpropagation through time); must divide
+    rolloutFragmentLength. Omitted: the whole fragment, as the paper's learner unrolls."""
+
+    free_log_std: bool = False
+    """Box actions: the Gaussian's log-std as parameters of their own, state-independent
+    (RLlib's free_log_std), instead of outputs of the policy head."""
+
+    import_path: str | None = Field(default=None, alias="import", pattern=IMPORT_PATH_PATTERN)
+    """type custom: your model class, `package.module:Class`, a subclass of
+    impala_trainer.learning.models.ActorCritic called as Class(obs_shape, num_outputs,
+    **config) (docs/models.md). Its package must be installed wherever the job runs."""
+
+    config: dict[str, Any] = Field(default_factory=dict)
+    """type custom: keyword arguments for your model class."""
+
+    @model_validator(mode="after")
+    def _custom(self) -> ModelSpec:
+        if (self.type == "custom") != (self.import_path is not None):
+            raise ValueError(CUSTOM_MODEL_IMPORT)
+        if self.type == "custom" and self.use_lstm:
+            raise ValueError(CUSTOM_MODEL_LSTM)
+        return self
 
 
 class OptimizerSpec(SpecModel):

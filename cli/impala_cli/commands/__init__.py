@@ -103,7 +103,8 @@ def load_job(args: argparse.Namespace) -> ImpalaJob:
 
     Validation is the model's alone (the CRD's CEL rules restate it, so the API server refuses
     the same manifests); on top of it, what only a machine with the trainer can know: whether
-    the environment id can be made here (the API server cannot import gymnasium).
+    the environment can be made here and the model fits its spaces (`impala_trainer.preflight`:
+    the API server imports neither gymnasium nor the job's own code).
     """
     from impala_api.manifest import ManifestError, load_manifest
 
@@ -111,12 +112,12 @@ def load_job(args: argparse.Namespace) -> ImpalaJob:
         job = load_manifest(args.file, args.set)
     except ManifestError as err:
         raise CommandError(str(err)) from None
-    from impala_trainer.rollouts.envs import env_problem
+    from impala_trainer.preflight import job_problem
 
-    problem = env_problem(job.spec.env)
+    problem = job_problem(job.spec)
     if problem is not None:
         field, why = problem
-        raise CommandError(str(ManifestError(str(args.file), [f"spec.env.{field}: {why}"])))
+        raise CommandError(str(ManifestError(str(args.file), [f"spec.{field}: {why}"])))
     return job
 
 

@@ -167,7 +167,7 @@ def test_bounds_enums_and_patterns_are_converted() -> None:
     lr = _at(SPEC, ".training.lr")
     assert (lr["minimum"], lr["exclusiveMinimum"], lr["maximum"]) == (0.0, True, 1.0)
     assert _at(SPEC, ".training.optimizer.momentum")["exclusiveMaximum"] is True
-    assert _at(SPEC, ".model.type")["enum"] == ["auto", "mlp", "cnn"]
+    assert _at(SPEC, ".model.type")["enum"] == ["auto", "mlp", "cnn", "resnet", "custom"]
     claim = _at(SPEC, ".checkpoint.volumeClaim")
     assert claim["nullable"] is True and claim["pattern"].startswith("^")
     cpu = _at(SPEC, ".learner.resources.requests")["additionalProperties"]

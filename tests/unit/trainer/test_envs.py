@@ -7,6 +7,7 @@ import pytest
 from gymnasium.vector import AutoresetMode
 
 from impala_api.spec import EnvSpec
+from impala_trainer.learning.distributions import Categorical
 from impala_trainer.rollouts.envs import (
     env_problem,
     env_spaces,
@@ -106,7 +107,8 @@ def test_same_seed_same_trajectory() -> None:
 def test_other_envs_use_sync_vector_env_same_step() -> None:
     env = make_vector_env(EnvSpec(id="Acrobot-v1"), 2, seed=0)
     assert env.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
-    assert env_spaces(EnvSpec(id="Acrobot-v1")) == ((6,), 3)
+    spaces = env_spaces(EnvSpec(id="Acrobot-v1"))
+    assert (spaces.obs_shape, spaces.actions) == ((6,), Categorical(3))
 
 
 def test_atari_preprocessing_and_frame_stack() -> None:
@@ -116,7 +118,9 @@ def test_atari_preprocessing_and_frame_stack() -> None:
     obs, *_ = env.step(np.zeros(2, np.int64))
     assert obs.shape == (2, 4, 84, 84)
     assert obs.dtype == np.uint8
-    assert env_spaces(spec) == ((4, 84, 84), 6)
+    spaces = env_spaces(spec)
+    assert (spaces.obs_shape, spaces.obs_dtype) == ((4, 84, 84), np.uint8)
+    assert spaces.actions == Categorical(6)
     env.close()
 
 

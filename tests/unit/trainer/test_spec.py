@@ -157,6 +157,11 @@ RLLIB_IMPALA_DEFAULTS: dict[str, object] = {
     "training.numGpuLoaderThreads": 8,
     "training.broadcastInterval": 1,
     "training.maxRequestsInFlightPerWorker": 1,
+    # RLlib's MODEL_DEFAULTS (rllib/models/catalog.py).
+    "model.useLstm": False,
+    "model.lstmCellSize": 256,
+    "model.maxSeqLen": 20,
+    "model.freeLogStd": False,
 }
 
 

@@ -65,11 +65,15 @@ def test_a_module_id_and_wrappers_validate(tmp_path: Path) -> None:
             "is not a class or callable",
         ),
         (
-            {"id": "tests.support.corridor:SlidingCorridor-v0"},
+            {"id": "tests.support.corridor:TupleCorridor-v0"},
             "spec.env.id",
-            "action space Box(-1.0, 1.0, (1,), float32) is not supported yet",
+            "action space Tuple(Discrete(2), Discrete(2)) is not supported",
         ),
-        ({"id": "Pendulum-v1"}, "spec.env.id", "only Discrete actions are"),
+        (
+            {"id": CORRIDOR, "wrappers": [{"import": "tests.support.corridor:ShiftActions"}]},
+            "spec.env.id",
+            "action space Discrete(2, start=1) does not start at 0",
+        ),
         (
             {"id": CORRIDOR, "kwargs": {"lenght": 4}},
             "spec.env.kwargs",
@@ -82,8 +86,8 @@ def test_a_module_id_and_wrappers_validate(tmp_path: Path) -> None:
         "wrapper-module",
         "wrapper-name",
         "wrapper-not-callable",
-        "box-actions",
-        "box-actions-registered",
+        "tuple-actions",
+        "shifted-actions",
         "bad-kwargs",
     ],
 )

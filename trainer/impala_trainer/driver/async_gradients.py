@@ -27,7 +27,7 @@ class AsyncGradientsDriver(Driver):
 
     def __init__(self, job: ImpalaJob, run_dir: RunDir, **collaborators: Any) -> None:
         super().__init__(job, run_dir, **collaborators)
-        self.learner = Learner(self.spec, self.obs_shape, self.num_actions)
+        self.learner = Learner(self.spec, self.obs_shape, self.actions)
         self.grad_refs: dict[Ref, str] = {}  # gradients ref -> actor id
         self._weights: tuple[Weights, int] | None = None  # (ref, version) of current weights
         self._last_update = time.monotonic()

@@ -87,7 +87,8 @@ class Driver:
         self._last_nodes = float("-inf")
         self._started = False
         torch.manual_seed(self.seed)
-        self.obs_shape, self.num_actions = env_spaces(self.spec.env)
+        spaces = env_spaces(self.spec.env)
+        self.obs_shape, self.actions = spaces.obs_shape, spaces.actions
 
     # -- the run --------------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ class ImpalaDriver(Driver):
 
     def __init__(self, job: ImpalaJob, run_dir: RunDir, **collaborators: Any) -> None:
         super().__init__(job, run_dir, **collaborators)
-        self.thread = make_learner_thread(self.spec, self.obs_shape, self.num_actions)
+        self.thread = make_learner_thread(self.spec, self.obs_shape, self.actions)
         self.learner = self.thread.learner
         self.local_aggregator = Aggregator.from_spec(self.spec, self.seed)
         self.ledger = Ledger(self.spec.training.max_requests_in_flight_per_worker)

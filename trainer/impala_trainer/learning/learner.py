@@ -17,6 +17,7 @@ import torch
 
 from impala_api.spec import ImpalaJobSpec, TrainingSpec
 from impala_trainer.batches import TrainBatch, slice_columns
+from impala_trainer.learning.distributions import ActionDistribution, as_distribution
 from impala_trainer.learning.losses import (
     STAT_NAMES,
     SUMMED_STATS,
@@ -38,8 +39,9 @@ _FIELDS = BatchTensors._fields
 def batch_to_tensors(batch: TrainBatch, device: torch.device) -> BatchTensors:
     """TrainBatch -> tensors on `device`: zero-copy on CPU; pinned, non-blocking copies to CUDA."""
     arrays = {name: getattr(batch, name) for name in _FIELDS}
-    if arrays["actions"].dtype != np.int64:
-        arrays["actions"] = arrays["actions"].astype(np.int64)
+    actions = arrays["actions"]
+    if actions.dtype.kind in "iub" and actions.dtype != np.int64:  # gather indexes with int64
+        arrays["actions"] = actions.astype(np.int64)
     if device.type == "cpu":
         return BatchTensors(**{k: torch.from_numpy(a) for k, a in arrays.items()})
     return BatchTensors(
@@ -93,14 +95,16 @@ class Learner:
         self,
         spec: ImpalaJobSpec,
         obs_shape: tuple[int, ...],
-        num_actions: int,
+        actions: ActionDistribution | int,
         device: str = "cpu",
         *,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         self.spec = spec
         self.device = torch.device(device)
-        self.model: ActorCritic = build_model(spec.model, tuple(obs_shape), num_actions).to(
+        self.dist = as_distribution(actions)
+        """The action distribution (an int means that many Discrete actions)."""
+        self.model: ActorCritic = build_model(spec.model, tuple(obs_shape), self.dist).to(
             device=self.device, dtype=dtype
         )
         training = spec.training
@@ -187,7 +191,7 @@ class Learner:
         """One optimiser step on the batch; returns the learner stats."""
         coeffs = self.coefficients()
         self.zero_grad()
-        out = impala_loss(self.model, batch_to_tensors(batch, self.device), coeffs)
+        out = impala_loss(self.model, batch_to_tensors(batch, self.device), coeffs, self.dist)
         backward(self.model, out, self.spec.training.separate_vf_optimizer)
         gnorm = self._clip_gradients()
         self._step()
@@ -199,7 +203,7 @@ class Learner:
         """Clipped gradients of the loss on `batch` (parameter order), without stepping."""
         coeffs = self.coefficients()
         self.zero_grad()
-        out = impala_loss(self.model, batch_to_tensors(batch, self.device), coeffs)
+        out = impala_loss(self.model, batch_to_tensors(batch, self.device), coeffs, self.dist)
         backward(self.model, out, self.spec.training.separate_vf_optimizer)
         gnorm = self._clip_gradients()
         grads = [
@@ -268,17 +272,17 @@ class MultiDeviceLearner(Learner):
         self,
         spec: ImpalaJobSpec,
         obs_shape: tuple[int, ...],
-        num_actions: int,
+        actions: ActionDistribution | int,
         *,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         gpus, fake = spec.learner.gpus, spec.learner.fake_devices
         names = [f"cuda:{i}" for i in range(gpus)] if gpus > 0 else ["cpu"] * max(1, fake)
-        super().__init__(spec, obs_shape, num_actions, names[0], dtype=dtype)
+        super().__init__(spec, obs_shape, actions, names[0], dtype=dtype)
         self.devices = [torch.device(n) for n in names]
         self.towers: list[ActorCritic] = [self.model]
         for device in self.devices[1:]:
-            tower = build_model(spec.model, tuple(obs_shape), num_actions).to(device, dtype)
+            tower = build_model(spec.model, tuple(obs_shape), self.dist).to(device, dtype)
             tower.load_state_dict(self.model.state_dict())
             self.towers.append(tower)
         self.num_stacks = spec.training.num_multi_gpu_tower_stacks
@@ -336,7 +340,7 @@ class MultiDeviceLearner(Learner):
         tower = self.towers[tower_index]
         for p in tower.parameters():
             p.grad = None
-        out = impala_loss(tower, tensors, coeffs)
+        out = impala_loss(tower, tensors, coeffs, self.dist)
         backward(tower, out, self.spec.training.separate_vf_optimizer)
         return out.stats
 

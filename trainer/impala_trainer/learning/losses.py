@@ -14,27 +14,29 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from impala_trainer.learning import vtrace
+from impala_trainer.learning.distributions import ActionDistribution, Categorical
+from impala_trainer.learning.models import ActorCritic
 
 
 class BatchTensors(NamedTuple):
     """A TrainBatch as tensors on one device (see sample_batch.TrainBatch for the fields)."""
 
     obs: torch.Tensor  # [T, B, *obs_shape]
-    actions: torch.Tensor  # [T, B] int64
-    behaviour_logits: torch.Tensor  # [T, B, A]
+    actions: torch.Tensor  # [T, B, *action_shape]
+    behaviour_logits: torch.Tensor  # [T, B, D] the acting policy's distribution inputs
     rewards: torch.Tensor  # [T, B]
     terminateds: torch.Tensor  # [T, B] bool
     truncateds: torch.Tensor  # [T, B] bool
     final_obs: torch.Tensor  # [K, *obs_shape] where K episodes were cut by a time limit
     final_steps: torch.Tensor  # [K, 2] int64 (t, b) of each final_obs row
     bootstrap_obs: torch.Tensor  # [B, *obs_shape]
+    state_in: torch.Tensor  # [B, S] recurrent state at each column's first step (S = 0)
 
     @property
     def env_steps(self) -> int:
-        return int(self.actions.shape[0] * self.actions.shape[1])
+        return int(self.rewards.shape[0] * self.rewards.shape[1])
 
 
 class LossCoefficients(NamedTuple):
@@ -62,21 +64,63 @@ SUMMED_STATS = (True, True, False, True, False, False)
 """Which stats add up over column shards (the others are per-step means)."""
 
 
-def impala_loss(
-    model: torch.nn.Module, batch: BatchTensors, coeffs: LossCoefficients
-) -> LossOutput:
-    """Forward the model over the batch and build the V-trace loss."""
-    T, B = batch.actions.shape
+class _Forward(NamedTuple):
+    outputs: torch.Tensor  # [T, B, D]
+    values: torch.Tensor  # [T, B]
+    bootstrap_value: torch.Tensor  # [B]
+    final_values: torch.Tensor  # [K], detached
+
+
+def _feed_forward(model: ActorCritic, batch: BatchTensors) -> _Forward:
+    T, B = batch.rewards.shape
     # One forward over the T*B observations, the B bootstrap observations and the K final
     # observations of time-limited episodes together.
     obs = torch.cat(
         [batch.obs.reshape(T * B, *batch.obs.shape[2:]), batch.bootstrap_obs, batch.final_obs]
     )
-    logits_all, values_all = model(obs)
-    dtype = values_all.dtype
-    logits = logits_all[: T * B].view(T, B, -1)  # [T, B, A]
-    values = values_all[: T * B].view(T, B)  # [T, B]
-    bootstrap_value = values_all[T * B : T * B + B]  # [B]
+    outputs, values = model(obs)
+    return _Forward(
+        outputs[: T * B].view(T, B, -1),
+        values[: T * B].view(T, B),
+        values[T * B : T * B + B],
+        values[T * B + B :].detach(),
+    )
+
+
+def _recurrent(model: ActorCritic, batch: BatchTensors) -> _Forward:
+    T, B = batch.rewards.shape
+    # Unroll T + 1 steps (the bootstrap observation last) from each column's first state,
+    # zeroing the state after every step that ended an episode, as the worker did.
+    done = torch.logical_or(batch.terminateds, batch.truncateds)
+    resets = torch.cat([done.new_zeros(1, B), done])
+    obs = torch.cat([batch.obs, batch.bootstrap_obs.unsqueeze(0)])
+    outputs, values, states = model.forward_sequence(obs, batch.state_in, resets)
+    final_values = values.new_zeros(0)
+    if batch.final_steps.shape[0]:
+        # A cut episode's final observation is scored from the state its last step left.
+        t, b = batch.final_steps.unbind(1)
+        k = batch.final_obs.shape[0]
+        with torch.no_grad():
+            _, final, _ = model.forward_sequence(
+                batch.final_obs.unsqueeze(0), states[t, b], done.new_zeros(1, k)
+            )
+        final_values = final[0]
+    return _Forward(outputs[:T], values[:T], values[T], final_values)
+
+
+def impala_loss(
+    model: ActorCritic,
+    batch: BatchTensors,
+    coeffs: LossCoefficients,
+    dist: ActionDistribution | None = None,
+) -> LossOutput:
+    """Forward the model over the batch and build the V-trace loss (`dist`: Categorical over the
+    model's outputs when omitted)."""
+    T, B = batch.rewards.shape
+    fwd = _recurrent(model, batch) if model.state_size else _feed_forward(model, batch)
+    dist = dist or Categorical(fwd.outputs.shape[-1])
+    values = fwd.values
+    dtype = values.dtype
 
     # Time limits are not terminal: fold gamma * V(final obs) into the reward and cut the trace.
     # V is the current value function, as at fragment ends, not the one that sampled the data:
@@ -84,21 +128,20 @@ def impala_loss(
     rewards = batch.rewards.to(dtype)
     if batch.final_steps.shape[0]:
         t, b = batch.final_steps.unbind(1)
-        final_values = values_all[T * B + B :].detach()
-        rewards = rewards.index_put((t, b), coeffs.gamma * final_values, accumulate=True)
+        rewards = rewards.index_put((t, b), coeffs.gamma * fwd.final_values, accumulate=True)
     done = torch.logical_or(batch.terminateds, batch.truncateds)
     discounts = (~done).to(dtype) * coeffs.gamma
 
-    log_probs = F.log_softmax(logits, dim=-1)  # [T, B, A]
-    target_logp = log_probs.gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)  # [T, B]
-    behaviour_logp = vtrace.action_log_probs(batch.behaviour_logits.to(dtype), batch.actions)
+    # V-trace needs only the joint log-probability of the action taken, whatever the space.
+    target_logp = dist.log_prob(fwd.outputs, batch.actions)  # [T, B]
+    behaviour_logp = dist.log_prob(batch.behaviour_logits.to(dtype), batch.actions)
     log_rhos = target_logp.detach() - behaviour_logp
     returns = vtrace.from_importance_weights(
         log_rhos=log_rhos,
         discounts=discounts,
         rewards=rewards,
         values=values.detach(),
-        bootstrap_value=bootstrap_value.detach(),
+        bootstrap_value=fwd.bootstrap_value.detach(),
         clip_rho_threshold=coeffs.clip_rho_threshold,
         clip_pg_rho_threshold=coeffs.clip_pg_rho_threshold,
     )
@@ -106,7 +149,7 @@ def impala_loss(
     policy_loss = -(target_logp * returns.pg_advantages).sum()
     value_error = returns.vs - values
     vf_loss = 0.5 * value_error.pow(2).sum()
-    entropy_sum = -(log_probs.exp() * log_probs).sum()
+    entropy_sum = dist.entropy(fwd.outputs).sum()
     policy_total = policy_loss - coeffs.entropy_coeff * entropy_sum
     total_loss = policy_total + coeffs.vf_loss_coeff * vf_loss
 

@@ -1,7 +1,10 @@
-"""Actor-critic networks: an MLP for vector observations, the IMPALA shallow CNN for Atari.
+"""Actor-critic networks: an MLP for vector observations, the IMPALA shallow CNN and deep ResNet
+for frames, any of them with an LSTM core; and the contract a model of your own implements.
 
-Every model maps obs [N, *obs_shape] to (logits [N, A], values [N]). uint8 observations are
-scaled to [0, 1] inside the model, so frames cross process boundaries as bytes (4x smaller).
+Every model maps obs [N, *obs_shape] to (outputs [N, D], values [N]), the outputs being the action
+distribution's inputs (`distributions`); a recurrent one maps sequences with a state
+(`ActorCritic.forward_sequence`). uint8 observations are scaled to [0, 1] inside the model, so
+frames cross process boundaries as bytes (4x smaller).
 """
 
 from __future__ import annotations
@@ -15,6 +18,12 @@ import torch
 from torch import nn
 
 from impala_api.spec import ModelSpec
+from impala_trainer.learning.distributions import (
+    ActionDistribution,
+    DiagGaussian,
+    as_distribution,
+)
+from impala_trainer.user_code import UserCodeError, resolve
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -37,27 +46,93 @@ def _mlp(sizes: list[int], activation: str) -> nn.Sequential:
 
 
 class ActorCritic(nn.Module):
-    """Base class: forward(obs) -> (logits [N, A], values [N])."""
+    """The model contract the learner, the workers and your own `model.type: custom` class share.
+
+    Feed-forward: `forward(obs [N, *obs_shape]) -> (outputs [N, num_outputs], values [N])`, where
+    the outputs are the action distribution's inputs (logits for Discrete, [mean, log_std] per
+    dimension for Box; `distributions`). Observations arrive as the env makes them (uint8 frames
+    unscaled, float32 vectors); `_prepare` scales and casts them.
+
+    Recurrent: set `state_size` (floats of state per env, one flat vector: pack h and c into it)
+    and implement `forward_sequence`; `forward` is then unused. The workers carry the state
+    across steps and fragments, zeroing it where an episode starts; the learner unrolls each
+    fragment column from the state it began with.
+    """
+
+    state_size: int = 0
+    """Recurrent state per env (0: feed-forward)."""
+    policy_head: nn.Linear
+    value_head: nn.Linear
+    """The built-in models' heads (a model of your own need not have them)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.policy_head: nn.Linear
-        self.value_head: nn.Linear
+        self.log_std: nn.Parameter | None = None
+
+    def _policy_head(self, features: int, dist: ActionDistribution, free_log_std: bool) -> None:
+        """policy_head over `features`; with `free_log_std` (Box actions) it outputs the means
+        only and the log-stds are parameters of their own, state-independent (RLlib's
+        free_log_std)."""
+        outputs = dist.num_inputs
+        if free_log_std:
+            if not isinstance(dist, DiagGaussian):
+                raise ValueError(f"freeLogStd needs a Box action space, not {dist.space_name}")
+            outputs = dist.dim
+            self.log_std = nn.Parameter(torch.zeros(dist.dim))
+        self.policy_head = nn.Linear(features, outputs)
+        _init_linear(self.policy_head, 0.01)
+
+    def _outputs(self, head: torch.Tensor) -> torch.Tensor:
+        if self.log_std is None:
+            return head
+        return torch.cat([head, self.log_std.to(head.dtype).expand(*head.shape[:-1], -1)], -1)
 
     def value_function_parameters(self) -> Iterator[nn.Parameter]:
         """Parameters only the value function uses (the separate vf optimiser trains these)."""
-        return self.value_head.parameters()
+        head = getattr(self, "value_head", None)
+        if not isinstance(head, nn.Module):
+            raise NotImplementedError(
+                f"{type(self).__name__} has no value_head: define value_function_parameters() "
+                "to use training.separateVfOptimizer"
+            )
+        return head.parameters()
 
     def policy_logits(self, obs: torch.Tensor) -> torch.Tensor:
-        """Logits [N, A] only: what acting needs (rollout workers call this every step)."""
+        """Distribution inputs [N, D] only: what acting needs (workers call this every step)."""
         logits: torch.Tensor = self(obs)[0]
         return logits
 
+    def initial_state(self, batch: int) -> torch.Tensor:
+        """The state an episode starts from: zeros [batch, state_size]."""
+        return torch.zeros(batch, self.state_size)
+
+    def forward_sequence(
+        self, obs: torch.Tensor, state: torch.Tensor, resets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """obs [T, B, *obs_shape], state [B, S], resets [T, B] (True: zero the state before step
+        t, an episode starts there) -> outputs [T, B, D], values [T, B], states [T, B, S] (the
+        state after each step, before any reset). Feed-forward models ignore the state."""
+        t_len, b = obs.shape[:2]
+        outputs, values = self(obs.reshape(t_len * b, *obs.shape[2:]))
+        return outputs.view(t_len, b, -1), values.view(t_len, b), state.new_zeros(t_len, b, 0)
+
+    def act(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One acting step: obs [B, ...], state [B, S] -> (outputs [B, D], state after [B, S])."""
+        if self.state_size == 0:
+            return self.policy_logits(obs), state
+        no_reset = torch.zeros(1, obs.shape[0], dtype=torch.bool)
+        outputs, _, states = self.forward_sequence(obs.unsqueeze(0), state, no_reset)
+        return outputs[0], states[0]
+
     def _prepare(self, obs: torch.Tensor) -> torch.Tensor:
-        dtype = self.value_head.weight.dtype
-        if obs.dtype == torch.uint8:
-            return obs.to(dtype).mul_(1.0 / 255.0)
-        return obs if obs.dtype == dtype else obs.to(dtype)
+        return _scaled(obs, self.value_head.weight.dtype)
+
+
+def _scaled(obs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Observations as `dtype`, uint8 frames scaled to [0, 1]."""
+    if obs.dtype == torch.uint8:
+        return obs.to(dtype).mul_(1.0 / 255.0)
+    return obs if obs.dtype == dtype else obs.to(dtype)
 
 
 class MLPActorCritic(ActorCritic):
@@ -67,13 +142,19 @@ class MLPActorCritic(ActorCritic):
     hundreds), from swamping the policy's features under global-norm clipping.
     """
 
-    def __init__(self, obs_size: int, num_actions: int, hidden: list[int], activation: str):
+    def __init__(
+        self,
+        obs_size: int,
+        actions: ActionDistribution | int,
+        hidden: list[int],
+        activation: str,
+        free_log_std: bool = False,
+    ):
         super().__init__()
         self.policy_trunk = _mlp([obs_size, *hidden], activation)
         self.value_trunk = _mlp([obs_size, *hidden], activation)
-        self.policy_head = nn.Linear(hidden[-1], num_actions)
+        self._policy_head(hidden[-1], as_distribution(actions), free_log_std)
         self.value_head = nn.Linear(hidden[-1], 1)
-        _init_linear(self.policy_head, 0.01)
         _init_linear(self.value_head, 1.0)
 
     def value_function_parameters(self) -> Iterator[nn.Parameter]:
@@ -82,24 +163,66 @@ class MLPActorCritic(ActorCritic):
 
     def policy_logits(self, obs: torch.Tensor) -> torch.Tensor:
         # The value tower is half the acting forward and acting never reads it.
-        logits: torch.Tensor = self.policy_head(self.policy_trunk(self._prepare(obs).flatten(1)))
-        return logits
+        head = self.policy_head(self.policy_trunk(self._prepare(obs).flatten(1)))
+        return self._outputs(head)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self._prepare(obs).flatten(1)  # [N, obs_size]
-        logits = self.policy_head(self.policy_trunk(x))  # [N, A]
+        outputs = self._outputs(self.policy_head(self.policy_trunk(x)))  # [N, D]
         values = self.value_head(self.value_trunk(x)).squeeze(-1)  # [N]
-        return logits, values
+        return outputs, values
 
 
 class ImpalaShallowCNN(ActorCritic):
     """Espeholt et al. 2018's shallow network: conv 16x8x8/4, conv 32x4x4/2, fc, two heads."""
 
-    def __init__(self, obs_shape: tuple[int, ...], num_actions: int, hidden: list[int]):
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        actions: ActionDistribution | int,
+        hidden: list[int],
+        free_log_std: bool = False,
+    ):
         super().__init__()
-        channels = obs_shape[0]
+        torso = ShallowCNNTorso(obs_shape, hidden)
+        # The torso's layers under this module's own names, as checkpoints have them.
+        self.convs, self.fc = torso.convs, torso.fc
+        self._policy_head(hidden[-1], as_distribution(actions), free_log_std)
+        self.value_head = nn.Linear(hidden[-1], 1)
+        _init_linear(self.value_head, 1.0)
+        self.to(memory_format=torch.channels_last)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = _channels_last(obs, self.value_head.weight.dtype)
+        features = self.fc(self.convs(x))  # [N, hidden[-1]]
+        return self._outputs(self.policy_head(features)), self.value_head(features).squeeze(-1)
+
+
+class Torso(nn.Module):
+    """Observations -> features [N, out_features]: the part of a network below its heads."""
+
+    out_features: int
+
+    def _dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+
+def _channels_last(obs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # One pass: uint8 [N, C, H, W] -> float in channels-last layout (the logical shape stays
+    # [N, C, H, W]; nn.Flatten after the convolutions reads it back in C, H, W order).
+    # Channels-last (NHWC in memory): oneDNN's convolutions, and above all their backward, run
+    # 2-3x faster on CPU than on NCHW (bench/learner_only.py; docs/benchmarks.md).
+    x = obs.to(dtype, memory_format=torch.channels_last)
+    return x.mul_(1.0 / 255.0) if obs.dtype == torch.uint8 else x
+
+
+class ShallowCNNTorso(Torso):
+    """The shallow CNN's features: conv 16x8x8/4, conv 32x4x4/2, fc `hidden` (ReLU)."""
+
+    def __init__(self, obs_shape: tuple[int, ...], hidden: list[int]) -> None:
+        super().__init__()
         self.convs = nn.Sequential(
-            nn.Conv2d(channels, 16, kernel_size=8, stride=4),
+            nn.Conv2d(obs_shape[0], 16, kernel_size=8, stride=4),
             nn.ReLU(),
             nn.Conv2d(16, 32, kernel_size=4, stride=2),
             nn.ReLU(),
@@ -111,25 +234,127 @@ class ImpalaShallowCNN(ActorCritic):
         with torch.no_grad():
             conv_out = int(self.convs(torch.zeros(1, *obs_shape)).shape[1])  # 2592 for 84x84
         self.fc = _mlp([conv_out, *hidden], "relu")
-        self.policy_head = nn.Linear(hidden[-1], num_actions)
-        self.value_head = nn.Linear(hidden[-1], 1)
-        _init_linear(self.policy_head, 0.01)
-        _init_linear(self.value_head, 1.0)
-
-        # Channels-last (NHWC in memory): oneDNN's convolutions, and above all their backward,
-        # run 2-3x faster on CPU than on NCHW (bench/learner_only.py; docs/benchmarks.md).
+        self.out_features = hidden[-1]
         self.to(memory_format=torch.channels_last)
 
-    def _prepare(self, obs: torch.Tensor) -> torch.Tensor:
-        # One pass: uint8 [N, C, H, W] -> float in channels-last layout (the logical shape stays
-        # [N, C, H, W]; nn.Flatten after the convolutions reads it back in C, H, W order).
-        dtype = self.value_head.weight.dtype
-        x = obs.to(dtype, memory_format=torch.channels_last)
-        return x.mul_(1.0 / 255.0) if obs.dtype == torch.uint8 else x
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.convs(_channels_last(obs, self._dtype())))  # type: ignore[no-any-return]
+
+
+class _ResidualBlock(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))  # type: ignore[no-any-return]
+
+
+class ResNetTorso(Torso):
+    """Espeholt et al. 2018's deep network (Figure 3, right): three stacks of conv 3x3 + max-pool
+    3x3/2 + two residual blocks, 16/32/32 channels, then ReLU and fc `hidden` (256 in the paper).
+    """
+
+    def __init__(self, obs_shape: tuple[int, ...], hidden: list[int]) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels = obs_shape[0]
+        for out in (16, 32, 32):
+            layers += [
+                nn.Conv2d(channels, out, kernel_size=3, padding=1),
+                nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
+                _ResidualBlock(out),
+                _ResidualBlock(out),
+            ]
+            channels = out
+        self.stacks = nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
+        for layer in self.stacks.modules():
+            if isinstance(layer, nn.Conv2d):
+                _init_linear(layer, math.sqrt(2.0))
+        with torch.no_grad():
+            conv_out = int(self.stacks(torch.zeros(1, *obs_shape)).shape[1])  # 3872 for 84x84
+        self.fc = _mlp([conv_out, *hidden], "relu")
+        self.out_features = hidden[-1]
+        self.to(memory_format=torch.channels_last)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.stacks(_channels_last(obs, self._dtype())))  # type: ignore[no-any-return]
+
+
+class MLPTorso(Torso):
+    """Observations flattened through one MLP (the recurrent models' encoder for vectors)."""
+
+    def __init__(self, obs_size: int, hidden: list[int], activation: str) -> None:
+        super().__init__()
+        self.mlp = _mlp([obs_size, *hidden], activation)
+        self.out_features = hidden[-1]
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.mlp(_scaled(obs, self._dtype()).flatten(1))  # type: ignore[no-any-return]
+
+
+class TorsoActorCritic(ActorCritic):
+    """A torso's features into a policy head and a value head (the deep ResNet's model)."""
+
+    def __init__(
+        self, torso: Torso, actions: ActionDistribution, free_log_std: bool = False
+    ) -> None:
+        super().__init__()
+        self.torso = torso
+        features = torso.out_features
+        self._policy_head(features, actions, free_log_std)
+        self.value_head = nn.Linear(features, 1)
+        _init_linear(self.value_head, 1.0)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        features = self.fc(self.convs(self._prepare(obs)))  # [N, hidden[-1]]
-        return self.policy_head(features), self.value_head(features).squeeze(-1)
+        features = self.torso(obs)
+        return self._outputs(self.policy_head(features)), self.value_head(features).squeeze(-1)
+
+
+class RecurrentActorCritic(ActorCritic):
+    """torso -> LSTM core -> policy and value heads (RLlib's use_lstm wrapper; the paper's agents).
+
+    The torso runs once over all T x B observations; the core steps through time, zeroing the
+    state where an episode starts (`resets`), as torchbeast's and the paper's learners unroll.
+    The state is [h, c] in one [B, 2 * cell] vector.
+    """
+
+    def __init__(
+        self,
+        torso: Torso,
+        cell_size: int,
+        actions: ActionDistribution,
+        free_log_std: bool = False,
+    ) -> None:
+        super().__init__()
+        self.torso = torso
+        self.cell_size = cell_size
+        self.state_size = 2 * cell_size
+        self.core = nn.LSTMCell(torso.out_features, cell_size)
+        self._policy_head(cell_size, actions, free_log_std)
+        self.value_head = nn.Linear(cell_size, 1)
+        _init_linear(self.value_head, 1.0)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise TypeError("a recurrent model runs through forward_sequence(obs, state, resets)")
+
+    def forward_sequence(
+        self, obs: torch.Tensor, state: torch.Tensor, resets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        t_len, b = obs.shape[:2]
+        x = self.torso(obs.reshape(t_len * b, *obs.shape[2:])).view(t_len, b, -1)
+        h, c = torch.split(state.to(x.dtype), self.cell_size, dim=-1)
+        keep = (~resets).to(x.dtype).unsqueeze(-1)  # [T, B, 1]
+        hs, cs = [], []
+        for t in range(t_len):
+            h, c = self.core(x[t], (h * keep[t], c * keep[t]))
+            hs.append(h)
+            cs.append(c)
+        core = torch.stack(hs)  # [T, B, cell]
+        outputs = self._outputs(self.policy_head(core))
+        states = torch.cat([core, torch.stack(cs)], dim=-1)
+        return outputs, self.value_head(core).squeeze(-1), states
 
 
 class NumpyPolicy:
@@ -176,8 +401,15 @@ def _numpy_view(layer: nn.Linear) -> tuple[np.ndarray, np.ndarray]:
 
 
 def acting_policy(model: ActorCritic) -> Callable[[np.ndarray], np.ndarray]:
-    """obs (numpy) -> logits (numpy) for acting: numpy for float32 MLPs, torch otherwise."""
-    if isinstance(model, MLPActorCritic) and model.policy_head.weight.dtype == torch.float32:
+    """obs (numpy) -> distribution inputs (numpy) for a feed-forward model's acting: numpy for
+    float32 MLPs whose outputs are all head outputs, torch otherwise."""
+    if model.state_size:
+        raise ValueError("a recurrent model acts through recurrent_policy")
+    if (
+        isinstance(model, MLPActorCritic)
+        and model.log_std is None
+        and model.policy_head.weight.dtype == torch.float32
+    ):
         return NumpyPolicy(model)
 
     def act(obs: np.ndarray) -> np.ndarray:
@@ -187,18 +419,124 @@ def acting_policy(model: ActorCritic) -> Callable[[np.ndarray], np.ndarray]:
     return act
 
 
-def build_model(model: ModelSpec, obs_shape: tuple[int, ...], num_actions: int) -> ActorCritic:
+def recurrent_policy(
+    model: ActorCritic,
+) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """(obs, state) -> (distribution inputs, next state), numpy in and out, for acting."""
+
+    def act(obs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        with torch.inference_mode():
+            outputs, after = model.act(torch.from_numpy(obs), torch.from_numpy(state))
+            return outputs.numpy(), after.numpy()
+
+    return act
+
+
+def build_model(
+    model: ModelSpec, obs_shape: tuple[int, ...], actions: ActionDistribution | int
+) -> ActorCritic:
     """The network the spec asks for; `type: auto` is the CNN for 3-D observations, else MLP.
 
-    For the CNN, `model.hidden` is the fully connected part after the convolutions (the paper
-    uses one layer of 256).
+    For the CNNs, `model.hidden` is the fully connected part after the convolutions (the paper
+    uses one layer of 256). `useLstm` puts an LSTM core between any built-in torso and the heads.
     """
+    dist = as_distribution(actions)
+    obs_shape = tuple(obs_shape)
+    if model.type == "custom":
+        return _custom_model(model, obs_shape, dist)
     kind = model.type
     if kind == "auto":
         kind = "cnn" if len(obs_shape) == 3 else "mlp"
+    if kind in ("cnn", "resnet") and len(obs_shape) != 3:
+        raise ValueError(f"model.type {kind} needs [C, H, W] observations, got {obs_shape}")
+    hidden, free = list(model.hidden), model.free_log_std
+    if model.use_lstm:
+        torso: Torso
+        if kind == "cnn":
+            torso = ShallowCNNTorso(obs_shape, hidden)
+        elif kind == "resnet":
+            torso = ResNetTorso(obs_shape, hidden)
+        else:
+            torso = MLPTorso(math.prod(obs_shape), hidden, model.activation)
+        return RecurrentActorCritic(torso, model.lstm_cell_size, dist, free)
     if kind == "cnn":
-        if len(obs_shape) != 3:
-            raise ValueError(f"model.type cnn needs [C, H, W] observations, got {obs_shape}")
-        return ImpalaShallowCNN(tuple(obs_shape), num_actions, list(model.hidden))
-    obs_size = math.prod(obs_shape)
-    return MLPActorCritic(obs_size, num_actions, list(model.hidden), model.activation)
+        return ImpalaShallowCNN(obs_shape, dist, hidden, free)
+    if kind == "resnet":
+        return TorsoActorCritic(ResNetTorso(obs_shape, hidden), dist, free)
+    return MLPActorCritic(math.prod(obs_shape), dist, hidden, model.activation, free)
+
+
+def _custom_model(
+    model: ModelSpec, obs_shape: tuple[int, ...], dist: ActionDistribution
+) -> ActorCritic:
+    assert model.import_path is not None  # the spec requires it with type custom
+    cls = resolve(model.import_path, "import")
+    if not (isinstance(cls, type) and issubclass(cls, ActorCritic)):
+        raise UserCodeError(
+            "import",
+            f"{model.import_path} must be a subclass of "
+            "impala_trainer.learning.models.ActorCritic (docs/models.md)",
+        )
+    try:
+        built: ActorCritic = cls(obs_shape, dist.num_inputs, **model.config)  # type: ignore[call-arg]
+    except Exception as err:  # the user's constructor may raise anything
+        raise UserCodeError(
+            "config",
+            f"{model.import_path}(obs_shape={obs_shape}, num_outputs={dist.num_inputs}, "
+            f"**config) failed: {type(err).__name__}: {err}",
+        ) from err
+    return built
+
+
+def model_problem(
+    model: ModelSpec,
+    obs_shape: tuple[int, ...],
+    obs_dtype: np.dtype,
+    actions: ActionDistribution,
+    separate_vf_optimizer: bool = False,
+) -> tuple[str, str] | None:
+    """Why the model cannot train on these spaces, as (its field under spec, the reason), from
+    building it and running it once on two zero observations; None when it fits."""
+    try:
+        built = build_model(model, obs_shape, actions)
+    except UserCodeError as err:
+        return f"model.{err.field}", str(err)
+    except ValueError as err:
+        field = "freeLogStd" if "freeLogStd" in str(err) else "type"
+        return f"model.{field}", str(err)
+    where = "model.import" if model.type == "custom" else "model"
+    try:
+        _check_contract(built, obs_shape, obs_dtype, actions.num_inputs)
+        if separate_vf_optimizer:
+            list(built.value_function_parameters())
+    except Exception as err:  # whatever the model raises, it breaks the contract
+        return where, f"{type(built).__name__} breaks the model interface: {err}"
+    return None
+
+
+def _check_contract(
+    model: ActorCritic, obs_shape: tuple[int, ...], obs_dtype: np.dtype, num_outputs: int
+) -> None:
+    obs = torch.from_numpy(np.zeros((1, 2, *obs_shape), obs_dtype))
+    state = model.initial_state(2)
+    if tuple(state.shape) != (2, model.state_size):
+        raise ValueError(f"initial_state(2) has shape {tuple(state.shape)}, not (2, state_size)")
+    with torch.no_grad():
+        if model.state_size:
+            outputs, values, states = model.forward_sequence(
+                obs, state, torch.zeros(1, 2, dtype=torch.bool)
+            )
+            want_states = (1, 2, model.state_size)
+            if tuple(states.shape) != want_states:
+                raise ValueError(
+                    f"forward_sequence states {tuple(states.shape)}, not {want_states}"
+                )
+            outputs, values = outputs[0], values[0]
+        else:
+            outputs, values = model(obs[0])
+    if tuple(outputs.shape) != (2, num_outputs):
+        raise ValueError(
+            f"outputs for 2 observations have shape {tuple(outputs.shape)}, not (2, {num_outputs})"
+        )
+    if tuple(values.shape) != (2,):
+        raise ValueError(f"values for 2 observations have shape {tuple(values.shape)}, not (2,)")

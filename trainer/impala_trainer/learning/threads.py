@@ -6,6 +6,7 @@ Apart from both thread modules so that neither imports the other.
 from __future__ import annotations
 
 from impala_api.spec import ImpalaJobSpec
+from impala_trainer.learning.distributions import ActionDistribution
 from impala_trainer.learning.learner_thread import LearnerThread
 from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
 
@@ -31,7 +32,7 @@ def _take_intra_op_threads() -> int:
 
 
 def make_learner_thread(
-    spec: ImpalaJobSpec, obs_shape: tuple[int, ...], num_actions: int
+    spec: ImpalaJobSpec, obs_shape: tuple[int, ...], actions: ActionDistribution | int
 ) -> LearnerThread | MultiGPULearnerThread:
     """The learner (built here) inside the thread the spec asks for (`.learner` holds it).
 
@@ -56,7 +57,7 @@ def make_learner_thread(
     )
     if multi:
         return MultiGPULearnerThread(
-            MultiDeviceLearner(spec, obs_shape, num_actions),
+            MultiDeviceLearner(spec, obs_shape, actions),
             num_sgd_iter=t.num_sgd_iter,
             learner_queue_size=t.learner_queue_size,
             learner_queue_timeout=t.learner_queue_timeout,
@@ -66,7 +67,7 @@ def make_learner_thread(
         )
     device = "cuda:0" if gpus == 1 else "cpu"
     return LearnerThread(
-        Learner(spec, obs_shape, num_actions, device=device),
+        Learner(spec, obs_shape, actions, device=device),
         minibatch_buffer_size=t.minibatch_buffer_size,
         num_sgd_iter=t.num_sgd_iter,
         learner_queue_size=t.learner_queue_size,

@@ -9,7 +9,7 @@ reset) and time-limit truncations can be bootstrapped from the true final observ
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -17,6 +17,9 @@ from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 
 from impala_api.spec import EnvSpec
+
+if TYPE_CHECKING:
+    from impala_trainer.learning.distributions import ActionDistribution
 from impala_trainer.user_code import UserCodeError, import_env_module, wrapper_factories
 
 
@@ -112,12 +115,25 @@ FLATTENED = (
 
 def check_spaces(observation: gym.Space[Any], action: gym.Space[Any]) -> None:
     """Raise UnsupportedSpaceError naming the space the trainer cannot take."""
-    if not isinstance(action, gym.spaces.Discrete):
-        raise UnsupportedSpaceError(
-            f"action space {action} is not supported yet: only Discrete actions are "
-            "(MultiDiscrete and Box are issue 21's next step)"
-        )
+    _check_action(action)
     _check_observation(observation)
+
+
+def _check_action(space: gym.Space[Any]) -> None:
+    if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
+        if np.any(space.start != 0):
+            raise UnsupportedSpaceError(
+                f"action space {space} does not start at 0: wrap the env to shift its actions"
+            )
+        return
+    if isinstance(space, gym.spaces.MultiBinary):
+        return
+    if isinstance(space, gym.spaces.Box) and np.issubdtype(space.dtype, np.floating):
+        return
+    raise UnsupportedSpaceError(
+        f"action space {space} is not supported: actions must be Discrete, MultiDiscrete, "
+        "MultiBinary or a float Box (Dict and Tuple actions: flatten them in a wrapper)"
+    )
 
 
 def _check_observation(space: gym.Space[Any]) -> None:
@@ -260,14 +276,28 @@ def final_observations(infos: dict[str, Any], mask: np.ndarray) -> np.ndarray:
     return np.stack(list(rows))
 
 
-def env_spaces(env: EnvSpec) -> tuple[tuple[int, ...], int]:
-    """(observation shape, number of discrete actions) of `env`, from a throwaway instance."""
+class EnvSpaces(NamedTuple):
+    """What the learner's model is built for."""
+
+    obs_shape: tuple[int, ...]
+    obs_dtype: np.dtype
+    actions: ActionDistribution
+    action_space: gym.Space[Any]
+
+
+def env_spaces(env: EnvSpec) -> EnvSpaces:
+    """The observation shape and dtype and the action distribution of `env`, from a throwaway
+    instance."""
+    # Here, not at the top: `impalajob validate` imports this module and must not load torch.
+    from impala_trainer.learning.distributions import action_distribution
+
     vec = make_vector_env(env, 1, seed=0)
     try:
-        space = vec.single_action_space
-        check_spaces(vec.single_observation_space, space)
-        shape = vec.single_observation_space.shape
-        assert shape is not None
-        return tuple(shape), int(space.n)
+        obs, space = vec.single_observation_space, vec.single_action_space
+        check_spaces(obs, space)
+        assert obs.shape is not None
+        return EnvSpaces(
+            tuple(obs.shape), np.dtype(obs.dtype), action_distribution(space), space
+        )
     finally:
         vec.close()

@@ -9,9 +9,17 @@ import numpy as np
 import torch
 
 from impala_api.spec import ImpalaJobSpec
-from impala_trainer.batches import Fragment, Gradients, concat_fragments, no_final_steps
+from impala_trainer.batches import (
+    Fragment,
+    Gradients,
+    concat_fragments,
+    no_final_steps,
+    no_state,
+    split_sequences,
+)
+from impala_trainer.learning.distributions import action_distribution
 from impala_trainer.learning.learner import Learner
-from impala_trainer.learning.models import acting_policy, build_model
+from impala_trainer.learning.models import acting_policy, build_model, recurrent_policy
 from impala_trainer.rollouts.envs import final_observations, make_vector_env
 
 
@@ -19,9 +27,10 @@ class RolloutWorker:
     """Steps `numEnvsPerWorker` envs for `rolloutFragmentLength` steps per `sample()` call.
 
     Inference is one batched forward per vector step (in numpy for MLPs, see
-    `models.NumpyPolicy`). Actions are drawn with the Gumbel-max trick from noise drawn once per
-    fragment, which is cheaper than a torch distribution per step and makes a worker's actions a
-    pure function of its seed and weights.
+    `models.NumpyPolicy`). Actions come from the action distribution with noise drawn once per
+    fragment (Gumbel-max for the discrete spaces), which is cheaper than a torch distribution per
+    step and makes a worker's actions a pure function of its seed and weights. A recurrent
+    policy's state lives here: carried across steps and fragments, zeroed where an episode ends.
     """
 
     def __init__(self, spec: ImpalaJobSpec, worker_id: str, seed: int) -> None:
@@ -37,24 +46,35 @@ class RolloutWorker:
         shape = self.env.single_observation_space.shape
         assert shape is not None
         self.obs_shape: tuple[int, ...] = tuple(shape)
-        self.num_actions: int = int(self.env.single_action_space.n)
+        self.actions = action_distribution(self.env.single_action_space)
         self.obs_dtype = self.env.single_observation_space.dtype
         self._learner: Learner | None = None
         if spec.training.mode == "async-gradients":
             # A3C: a Learner copy owns the acting model, so gradients are of the acting policy.
-            self._learner = Learner(spec, self.obs_shape, self.num_actions)
+            self._learner = Learner(spec, self.obs_shape, self.actions)
             self.model = self._learner.model
         else:
-            self.model = build_model(spec.model, self.obs_shape, self.num_actions)
+            self.model = build_model(spec.model, self.obs_shape, self.actions)
         self.model.eval()
-        self._policy_logits = acting_policy(self.model)
+        self.recurrent = self.model.state_size > 0
+        if self.recurrent:
+            self._act_recurrent = recurrent_policy(self.model)
+            self.state = self.model.initial_state(self.num_envs).numpy()
+        else:
+            self._policy_logits = acting_policy(self.model)
+            self.state = no_state(self.num_envs)
+        self.seq_len = spec.model.max_seq_len or self.fragment_length
         self.policy_version = 0
         self.rng = np.random.default_rng(seed)
         self.obs, _ = self.env.reset(seed=seed)
         self.episode_return = np.zeros(self.num_envs, np.float64)
         self.episode_length = np.zeros(self.num_envs, np.int64)
         self.env_steps = 0
-        self._scores = np.empty((self.num_envs, self.num_actions), np.float32)
+
+    @property
+    def num_actions(self) -> int:
+        """The policy's outputs per step (the number of actions for Discrete)."""
+        return self.actions.num_inputs
 
     def set_weights(self, weights: dict[str, np.ndarray], policy_version: int) -> None:
         """Load the learner's weights; fragments sampled from now on carry `policy_version`."""
@@ -67,26 +87,32 @@ class RolloutWorker:
 
     @torch.inference_mode()
     def sample(self) -> Fragment:
-        """One fragment of `[T, B]` transitions from the current policy."""
-        t_len, b = self.fragment_length, self.num_envs
+        """One fragment of `[T, B]` transitions from the current policy (as `[maxSeqLen,
+        T / maxSeqLen * B]` sequences when a recurrent model sets maxSeqLen)."""
+        t_len, b, dist = self.fragment_length, self.num_envs, self.actions
         obs_buf = np.empty((t_len, b, *self.obs_shape), self.obs_dtype)
-        actions = np.empty((t_len, b), np.int64)
-        logits_buf = np.empty((t_len, b, self.num_actions), np.float32)
+        actions = dist.empty_actions(t_len, b)
+        logits_buf = np.empty((t_len, b, dist.num_inputs), np.float32)
         rewards = np.empty((t_len, b), np.float32)
         terminateds = np.empty((t_len, b), np.bool_)
         truncateds = np.empty((t_len, b), np.bool_)
-        gumbel = self.rng.gumbel(size=(t_len, b, self.num_actions)).astype(np.float32)
+        noise = dist.noise(self.rng, t_len, b)
+        starts: list[np.ndarray] = []
         final_steps: list[np.ndarray] = []
         final_obs: list[np.ndarray] = []
         returns: list[float] = []
         lengths: list[int] = []
-        obs = self.obs
+        obs, state = self.obs, self.state
         for t in range(t_len):
             obs_buf[t] = obs
-            logits_buf[t] = self._policy_logits(obs_buf[t])
-            np.add(logits_buf[t], gumbel[t], out=self._scores)
-            np.argmax(self._scores, axis=1, out=actions[t])
-            obs, reward, term, trunc, infos = self.env.step(actions[t])
+            if self.recurrent:
+                if t % self.seq_len == 0:
+                    starts.append(state)
+                logits_buf[t], state = self._act_recurrent(obs_buf[t], state)
+            else:
+                logits_buf[t] = self._policy_logits(obs_buf[t])
+            dist.sample(logits_buf[t], noise[t], actions[t])
+            obs, reward, term, trunc, infos = self.env.step(dist.to_env(actions[t]))
             # The learner sees clipped rewards; the episode return reports the env's own.
             rewards[t] = np.sign(reward) if self.clip_rewards else reward
             terminateds[t] = term
@@ -107,13 +133,15 @@ class RolloutWorker:
                 lengths.extend(self.episode_length[idx].tolist())
                 self.episode_return[idx] = 0.0
                 self.episode_length[idx] = 0
-        self.obs = obs
+                if self.recurrent:
+                    state = np.where(done[:, None], np.float32(0.0), state)  # a new episode
+        self.obs, self.state = obs, state
         self.env_steps += t_len * b
         if final_obs:
             cut_obs, cut_steps = np.concatenate(final_obs), np.concatenate(final_steps)
         else:
             cut_obs, cut_steps = no_final_steps(self.obs_shape, self.obs_dtype)
-        return Fragment(
+        fragment = Fragment(
             obs=obs_buf,
             actions=actions,
             behaviour_logits=logits_buf,
@@ -124,10 +152,14 @@ class RolloutWorker:
             final_steps=cut_steps.astype(np.int64, copy=False),
             bootstrap_obs=np.array(obs, copy=True),
             policy_version=self.policy_version,
+            state_in=starts[0] if starts else no_state(b),
             episode_returns=returns,
             episode_lengths=lengths,
             worker_id=self.worker_id,
         )
+        if len(starts) > 1:
+            return split_sequences(fragment, self.seq_len, np.stack(starts))
+        return fragment
 
     def compute_gradients(self, global_timestep: int = 0) -> Gradients:
         """A3C mode: sample one fragment on-policy and return the loss gradients on it.

@@ -1,0 +1,231 @@
+"""Action distributions: what a policy's outputs mean, for acting (numpy) and learning (torch).
+
+A model outputs `num_inputs` numbers per row (RLlib's "distribution inputs"); the distribution
+turns them into actions in the rollout workers and into log-probabilities and entropies in the
+loss. V-trace only needs the joint log-probability of the action taken, so the loss is the same
+for every space.
+
+- `Categorical(n)` for Discrete: inputs are logits.
+- `MultiCategorical(nvec)` for MultiDiscrete/MultiBinary: one Categorical per component, the
+  log-probabilities and entropies summed (independent components, as RLlib's).
+- `DiagGaussian(low, high)` for Box: inputs are [mean, log_std] per dimension. The learner scores
+  the sampled, unclipped action; only the env sees it clipped to the space (RLlib's
+  `normalize_actions: False, clip_actions: True`), so log-probabilities stay those of the
+  distribution that acted.
+
+Workers draw each fragment's noise in one call (Gumbel for the categoricals, standard normal for
+the Gaussian), which is cheaper than a distribution object per step and makes a worker's actions
+a pure function of its seed and weights.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+_LOG_2PI = math.log(2.0 * math.pi)
+LOG_STD_BOUNDS = (-20.0, 2.0)
+"""log-std is clamped to this range in the loss and when acting: a std of e^-20 is a
+deterministic policy already, and an unclamped head can overflow exp() early in training."""
+
+
+class ActionDistribution(ABC):
+    """One action space's distribution; plain data, so it pickles to every actor."""
+
+    num_inputs: int
+    """Model outputs per row."""
+    action_shape: tuple[int, ...]
+    """Shape of one action as the learner stores it (flat: the env's own shape is restored by
+    `to_env`)."""
+    action_dtype: np.dtype
+    space_name: str
+    """The space as gymnasium prints it, for messages and the export metadata."""
+
+    @abstractmethod
+    def log_prob(self, inputs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """[..., num_inputs], [..., *action_shape] -> [...]."""
+
+    @abstractmethod
+    def entropy(self, inputs: torch.Tensor) -> torch.Tensor:
+        """[..., num_inputs] -> [...]."""
+
+    @abstractmethod
+    def noise(self, rng: np.random.Generator, t_len: int, batch: int) -> np.ndarray:
+        """The randomness of a fragment's T x B actions, drawn in one call."""
+
+    @abstractmethod
+    def sample(self, inputs: np.ndarray, noise: np.ndarray, out: np.ndarray) -> None:
+        """Write actions for [B, num_inputs] `inputs` and one step's `noise` into `out`."""
+
+    @abstractmethod
+    def greedy(self, inputs: np.ndarray) -> np.ndarray:
+        """The most likely action per row (evaluation without exploration)."""
+
+    def to_env(self, actions: np.ndarray) -> np.ndarray:
+        """Actions [B, *action_shape] as the vector env takes them."""
+        return actions
+
+    def empty_actions(self, t_len: int, batch: int) -> np.ndarray:
+        return np.empty((t_len, batch, *self.action_shape), self.action_dtype)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and repr(other) == repr(self)
+
+    def __hash__(self) -> int:
+        return hash(repr(self))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.space_name})"
+
+
+class Categorical(ActionDistribution):
+    def __init__(self, n: int) -> None:
+        self.n = int(n)
+        self.num_inputs = self.n
+        self.action_shape = ()
+        self.action_dtype = np.dtype(np.int64)
+        self.space_name = f"Discrete({self.n})"
+        self._scores: np.ndarray | None = None
+
+    def log_prob(self, inputs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        log_probs = F.log_softmax(inputs, dim=-1)
+        return log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+
+    def entropy(self, inputs: torch.Tensor) -> torch.Tensor:
+        log_probs = F.log_softmax(inputs, dim=-1)
+        return -(log_probs.exp() * log_probs).sum(-1)
+
+    def noise(self, rng: np.random.Generator, t_len: int, batch: int) -> np.ndarray:
+        return rng.gumbel(size=(t_len, batch, self.n)).astype(np.float32)
+
+    def sample(self, inputs: np.ndarray, noise: np.ndarray, out: np.ndarray) -> None:
+        # Gumbel-max: argmax(logits + Gumbel noise) is a sample of softmax(logits).
+        if self._scores is None or self._scores.shape != inputs.shape:
+            self._scores = np.empty(inputs.shape, np.float32)
+        np.add(inputs, noise, out=self._scores)
+        np.argmax(self._scores, axis=1, out=out)
+
+    def greedy(self, inputs: np.ndarray) -> np.ndarray:
+        return np.asarray(np.argmax(inputs, axis=-1))
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**vars(self), "_scores": None}
+
+
+class MultiCategorical(ActionDistribution):
+    def __init__(
+        self, nvec: list[int] | tuple[int, ...], shape: tuple[int, ...], dtype: str
+    ) -> None:
+        self.nvec = tuple(int(n) for n in nvec)
+        self.env_shape = tuple(shape)
+        self.env_dtype = str(dtype)
+        self.num_inputs = sum(self.nvec)
+        self.action_shape = (len(self.nvec),)
+        self.action_dtype = np.dtype(np.int64)
+        self.space_name = f"MultiDiscrete({list(self.nvec)})"
+        self._bounds = np.cumsum((0, *self.nvec)).tolist()
+
+    def _parts(self, inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.split(inputs, list(self.nvec), dim=-1)
+
+    def log_prob(self, inputs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        total = inputs.new_zeros(inputs.shape[:-1])
+        for i, part in enumerate(self._parts(inputs)):
+            logp = F.log_softmax(part, dim=-1)
+            total = total + logp.gather(-1, actions[..., i : i + 1]).squeeze(-1)
+        return total
+
+    def entropy(self, inputs: torch.Tensor) -> torch.Tensor:
+        total = inputs.new_zeros(inputs.shape[:-1])
+        for part in self._parts(inputs):
+            logp = F.log_softmax(part, dim=-1)
+            total = total - (logp.exp() * logp).sum(-1)
+        return total
+
+    def noise(self, rng: np.random.Generator, t_len: int, batch: int) -> np.ndarray:
+        return rng.gumbel(size=(t_len, batch, self.num_inputs)).astype(np.float32)
+
+    def sample(self, inputs: np.ndarray, noise: np.ndarray, out: np.ndarray) -> None:
+        scores = inputs + noise
+        for i, (lo, hi) in enumerate(zip(self._bounds, self._bounds[1:], strict=False)):
+            np.argmax(scores[:, lo:hi], axis=1, out=out[:, i])
+
+    def greedy(self, inputs: np.ndarray) -> np.ndarray:
+        parts = [
+            np.argmax(inputs[..., lo:hi], axis=-1)
+            for lo, hi in zip(self._bounds, self._bounds[1:], strict=False)
+        ]
+        return np.stack(parts, axis=-1)
+
+    def to_env(self, actions: np.ndarray) -> np.ndarray:
+        return actions.reshape(len(actions), *self.env_shape).astype(self.env_dtype, copy=False)
+
+
+class DiagGaussian(ActionDistribution):
+    def __init__(self, low: np.ndarray, high: np.ndarray, dtype: str = "float32") -> None:
+        self.low = np.asarray(low, np.float32)
+        self.high = np.asarray(high, np.float32)
+        self.env_shape = tuple(self.low.shape)
+        self.env_dtype = str(dtype)
+        self.dim = int(self.low.size)
+        self.num_inputs = 2 * self.dim
+        self.action_shape = (self.dim,)
+        self.action_dtype = np.dtype(np.float32)
+        self.space_name = f"Box({self.low.tolist()}, {self.high.tolist()}, {self.env_shape})"
+        self._flat_low = self.low.reshape(-1)
+        self._flat_high = self.high.reshape(-1)
+
+    def _mean_log_std(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, log_std = torch.split(inputs, self.dim, dim=-1)
+        return mean, log_std.clamp(*LOG_STD_BOUNDS)
+
+    def log_prob(self, inputs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        mean, log_std = self._mean_log_std(inputs)
+        z = (actions.to(mean.dtype) - mean) * torch.exp(-log_std)
+        return -(0.5 * z.pow(2) + log_std + 0.5 * _LOG_2PI).sum(-1)
+
+    def entropy(self, inputs: torch.Tensor) -> torch.Tensor:
+        _, log_std = self._mean_log_std(inputs)
+        return (log_std + 0.5 * (_LOG_2PI + 1.0)).sum(-1)
+
+    def noise(self, rng: np.random.Generator, t_len: int, batch: int) -> np.ndarray:
+        return rng.standard_normal((t_len, batch, self.dim), np.float32)
+
+    def sample(self, inputs: np.ndarray, noise: np.ndarray, out: np.ndarray) -> None:
+        mean, log_std = inputs[:, : self.dim], inputs[:, self.dim :]
+        np.multiply(np.exp(np.clip(log_std, *LOG_STD_BOUNDS)), noise, out=out)
+        np.add(out, mean, out=out)
+
+    def greedy(self, inputs: np.ndarray) -> np.ndarray:
+        return np.array(inputs[..., : self.dim], np.float32)
+
+    def to_env(self, actions: np.ndarray) -> np.ndarray:
+        clipped = np.clip(actions, self._flat_low, self._flat_high)
+        return np.asarray(clipped.reshape(len(actions), *self.env_shape), self.env_dtype)
+
+
+def action_distribution(space: gym.Space[Any]) -> ActionDistribution:
+    """The policy's distribution over `space` (one `rollouts.envs.check_spaces` accepts):
+    Categorical for Discrete, one Categorical per component for MultiDiscrete and MultiBinary,
+    a diagonal Gaussian for a float Box."""
+    if isinstance(space, gym.spaces.Discrete):
+        return Categorical(int(space.n))
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return MultiCategorical(space.nvec.reshape(-1).tolist(), space.shape, str(space.dtype))
+    if isinstance(space, gym.spaces.MultiBinary):
+        shape = tuple(space.shape)
+        return MultiCategorical([2] * int(np.prod(shape)), shape, str(space.dtype))
+    if isinstance(space, gym.spaces.Box):
+        return DiagGaussian(space.low, space.high, str(space.dtype))
+    raise ValueError(f"no action distribution for {space}")
+
+
+def as_distribution(actions: ActionDistribution | int) -> ActionDistribution:
+    """A distribution, or a number of discrete actions as its Categorical."""
+    return actions if isinstance(actions, ActionDistribution) else Categorical(actions)
