@@ -76,35 +76,6 @@ class SlidingCorridor(Corridor):
         return super().step(1 if float(action[0]) > 0.0 else 0)
 
 
-class TwinCorridor(gym.Env):  # type: ignore[misc]
-    """Two corridors walked at once (a MultiDiscrete action, one component per walker): 1 when
-    both have reached their far end, 0.01 per step."""
-
-    def __init__(self, length: int = 5) -> None:
-        self.length = length
-        self.observation_space = gym.spaces.Box(0.0, 1.0, (2 * length,), np.float32)
-        self.action_space = gym.spaces.MultiDiscrete([2, 2])
-        self.positions = [0, 0]
-
-    def _obs(self) -> np.ndarray:
-        obs = np.zeros(2 * self.length, np.float32)
-        obs[self.positions[0]] = obs[self.length + self.positions[1]] = 1.0
-        return obs
-
-    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
-        super().reset(seed=seed)
-        self.positions = [0, 0]
-        return self._obs(), {}
-
-    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
-        assert self.action_space.contains(action), action
-        end = self.length - 1
-        self.positions = [min(end, max(0, p + (1 if a == 1 else -1))) for p, a in
-                          zip(self.positions, action, strict=True)]  # fmt: skip
-        done = self.positions == [end, end]
-        return self._obs(), (1.0 if done else 0.0) - 0.01, done, False, {}
-
-
 class TupleCorridor(Corridor):
     """Actions as a Tuple: a space the trainer refuses (flatten it in a wrapper)."""
 
@@ -129,5 +100,4 @@ NotAWrapper = 42
 gym.register("Corridor-v0", entry_point=Corridor, max_episode_steps=50)
 gym.register("DictCorridor-v0", entry_point=DictCorridor, max_episode_steps=50)
 gym.register("SlidingCorridor-v0", entry_point=SlidingCorridor, max_episode_steps=50)
-gym.register("TwinCorridor-v0", entry_point=TwinCorridor, max_episode_steps=50)
 gym.register("TupleCorridor-v0", entry_point=TupleCorridor, max_episode_steps=50)
