@@ -62,19 +62,7 @@ if [[ -f "$archive" ]]; then
 fi
 
 # --- buildah storage (outside the repo, persistent: it holds the layer cache) --------------------
-driver="${STORAGE_DRIVER:-}"
-if [[ -z "$driver" ]]; then
-  driver=vfs
-  probe="$(mktemp -d)"
-  # overlay shares unchanged files between layers (vfs copies the whole tree per layer, gigabytes
-  # here); it fails on some filesystems, e.g. overlay on overlay.
-  if mkdir -p "$probe"/{l,u,w,m} && mount -t overlay overlay \
-      -o "lowerdir=$probe/l,upperdir=$probe/u,workdir=$probe/w" "$probe/m" 2>/dev/null; then
-    umount "$probe/m"; driver=overlay
-  fi
-  rm -rf "$probe"
-fi
-B=(buildah --root "$CACHE/storage-$driver" --runroot "$CACHE/run-$driver" --storage-driver "$driver")
+source hack/buildah-storage.sh   # sets B: buildah on "$CACHE"'s storage
 t0=$SECONDS
 
 # --- base: Debian bookworm with Python 3.11, made by mmdebstrap ----------------------------------
@@ -130,18 +118,11 @@ log "wheelhouse ready in $((t_wheels - t0)) s; building $IMAGE from the Dockerfi
   -f Dockerfile -t "localhost/$IMAGE" . >&2
 
 t_build=$SECONDS
-tmp_archive="$archive.tmp"
-rm -f "$tmp_archive"
-# Uncompressed: gzip of the torch layer costs minutes on two cores and saves nothing on local disk.
 # The export re-reads every layer from storage (~90 s for 3.2 GB; buildah 1.28 reuses no blob of
 # an earlier export), which is most of what a code change costs.
-"${B[@]}" push --quiet --disable-compression "localhost/$IMAGE" "oci-archive:$tmp_archive:$IMAGE" >&2
-mv "$tmp_archive" "$archive"
-# Older archives of this image and the images of old project builds (untagged, no children) go;
-# the tagged base and the layer cache the current image is built on stay.
-for old in "$CACHE/${IMAGE//[:\/]/_}"-*.oci.tar; do
-  [[ "$old" == "$archive" ]] || rm -f "$old"
-done
+export_archive "$IMAGE" "$archive"
+# The images of old project builds (untagged, no children) go; the tagged base and the layer
+# cache the current image is built on stay.
 "${B[@]}" rmi --prune >/dev/null 2>&1 || true
 log "built $IMAGE in $((SECONDS - t0)) s (export $((SECONDS - t_build)) s): $archive ($(du -h "$archive" | cut -f1))"
 echo "$archive"

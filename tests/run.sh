@@ -30,4 +30,5 @@ python -m mypy
 
 # Ray must not try to reach the internet or collect usage stats in tests.
 export RAY_USAGE_STATS_ENABLED=0
-exec python -m pytest "$@"
+# The slowest tests are listed at the end: CI's time budget is watched from there.
+exec python -m pytest --durations=25 "$@"

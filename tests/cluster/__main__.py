@@ -28,23 +28,28 @@ def main() -> None:
     """Start a cluster, print how to reach it, wait for Ctrl-C, tear it down."""
     parser = argparse.ArgumentParser(prog="python -m cluster", description=__doc__)
     parser.add_argument("--real-node", action="store_true", help="one real node, no kwok nodes")
-    parser.add_argument("--image", type=Path, help="OCI archive to import (default: build it)")
+    parser.add_argument(
+        "--image",
+        type=Path,
+        action="append",
+        default=[],
+        help="OCI archive to import, repeatable (default: build the product image); e.g. a job "
+        "image of hack/build-job-image.sh beside the product's",
+    )
     args = parser.parse_args()
     # `kill PID` should tear down as cleanly as Ctrl-C; a background job may also ignore SIGINT.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     bin_dir = build_binaries()
-    images: list[Path] = []
-    if args.real_node:
-        if args.image is None:
-            out = subprocess.run(
-                ["bash", str(REPO / "hack" / "build-image.sh")],
-                stdout=subprocess.PIPE,
-                text=True,
-                check=True,
-            ).stdout
-            args.image = Path(out.strip().splitlines()[-1])
-        images.append(args.image)
+    images: list[Path] = list(args.image)
+    if args.real_node and not images:
+        out = subprocess.run(
+            ["bash", str(REPO / "hack" / "build-image.sh")],
+            stdout=subprocess.PIPE,
+            text=True,
+            check=True,
+        ).stdout
+        images.append(Path(out.strip().splitlines()[-1]))
     t0 = time.monotonic()
     with ControlPlane.start(
         bin_dir,

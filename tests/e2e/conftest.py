@@ -105,6 +105,20 @@ def build_image() -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
+JOB_IMAGE = "my-impala:0.1.0"
+"""The image manifests/examples/custom.yaml runs: the product image with examples/custom added."""
+
+
+def build_job_image() -> Path:
+    """examples/custom/Dockerfile (FROM the product image) built as a user builds it
+    (hack/build-job-image.sh; cached by content), as an OCI archive."""
+    proc = subprocess.run(
+        ["bash", str(REPO / "hack" / "build-job-image.sh"), "examples/custom", JOB_IMAGE],
+        stdout=subprocess.PIPE, text=True, check=True, cwd=REPO,
+    )  # fmt: skip
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def real_kube() -> Iterator[Kube]:
     """A control plane with one real node and no kwok nodes, with the product image imported:
@@ -115,7 +129,7 @@ def real_kube() -> Iterator[Kube]:
     if os.geteuid() != 0:
         # Network namespaces, mounts and cgroups; tests/run.sh (CI) runs as root.
         pytest.skip("the real node needs root")
-    archive = build_image()
+    archives = [build_image(), build_job_image()]
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
@@ -124,7 +138,7 @@ def real_kube() -> Iterator[Kube]:
             build_binaries(),
             nodes=NodeSpec(count=0),
             real_node=True,
-            images=[archive],
+            images=archives,
             taint_real_node=False,
             timeout=900,
         ) as k:

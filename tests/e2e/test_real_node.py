@@ -278,6 +278,25 @@ def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
         assert "reached after" in impalajob(kube, "logs", "cartpole", "-n", ns)
 
 
+def test_a_job_image_built_from_the_product_image_trains(real_kube: Kube, operator: None) -> None:
+    """The cluster path for a user's own package (README): examples/custom/Dockerfile built FROM
+    the product image (hack/build-job-image.sh), and manifests/examples/custom.yaml, whose
+    spec.image names it, applied unchanged: the user's env (`my_impala.envs:TwinCorridor-v0`)
+    and model (`model.type: custom`) are imported in the learner and rollout pods."""
+    kube = real_kube
+    with kube.namespace("custom") as ns, diagnosed(kube, ns):
+        t0 = time.monotonic()
+        kube.kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "custom.yaml"))
+        st = wait_finished(kube, ns, "twin-corridor", timeout=600)
+        progress = st.get("progress") or {}
+        ret, steps = progress.get("episodeReturnMean"), progress.get("timesteps")
+        log(f"custom: {st['phase']} {time.monotonic() - t0:.0f} s after apply; {ret} at {steps}")
+        assert st["phase"] == "Succeeded", diagnose(kube, ns)
+        assert float(progress["episodeReturnMean"]) >= 0.9
+        images = {c["image"] for p in kube.pods(ns) for c in p["spec"]["containers"]}
+        assert images == {"my-impala:0.1.0"}, images
+
+
 # ---- faults on the real node --------------------------------------------------------------------
 
 FAULT_JOB = "faulty"

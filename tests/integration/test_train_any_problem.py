@@ -45,8 +45,8 @@ def test_pendulum_learns_continuous_control(tmp_path: Path) -> None:
 
 
 def test_an_lstm_remembers_what_a_feed_forward_policy_cannot_see(tmp_path: Path) -> None:
-    # 200 here, to bound CI time (400 takes ~1M steps: docs/benchmarks.md has the curves).
-    lstm = _train(tmp_path, "stateless-cartpole", "stop.episodeReturnMean=200",
+    # 150 here, to bound CI time (400 takes ~1M steps: docs/benchmarks.md has the curves).
+    lstm = _train(tmp_path, "stateless-cartpole", "stop.episodeReturnMean=150",
                   "stop.timesteps=1500000")  # fmt: skip
     assert lstm["summary"]["stopped_by"] == "episodeReturnMean", lstm["summary"]
     # Half that budget of env steps without the LSTM (it runs ~2x as many steps/s) stays far
@@ -55,7 +55,7 @@ def test_an_lstm_remembers_what_a_feed_forward_policy_cannot_see(tmp_path: Path)
     flat = _train(tmp_path, "stateless-cartpole", "model.useLstm=false", f"stop.timesteps={steps}",
                   "metadata.name=stateless-ff")  # fmt: skip
     assert flat["summary"]["stopped_by"] == "timesteps", flat["summary"]
-    assert max(_returns(flat["history"])) < 100
+    assert max(_returns(flat["history"])) < 75
 
 
 def test_your_own_env_and_model_from_your_package_train(tmp_path: Path) -> None:
@@ -63,7 +63,7 @@ def test_your_own_env_and_model_from_your_package_train(tmp_path: Path) -> None:
     # PYTHONPATH only, by the driver and by every Ray rollout worker.
     out = _train(tmp_path, "custom", pythonpath=str(ROOT / "examples" / "custom"))
     assert out["summary"]["stopped_by"] == "episodeReturnMean", out["summary"]
-    assert _returns(out["history"])[0] < 0.5
+    assert min(_returns(out["history"])) < 0.5  # a uniform policy averages -0.23
 
 
 def test_the_deep_resnet_trains_pong_briefly(tmp_path: Path) -> None:

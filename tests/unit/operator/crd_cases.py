@@ -12,7 +12,12 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from impala_api.spec import NO_STOP_CRITERION
+from impala_api.spec import (
+    CUSTOM_MODEL_IMPORT,
+    CUSTOM_MODEL_LSTM,
+    MAX_SEQ_LEN_DIVIDES,
+    NO_STOP_CRITERION,
+)
 
 Kind = Literal["schema", "unknown", "cel", "immutable", "name"]
 
@@ -187,6 +192,41 @@ INVALID: list[Invalid] = [
         "spec.rollouts.autoscaling.starvedQueueFill",
     ),
     Invalid(
+        "custom-model-without-import",
+        "cel",
+        {"model": {"type": "custom"}},
+        "spec.model.import",
+        CUSTOM_MODEL_IMPORT,
+    ),
+    Invalid(
+        "import-without-custom-model",
+        "cel",
+        {"model": {"import": "mygrid.models:Net"}},
+        "spec.model.import",
+        CUSTOM_MODEL_IMPORT,
+    ),
+    Invalid(
+        "custom-model-with-lstm",
+        "cel",
+        {"model": {"type": "custom", "import": "mygrid.models:Net", "useLstm": True}},
+        "spec.model.useLstm",
+        CUSTOM_MODEL_LSTM,
+    ),
+    Invalid(
+        "seq-len-not-dividing-fragments",
+        "cel",
+        {"model": {"maxSeqLen": 7}, "training": {"rolloutFragmentLength": 50}},
+        "spec.model.maxSeqLen",
+        MAX_SEQ_LEN_DIVIDES,
+    ),
+    Invalid("model-type", "schema", {"model": {"type": "transformer"}}, "spec.model.type"),
+    Invalid(
+        "model-import-path",
+        "schema",
+        {"model": {"type": "custom", "import": "not a path"}},
+        "spec.model.import",
+    ),
+    Invalid(
         "replay-without-slots",
         "cel",
         {"training": {"replayBatchesPerFresh": 0.5}},
@@ -304,6 +344,13 @@ VALID: dict[str, dict[str, Any]] = {
                         {"import": "mygrid.wrappers:TimePenalty", "kwargs": {"cost": 0.01}},
                         {"import": "mygrid.wrappers.Flatten"},
                     ],
+                },
+                "model": {
+                    "type": "custom",
+                    "import": "mygrid.models:Net",
+                    "config": {"width": 128, "layers": [64, 64]},
+                    "maxSeqLen": 10,
+                    "freeLogStd": True,
                 },
                 "training": {
                     "lrSchedule": [[0, 0.001], [100000, 0.0001]],

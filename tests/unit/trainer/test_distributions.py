@@ -31,6 +31,9 @@ def test_categorical_matches_torch() -> None:
     dist = Categorical(4)
     torch.testing.assert_close(dist.log_prob(logits, actions), ref.log_prob(actions))
     torch.testing.assert_close(dist.entropy(logits), ref.entropy())
+    logp, entropy = dist.log_prob_and_entropy(logits, actions)  # the loss's one-pass form
+    torch.testing.assert_close(logp, ref.log_prob(actions))
+    torch.testing.assert_close(entropy, ref.entropy())
 
 
 def test_multi_categorical_sums_its_components() -> None:
@@ -41,14 +44,16 @@ def test_multi_categorical_sums_its_components() -> None:
     expected = a.log_prob(actions[:, 0]) + b.log_prob(actions[:, 1])
     torch.testing.assert_close(dist.log_prob(inputs, actions), expected)
     torch.testing.assert_close(dist.entropy(inputs), a.entropy() + b.entropy())
-    assert dist.greedy(inputs.numpy()).tolist() == torch.stack(
-        [inputs[:, :3].argmax(-1), inputs[:, 3:].argmax(-1)], -1
-    ).tolist()
+    assert (
+        dist.greedy(inputs.numpy()).tolist()
+        == torch.stack([inputs[:, :3].argmax(-1), inputs[:, 3:].argmax(-1)], -1).tolist()
+    )
 
 
 def test_diag_gaussian_matches_torch() -> None:
     dist = DiagGaussian(np.full(3, -2.0), np.full(3, 2.0))
-    inputs = torch.randn(4, 6, dtype=torch.float64)
+    inputs = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    inputs[:, 3:] = inputs[:, 3:].clamp(-1.5, 1.5)  # inside the log-std clamp, as torch has none
     actions = torch.randn(4, 3, dtype=torch.float64) * 3  # outside the bounds too: unclipped
     ref = Normal(inputs[:, :3], inputs[:, 3:].exp())
     torch.testing.assert_close(dist.log_prob(inputs, actions), ref.log_prob(actions).sum(-1))

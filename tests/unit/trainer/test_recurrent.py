@@ -146,3 +146,18 @@ def test_a_checkpoint_restores_the_recurrent_policy(tmp_path: Path) -> None:
     f = worker.sample()
     for a, b in zip(_unroll(learner.model, f), _unroll(fresh.model, f), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_async_gradients_workers_compute_gradients_of_a_recurrent_policy() -> None:
+    """A3C mode (`training.mode: async-gradients`) takes an LSTM too: the worker unrolls its own
+    fragment from the state it began with and the driver's learner applies the gradients."""
+    spec = _spec().model_copy(deep=True)
+    spec.training.mode = "async-gradients"
+    worker = RolloutWorker(spec, "w", seed=5)
+    learner = Learner(spec, worker.obs_shape, worker.actions)
+    learner.set_weights(worker.get_weights())
+    out = worker.compute_gradients()
+    assert out.stats["batch_count"] == 80 and len(out.grads) == len(learner.params)
+    assert any(np.abs(g).sum() > 0 for g in out.grads)
+    learner.apply_gradients(out.grads)
+    assert learner.policy_version == 1

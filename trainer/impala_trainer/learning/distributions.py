@@ -55,6 +55,12 @@ class ActionDistribution(ABC):
     def entropy(self, inputs: torch.Tensor) -> torch.Tensor:
         """[..., num_inputs] -> [...]."""
 
+    def log_prob_and_entropy(
+        self, inputs: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both at once (what the loss needs of the learner's own outputs)."""
+        return self.log_prob(inputs, actions), self.entropy(inputs)
+
     @abstractmethod
     def noise(self, rng: np.random.Generator, t_len: int, batch: int) -> np.ndarray:
         """The randomness of a fragment's T x B actions, drawn in one call."""
@@ -100,6 +106,14 @@ class Categorical(ActionDistribution):
     def entropy(self, inputs: torch.Tensor) -> torch.Tensor:
         log_probs = F.log_softmax(inputs, dim=-1)
         return -(log_probs.exp() * log_probs).sum(-1)
+
+    def log_prob_and_entropy(
+        self, inputs: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # One log-softmax for both: the CartPole learner's update is op dispatch, op for op.
+        log_probs = F.log_softmax(inputs, dim=-1)
+        taken = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        return taken, -(log_probs.exp() * log_probs).sum(-1)
 
     def noise(self, rng: np.random.Generator, t_len: int, batch: int) -> np.ndarray:
         return rng.gumbel(size=(t_len, batch, self.n)).astype(np.float32)

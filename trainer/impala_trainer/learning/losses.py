@@ -133,7 +133,7 @@ def impala_loss(
     discounts = (~done).to(dtype) * coeffs.gamma
 
     # V-trace needs only the joint log-probability of the action taken, whatever the space.
-    target_logp = dist.log_prob(fwd.outputs, batch.actions)  # [T, B]
+    target_logp, entropy = dist.log_prob_and_entropy(fwd.outputs, batch.actions)  # [T, B] each
     behaviour_logp = dist.log_prob(batch.behaviour_logits.to(dtype), batch.actions)
     log_rhos = target_logp.detach() - behaviour_logp
     returns = vtrace.from_importance_weights(
@@ -149,7 +149,7 @@ def impala_loss(
     policy_loss = -(target_logp * returns.pg_advantages).sum()
     value_error = returns.vs - values
     vf_loss = 0.5 * value_error.pow(2).sum()
-    entropy_sum = dist.entropy(fwd.outputs).sum()
+    entropy_sum = entropy.sum()
     policy_total = policy_loss - coeffs.entropy_coeff * entropy_sum
     total_loss = policy_total + coeffs.vf_loss_coeff * vf_loss
 
