@@ -84,7 +84,9 @@ def format_validation_error(err: ValidationError) -> list[str]:
         msg = str(e["msg"]).removeprefix("Value error, ")
         got = "" if e["type"] == "missing" else f" (got {e.get('input')!r})"
         # A message that names its own field (as the CRD's CEL messages do) is not prefixed.
-        where = "" if msg.startswith(f"{path} ") else f"{path}: "
+        # A message that names its field itself (a cross-field rule's, as the CEL rule words
+        # it) is shown as it is, the same words as the API server's.
+        where = "" if msg.startswith((f"{path} ", f"{path}.")) else f"{path}: "
         lines.append(f"{where}{msg}{got}{_bounds(loc)}")
     return lines
 
