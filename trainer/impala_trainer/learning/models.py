@@ -216,6 +216,17 @@ def _channels_last(obs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.mul_(1.0 / 255.0) if obs.dtype == torch.uint8 else x
 
 
+def _fc_after(convs: nn.Module, obs_shape: tuple[int, ...], hidden: list[int]) -> nn.Sequential:
+    """Initialise `convs`' convolutions and return the fully connected layers that follow them,
+    sized by probing `convs` with one observation."""
+    for layer in convs.modules():
+        if isinstance(layer, nn.Conv2d):
+            _init_linear(layer, math.sqrt(2.0))
+    with torch.no_grad():
+        conv_out = int(convs(torch.zeros(1, *obs_shape)).shape[1])
+    return _mlp([conv_out, *hidden], "relu")
+
+
 class ShallowCNNTorso(Torso):
     """The shallow CNN's features: conv 16x8x8/4, conv 32x4x4/2, fc `hidden` (ReLU)."""
 
@@ -228,12 +239,7 @@ class ShallowCNNTorso(Torso):
             nn.ReLU(),
             nn.Flatten(),
         )
-        for layer in self.convs:
-            if isinstance(layer, nn.Conv2d):
-                _init_linear(layer, math.sqrt(2.0))
-        with torch.no_grad():
-            conv_out = int(self.convs(torch.zeros(1, *obs_shape)).shape[1])  # 2592 for 84x84
-        self.fc = _mlp([conv_out, *hidden], "relu")
+        self.fc = _fc_after(self.convs, obs_shape, hidden)  # 2592 inputs for 84x84
         self.out_features = hidden[-1]
         self.to(memory_format=torch.channels_last)
 
@@ -269,12 +275,7 @@ class ResNetTorso(Torso):
             ]
             channels = out
         self.stacks = nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
-        for layer in self.stacks.modules():
-            if isinstance(layer, nn.Conv2d):
-                _init_linear(layer, math.sqrt(2.0))
-        with torch.no_grad():
-            conv_out = int(self.stacks(torch.zeros(1, *obs_shape)).shape[1])  # 3872 for 84x84
-        self.fc = _mlp([conv_out, *hidden], "relu")
+        self.fc = _fc_after(self.stacks, obs_shape, hidden)  # 3872 inputs for 84x84
         self.out_features = hidden[-1]
         self.to(memory_format=torch.channels_last)
 
