@@ -17,6 +17,7 @@ from impala_api.spec import (
     MOUNT_NAMES_VOLUME_MESSAGE,
     NO_STOP_CRITERION,
     ONE_VOLUME_SOURCE_MESSAGE,
+    PREV_ACTION_REWARD_LSTM,
     RESERVED_ENV,
     RESERVED_ENV_MESSAGE,
     RESERVED_ENV_PREFIXES,
@@ -165,6 +166,11 @@ RULES: dict[tuple[str, ...], list[Rule]] = {
         *_immutable("model", "network"),
         _rule("(self.type == 'custom') == has(self.import)", CUSTOM_MODEL_IMPORT, ".import"),
         _rule("self.type != 'custom' || !self.useLstm", CUSTOM_MODEL_LSTM, ".useLstm"),
+        _rule(
+            "!self.lstmUsePrevActionReward || self.useLstm",
+            PREV_ACTION_REWARD_LSTM,
+            ".lstmUsePrevActionReward",
+        ),
     ],
     ("training",): [
         _rule(

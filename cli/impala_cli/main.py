@@ -17,6 +17,8 @@ from impala_cli.commands import CommandError
 COMMANDS: dict[str, str] = {
     "train": "train locally from an ImpalaJob manifest",
     "validate": "validate an ImpalaJob manifest",
+    "evaluate": "play a trained policy for N episodes (greedy), optionally recording videos",
+    "export": "write a trained policy as ONNX or TorchScript with a JSON sidecar",
     "status": "print a job's training status",
     "logs": "print the logs of a job's learner, sidecar, rollout or aggregator pods",
     "learner": "learner pod: Ray head + driver + learner",

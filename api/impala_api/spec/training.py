@@ -133,6 +133,9 @@ CUSTOM_MODEL_LSTM = (
     "spec.model.useLstm wraps the built-in networks; a custom model is recurrent by its own "
     "state_size (docs/models.md): drop useLstm or use a built-in type"
 )
+PREV_ACTION_REWARD_LSTM = (
+    "spec.model.lstmUsePrevActionReward feeds the LSTM core: it needs spec.model.useLstm: true"
+)
 
 MAX_SEQ_LEN_DIVIDES = (
     "spec.model.maxSeqLen must divide spec.training.rolloutFragmentLength (each fragment is cut "
@@ -163,6 +166,10 @@ class ModelSpec(SpecModel):
     lstm_cell_size: int = Field(default=256, ge=1, le=8192)
     """Units of the LSTM core."""
 
+    lstm_use_prev_action_reward: bool = False
+    """Also feed the LSTM core the previous action (one-hot, or the Box sample) and reward,
+    zeros at an episode's start (RLlib's lstm_use_prev_action_reward)."""
+
     max_seq_len: int | None = Field(default=None, ge=1, le=10_000)
     """Steps the learner unrolls a recurrent model through before it restarts from a state the
     worker recorded (truncated backpropagation through time); must divide
@@ -186,6 +193,8 @@ class ModelSpec(SpecModel):
             raise ValueError(CUSTOM_MODEL_IMPORT)
         if self.type == "custom" and self.use_lstm:
             raise ValueError(CUSTOM_MODEL_LSTM)
+        if self.lstm_use_prev_action_reward and not self.use_lstm:
+            raise ValueError(PREV_ACTION_REWARD_LSTM)
         return self
 
 

@@ -17,6 +17,7 @@ from impala_api.spec import (
     CUSTOM_MODEL_LSTM,
     MAX_SEQ_LEN_DIVIDES,
     NO_STOP_CRITERION,
+    PREV_ACTION_REWARD_LSTM,
 )
 
 Kind = Literal["schema", "unknown", "cel", "immutable", "name"]
@@ -211,6 +212,13 @@ INVALID: list[Invalid] = [
         {"model": {"type": "custom", "import": "mygrid.models:Net", "useLstm": True}},
         "spec.model.useLstm",
         CUSTOM_MODEL_LSTM,
+    ),
+    Invalid(
+        "prev-action-reward-without-lstm",
+        "cel",
+        {"model": {"lstmUsePrevActionReward": True}},
+        "spec.model.lstmUsePrevActionReward",
+        PREV_ACTION_REWARD_LSTM,
     ),
     Invalid(
         "seq-len-not-dividing-fragments",

@@ -50,6 +50,17 @@ def test_multi_categorical_sums_its_components() -> None:
     )
 
 
+def test_actions_encode_as_a_recurrent_core_input() -> None:
+    """lstmUsePrevActionReward's previous-action input: one-hot per component, Box as sampled."""
+    assert Categorical(3).encode(torch.tensor([[2, 0]])).tolist() == [[[0, 0, 1], [1, 0, 0]]]
+    multi = MultiCategorical([3, 2], (2,), "int64")
+    assert multi.encoded_size == 5
+    assert multi.encode(torch.tensor([[1, 1]])).tolist() == [[0, 1, 0, 0, 1]]
+    box = DiagGaussian(np.full(2, -1.0), np.full(2, 1.0))
+    assert box.encoded_size == 2
+    assert box.encode(torch.tensor([[3.0, -0.5]])).tolist() == [[3.0, -0.5]]  # unclipped
+
+
 def test_diag_gaussian_matches_torch() -> None:
     dist = DiagGaussian(np.full(3, -2.0), np.full(3, 2.0))
     inputs = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))

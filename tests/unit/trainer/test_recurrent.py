@@ -55,12 +55,22 @@ def _resets(f: Fragment) -> torch.Tensor:
     return torch.cat([done.new_zeros(1, done.shape[1]), done[:-1]])
 
 
-def _unroll(model: ActorCritic, f: Fragment, resets: torch.Tensor | None = None) -> Any:
+def _unroll(
+    model: ActorCritic, f: Fragment, resets: torch.Tensor | None = None, prev: bool = True
+) -> Any:
+    """The learner's unroll of `f` (with the steps' actions and rewards where the model takes
+    them, unless `prev` is False)."""
+    extra = (
+        (torch.from_numpy(f.actions), torch.from_numpy(f.rewards))
+        if prev and model.uses_prev_action_reward
+        else ()
+    )
     with torch.no_grad():
         return model.forward_sequence(
             torch.from_numpy(f.obs),
             torch.from_numpy(f.state_in),
             _resets(f) if resets is None else resets,
+            *extra,
         )
 
 
@@ -146,6 +156,33 @@ def test_a_checkpoint_restores_the_recurrent_policy(tmp_path: Path) -> None:
     f = worker.sample()
     for a, b in zip(_unroll(learner.model, f), _unroll(fresh.model, f), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_the_previous_action_and_reward_ride_in_the_state() -> None:
+    """`lstmUsePrevActionReward`: the core also sees the last action (one-hot) and reward, kept
+    as the state's tail, so fragments, sequences and the learner's unroll carry them."""
+    worker = RolloutWorker(_spec(lstmUsePrevActionReward=True, maxSeqLen=10), "w", seed=6)
+    assert worker.model.state_size == 16 + 2 + 1  # [h, c, one-hot of Discrete(2), reward]
+    fragments = [worker.sample() for _ in range(4)]
+    for f in fragments:
+        outputs, _, states = _unroll(worker.model, f)
+        np.testing.assert_allclose(outputs.numpy(), f.behaviour_logits, rtol=1e-5, atol=1e-6)
+        # Each sequence starts from the action and reward of the step before it (zeros where
+        # that step ended an episode): column i * B + b of the second half is steps 10-19.
+        tail = f.state_in[4:, 16:]
+        first_half = slice(0, 4)
+        ended = f.terminateds[9, first_half] | f.truncateds[9, first_half]
+        expected = np.eye(2)[f.actions[9, first_half]]
+        expected = np.concatenate([expected, f.rewards[9, first_half, None]], axis=1)
+        np.testing.assert_array_equal(tail, np.where(ended[:, None], 0.0, expected))
+        np.testing.assert_allclose(states[-1, :, 16:18].numpy(), np.eye(2)[f.actions[-1]])
+    # Guard: an unroll that does not write the actions in is a different policy.
+    outputs, _, _ = _unroll(worker.model, fragments[-1], prev=False)
+    assert not np.allclose(outputs.numpy(), fragments[-1].behaviour_logits, atol=1e-4)
+    learner = Learner(_spec(lstmUsePrevActionReward=True, maxSeqLen=10), worker.obs_shape,
+                      worker.actions)  # fmt: skip
+    stats = learner.learn_on_batch(concat_fragments(fragments))
+    assert np.isfinite(stats["total_loss"]) and learner.policy_version == 1
 
 
 def test_async_gradients_workers_compute_gradients_of_a_recurrent_policy() -> None:

@@ -73,9 +73,23 @@ class ActionDistribution(ABC):
     def greedy(self, inputs: np.ndarray) -> np.ndarray:
         """The most likely action per row (evaluation without exploration)."""
 
+    @abstractmethod
+    def mode(self, inputs: torch.Tensor) -> torch.Tensor:
+        """`greedy` in torch, for exported graphs: [..., num_inputs] -> [..., *action_shape]."""
+
     def to_env(self, actions: np.ndarray) -> np.ndarray:
         """Actions [B, *action_shape] as the vector env takes them."""
         return actions
+
+    @property
+    def encoded_size(self) -> int:
+        """Floats per action in `encode` (a recurrent model's previous-action input)."""
+        return self.num_inputs
+
+    @abstractmethod
+    def encode(self, actions: torch.Tensor) -> torch.Tensor:
+        """Actions [..., *action_shape] as model inputs [..., encoded_size]: one-hot for the
+        discrete spaces, the (unclipped) sample itself for Box (RLlib's prev-action input)."""
 
     def empty_actions(self, t_len: int, batch: int) -> np.ndarray:
         return np.empty((t_len, batch, *self.action_shape), self.action_dtype)
@@ -128,6 +142,12 @@ class Categorical(ActionDistribution):
     def greedy(self, inputs: np.ndarray) -> np.ndarray:
         return np.asarray(np.argmax(inputs, axis=-1))
 
+    def mode(self, inputs: torch.Tensor) -> torch.Tensor:
+        return inputs.argmax(-1)
+
+    def encode(self, actions: torch.Tensor) -> torch.Tensor:
+        return F.one_hot(actions.long(), self.n).float()
+
     def __getstate__(self) -> dict[str, object]:
         return {**vars(self), "_scores": None}
 
@@ -177,6 +197,13 @@ class MultiCategorical(ActionDistribution):
         ]
         return np.stack(parts, axis=-1)
 
+    def mode(self, inputs: torch.Tensor) -> torch.Tensor:
+        return torch.stack([part.argmax(-1) for part in self._parts(inputs)], dim=-1)
+
+    def encode(self, actions: torch.Tensor) -> torch.Tensor:
+        parts = [F.one_hot(actions[..., i].long(), n) for i, n in enumerate(self.nvec)]
+        return torch.cat(parts, dim=-1).float()
+
     def to_env(self, actions: np.ndarray) -> np.ndarray:
         return actions.reshape(len(actions), *self.env_shape).astype(self.env_dtype, copy=False)
 
@@ -218,6 +245,16 @@ class DiagGaussian(ActionDistribution):
 
     def greedy(self, inputs: np.ndarray) -> np.ndarray:
         return np.array(inputs[..., : self.dim], np.float32)
+
+    def mode(self, inputs: torch.Tensor) -> torch.Tensor:
+        return inputs[..., : self.dim]
+
+    @property
+    def encoded_size(self) -> int:
+        return self.dim
+
+    def encode(self, actions: torch.Tensor) -> torch.Tensor:
+        return actions.float()
 
     def to_env(self, actions: np.ndarray) -> np.ndarray:
         clipped = np.clip(actions, self._flat_low, self._flat_high)

@@ -94,7 +94,13 @@ def _recurrent(model: ActorCritic, batch: BatchTensors) -> _Forward:
     done = torch.logical_or(batch.terminateds, batch.truncateds)
     resets = torch.cat([done.new_zeros(1, B), done])
     obs = torch.cat([batch.obs, batch.bootstrap_obs.unsqueeze(0)])
-    outputs, values, states = model.forward_sequence(obs, batch.state_in, resets)
+    if model.uses_prev_action_reward:
+        # The state after step t carries action t and reward t, as the worker's `carry` wrote.
+        outputs, values, states = model.forward_sequence(
+            obs, batch.state_in, resets, batch.actions, batch.rewards
+        )
+    else:
+        outputs, values, states = model.forward_sequence(obs, batch.state_in, resets)
     final_values = values.new_zeros(0)
     if batch.final_steps.shape[0]:
         # A cut episode's final observation is scored from the state its last step left.

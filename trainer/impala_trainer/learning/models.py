@@ -61,6 +61,10 @@ class ActorCritic(nn.Module):
 
     state_size: int = 0
     """Recurrent state per env (0: feed-forward)."""
+    uses_prev_action_reward: bool = False
+    """The state's tail is the previous action and reward (`RecurrentActorCritic`): the worker
+    writes it with `carry` after each env step, the learner passes the batch's actions and
+    rewards to `forward_sequence`."""
     policy_head: nn.Linear
     value_head: nn.Linear
     """The built-in models' heads (a model of your own need not have them)."""
@@ -107,14 +111,27 @@ class ActorCritic(nn.Module):
         return torch.zeros(batch, self.state_size)
 
     def forward_sequence(
-        self, obs: torch.Tensor, state: torch.Tensor, resets: torch.Tensor
+        self,
+        obs: torch.Tensor,
+        state: torch.Tensor,
+        resets: torch.Tensor,
+        actions: torch.Tensor | None = None,
+        rewards: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """obs [T, B, *obs_shape], state [B, S], resets [T, B] (True: zero the state before step
         t, an episode starts there) -> outputs [T, B, D], values [T, B], states [T, B, S] (the
-        state after each step, before any reset). Feed-forward models ignore the state."""
+        state after each step, before any reset). Feed-forward models ignore the state. The
+        actions and rewards of the steps are passed only to models that set
+        `uses_prev_action_reward`."""
         t_len, b = obs.shape[:2]
         outputs, values = self(obs.reshape(t_len * b, *obs.shape[2:]))
         return outputs.view(t_len, b, -1), values.view(t_len, b), state.new_zeros(t_len, b, 0)
+
+    def carry(
+        self, state: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor
+    ) -> torch.Tensor:
+        """The state after the env took `actions` and returned `rewards` (unchanged here)."""
+        return state
 
     def act(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One acting step: obs [B, ...], state [B, S] -> (outputs [B, D], state after [B, S])."""
@@ -319,6 +336,13 @@ class RecurrentActorCritic(ActorCritic):
     The torso runs once over all T x B observations; the core steps through time, zeroing the
     state where an episode starts (`resets`), as torchbeast's and the paper's learners unroll.
     The state is [h, c] in one [B, 2 * cell] vector.
+
+    With `prev_action_reward` (RLlib's lstm_use_prev_action_reward) the core also sees the
+    previous action (`ActionDistribution.encode`) and reward, zeros at an episode's start. They
+    travel as the state's tail, [h, c, action, reward]: whatever carries the state (the worker,
+    a fragment's `state_in`, sequence starts, checkpoints of nothing new) carries them too. The
+    worker writes them after each env step (`carry`); the learner's unroll writes them from the
+    batch's actions and rewards, so both see the same inputs.
     """
 
     def __init__(
@@ -327,12 +351,16 @@ class RecurrentActorCritic(ActorCritic):
         cell_size: int,
         actions: ActionDistribution,
         free_log_std: bool = False,
+        prev_action_reward: bool = False,
     ) -> None:
         super().__init__()
         self.torso = torso
         self.cell_size = cell_size
-        self.state_size = 2 * cell_size
-        self.core = nn.LSTMCell(torso.out_features, cell_size)
+        self.actions = actions
+        self.prev_size = actions.encoded_size + 1 if prev_action_reward else 0
+        self.uses_prev_action_reward = prev_action_reward
+        self.state_size = 2 * cell_size + self.prev_size
+        self.core = nn.LSTMCell(torso.out_features + self.prev_size, cell_size)
         self._policy_head(cell_size, actions, free_log_std)
         self.value_head = nn.Linear(cell_size, 1)
         _init_linear(self.value_head, 1.0)
@@ -340,21 +368,49 @@ class RecurrentActorCritic(ActorCritic):
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise TypeError("a recurrent model runs through forward_sequence(obs, state, resets)")
 
+    def _prev(self, actions: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.actions.encode(actions), rewards.unsqueeze(-1).float()], dim=-1)
+
+    def carry(
+        self, state: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor
+    ) -> torch.Tensor:
+        """The state with the action just taken and its reward written into its tail."""
+        if not self.prev_size:
+            return state
+        return torch.cat([state[:, : 2 * self.cell_size], self._prev(actions, rewards)], dim=-1)
+
     def forward_sequence(
-        self, obs: torch.Tensor, state: torch.Tensor, resets: torch.Tensor
+        self,
+        obs: torch.Tensor,
+        state: torch.Tensor,
+        resets: torch.Tensor,
+        actions: torch.Tensor | None = None,
+        rewards: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """As `ActorCritic.forward_sequence`; with prev_action_reward, `actions` [T', B, ...]
+        and `rewards` [T', B] (T' <= T) are written into the state after each of the first T'
+        steps, as the worker's `carry` did."""
         t_len, b = obs.shape[:2]
         x = self.torso(obs.reshape(t_len * b, *obs.shape[2:])).view(t_len, b, -1)
-        h, c = torch.split(state.to(x.dtype), self.cell_size, dim=-1)
+        cell = self.cell_size
+        h, c, prev = torch.split(state.to(x.dtype), [cell, cell, self.prev_size], dim=-1)
+        if self.prev_size and actions is not None and rewards is not None:
+            prevs = self._prev(actions, rewards).to(x.dtype)  # [T', B, prev_size]
+        else:
+            prevs = x.new_zeros(0, b, self.prev_size)
         keep = (~resets).to(x.dtype).unsqueeze(-1)  # [T, B, 1]
-        hs, cs = [], []
+        hs, cs, ps = [], [], []
         for t in range(t_len):
-            h, c = self.core(x[t], (h * keep[t], c * keep[t]))
+            h, c, prev = h * keep[t], c * keep[t], prev * keep[t]
+            h, c = self.core(torch.cat([x[t], prev], dim=-1) if self.prev_size else x[t], (h, c))
+            if t < len(prevs):
+                prev = prevs[t]
             hs.append(h)
             cs.append(c)
+            ps.append(prev)
         core = torch.stack(hs)  # [T, B, cell]
         outputs = self._outputs(self.policy_head(core))
-        states = torch.cat([core, torch.stack(cs)], dim=-1)
+        states = torch.cat([core, torch.stack(cs), torch.stack(ps)], dim=-1)
         return outputs, self.value_head(core).squeeze(-1), states
 
 
@@ -433,6 +489,24 @@ def recurrent_policy(
     return act
 
 
+def carried_state(
+    model: ActorCritic,
+) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None:
+    """(state, actions, rewards) -> state, numpy, for a model that carries its previous action
+    and reward in its state (None for any other)."""
+    if not model.uses_prev_action_reward:
+        return None
+
+    def carry(state: np.ndarray, actions: np.ndarray, rewards: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            after = model.carry(
+                torch.from_numpy(state), torch.from_numpy(actions), torch.from_numpy(rewards)
+            )
+            return after.numpy()
+
+    return carry
+
+
 def build_model(
     model: ModelSpec, obs_shape: tuple[int, ...], actions: ActionDistribution | int
 ) -> ActorCritic:
@@ -459,7 +533,9 @@ def build_model(
             torso = ResNetTorso(obs_shape, hidden)
         else:
             torso = MLPTorso(math.prod(obs_shape), hidden, model.activation)
-        return RecurrentActorCritic(torso, model.lstm_cell_size, dist, free)
+        return RecurrentActorCritic(
+            torso, model.lstm_cell_size, dist, free, model.lstm_use_prev_action_reward
+        )
     if kind == "cnn":
         return ImpalaShallowCNN(obs_shape, dist, hidden, free)
     if kind == "resnet":

@@ -169,13 +169,13 @@ def _made(env: EnvSpec, wrappers: list[Any], **kwargs: Any) -> gym.Env:
     return made
 
 
-def _atari_thunk(env: EnvSpec, wrappers: list[Any]) -> Any:
+def _atari_thunk(env: EnvSpec, wrappers: list[Any], **extra: Any) -> Any:
     def make() -> gym.Env:
         from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
         # AtariPreprocessing does the frame skipping (with max-pooling over the last two frames),
         # so the ALE env itself must not skip.
-        kwargs = {"repeat_action_probability": 0.25, **env.kwargs, "frameskip": 1}
+        kwargs = {"repeat_action_probability": 0.25, **env.kwargs, **extra, "frameskip": 1}
         base = _made(env, wrappers, **kwargs)
         base = AtariPreprocessing(
             base,
@@ -191,9 +191,9 @@ def _atari_thunk(env: EnvSpec, wrappers: list[Any]) -> Any:
     return make
 
 
-def _single_thunk(env: EnvSpec, wrappers: list[Any]) -> Any:
+def _single_thunk(env: EnvSpec, wrappers: list[Any], **extra: Any) -> Any:
     def make() -> gym.Env:
-        return _made(env, wrappers, **env.kwargs)
+        return _made(env, wrappers, **{**env.kwargs, **extra})
 
     return make
 
@@ -209,7 +209,7 @@ def _has_numpy_cartpole(env: EnvSpec) -> bool:
     return isinstance(entry, str) and entry.endswith(":CartPoleVectorEnv")
 
 
-def make_vector_env(env: EnvSpec, num_envs: int, seed: int) -> VectorEnv:
+def make_vector_env(env: EnvSpec, num_envs: int, seed: int, render: bool = False) -> VectorEnv:
     """A same-step-autoreset vector env of `num_envs` copies of `env`, reset with `seed`.
 
     CartPole uses gymnasium's numpy-vectorised implementation; Atari (`ALE/...`) uses ale-py
@@ -217,26 +217,31 @@ def make_vector_env(env: EnvSpec, num_envs: int, seed: int) -> VectorEnv:
     uint8 observations `[stack, 84, 84]`; anything else is a SyncVectorEnv. Sync beats
     AsyncVectorEnv for Atari on a worker that owns about one core (measured: ~570 vs ~300 env
     steps/s for 8 Pong envs), because the subprocess hand-off costs more than it overlaps.
+
+    `render`: every env made with `render_mode="rgb_array"` in a SyncVectorEnv, so
+    `vec.envs[i].render()` gives env i's frame as the user would see it (the full RGB screen of
+    an Atari game, not the 84x84 observation); for evaluation videos.
     """
     import_env_module(env)
     wrappers = wrapper_factories(env)
+    extra = {"render_mode": "rgb_array"} if render else {}
     vec: VectorEnv
     if env.is_atari:
         import ale_py
 
         gym.register_envs(ale_py)
         vec = gym.vector.SyncVectorEnv(
-            [_atari_thunk(env, wrappers) for _ in range(num_envs)],
+            [_atari_thunk(env, wrappers, **extra) for _ in range(num_envs)],
             autoreset_mode=AutoresetMode.SAME_STEP,
         )
-    elif _has_numpy_cartpole(env):
+    elif _has_numpy_cartpole(env) and not render:
         inner = gym.make_vec(
             env.id, num_envs=num_envs, vectorization_mode="vector_entry_point", **env.kwargs
         )
         vec = SameStepCartPole(inner)
     else:
         vec = gym.vector.SyncVectorEnv(
-            [_single_thunk(env, wrappers) for _ in range(num_envs)],
+            [_single_thunk(env, wrappers, **extra) for _ in range(num_envs)],
             autoreset_mode=AutoresetMode.SAME_STEP,
         )
     vec.reset(seed=seed)

@@ -19,7 +19,12 @@ from impala_trainer.batches import (
 )
 from impala_trainer.learning.distributions import action_distribution
 from impala_trainer.learning.learner import Learner
-from impala_trainer.learning.models import acting_policy, build_model, recurrent_policy
+from impala_trainer.learning.models import (
+    acting_policy,
+    build_model,
+    carried_state,
+    recurrent_policy,
+)
 from impala_trainer.rollouts.envs import final_observations, make_vector_env
 
 
@@ -59,9 +64,11 @@ class RolloutWorker:
         self.recurrent = self.model.state_size > 0
         if self.recurrent:
             self._act_recurrent = recurrent_policy(self.model)
+            self._carry = carried_state(self.model)
             self.state = self.model.initial_state(self.num_envs).numpy()
         else:
             self._policy_logits = acting_policy(self.model)
+            self._carry = None
             self.state = no_state(self.num_envs)
         self.seq_len = spec.model.max_seq_len or self.fragment_length
         self.policy_version = 0
@@ -117,6 +124,10 @@ class RolloutWorker:
             rewards[t] = np.sign(reward) if self.clip_rewards else reward
             terminateds[t] = term
             truncateds[t] = trunc
+            if self._carry is not None:
+                # The previous action and reward ride in the state (zeroed below at a new
+                # episode, as the learner's unroll does).
+                state = self._carry(state, actions[t], rewards[t])
             self.episode_return += reward
             self.episode_length += 1
             done = term | trunc

@@ -1,0 +1,87 @@
+"""`impalajob evaluate --run-dir DIR`: play a checkpoint's policy for N episodes and report.
+
+Greedy by default (the distribution's mode; `--explore` samples as training does), on env seeds
+of its own, nothing written back to the run. `--video DIR` records episodes as mp4 (GIF where no
+encoder is installed). Exit 0 with the summary; exit 2 when the directory has no job or
+checkpoint to load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from impala_cli.commands import CommandError
+
+
+def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--run-dir` and `--checkpoint`: every command that loads a trained policy."""
+    parser.add_argument("--run-dir", required=True, type=Path, help="the run directory")
+    parser.add_argument(
+        "--checkpoint",
+        metavar="NAME",
+        help="a checkpoint in the run directory, e.g. ckpt-000012 (default: the newest)",
+    )
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    add_checkpoint_arguments(parser)
+    parser.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
+    parser.add_argument(
+        "--explore", action="store_true", help="sample actions instead of taking the greedy one"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="env and sampling seed (default 0)")
+    parser.add_argument(
+        "--num-envs", type=int, default=8, help="envs played side by side (default 8)"
+    )
+    parser.add_argument("--video", type=Path, metavar="DIR", help="record episodes into DIR")
+    parser.add_argument(
+        "--video-episodes", type=int, default=1, help="episodes recorded with --video (default 1)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.episodes < 1 or args.num_envs < 1:
+        raise CommandError("--episodes and --num-envs must be at least 1")
+    from impala_trainer.policy.evaluation import evaluate
+    from impala_trainer.policy.loaded import PolicyNotFoundError, load_policy
+
+    try:
+        policy = load_policy(args.run_dir, args.checkpoint)
+    except PolicyNotFoundError as err:
+        raise CommandError(str(err)) from None
+    result = evaluate(
+        policy.job.spec.env,
+        policy.model,
+        policy.actions,
+        args.episodes,
+        explore=args.explore,
+        seed=args.seed,
+        num_envs=args.num_envs,
+        video_dir=args.video,
+        video_episodes=args.video_episodes,
+    )
+    summary = {
+        "job": policy.job.metadata.name,
+        "checkpoint": str(policy.checkpoint),
+        "global_timestep": policy.global_timestep,
+        "explore": args.explore,
+        **result.summary(),
+        "videos": [str(v) for v in result.videos],
+    }
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(
+        f"{summary['job']} {policy.checkpoint.name} (trained {policy.global_timestep:,} env "
+        f"steps), {'sampled' if args.explore else 'greedy'}, {summary['episodes']} episodes:\n"
+        f"  return  mean {summary['episode_return_mean']:.2f}  median "
+        f"{summary['episode_return_median']:.2f}  min {summary['episode_return_min']:.2f}  "
+        f"max {summary['episode_return_max']:.2f}\n"
+        f"  length  mean {summary['episode_len_mean']:.1f}"
+    )
+    for video in result.videos:
+        print(f"  video   {video}")
+    return 0

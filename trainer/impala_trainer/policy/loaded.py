@@ -1,0 +1,75 @@
+"""A run directory's policy: the job it trained (config.yaml), its spaces and network, the
+weights of one checkpoint. What `impalajob evaluate` and `impalajob export` start from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from impala_api.manifest import load_manifest
+from impala_api.snapshot import CHECKPOINT_DIR, CONFIG_FILE
+from impala_api.spec import ImpalaJob
+from impala_trainer.learning.distributions import ActionDistribution
+from impala_trainer.learning.models import ActorCritic, build_model
+from impala_trainer.rollouts.envs import env_spaces
+from impala_trainer.rundir.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+
+
+class PolicyNotFoundError(Exception):
+    """The run directory has no job or no checkpoint to load (the message says which)."""
+
+
+@dataclass
+class LoadedPolicy:
+    job: ImpalaJob
+    model: ActorCritic
+    """In eval mode, float32, on the CPU."""
+    actions: ActionDistribution
+    obs_shape: tuple[int, ...]
+    obs_dtype: np.dtype
+    checkpoint: Path
+    policy_version: int
+    global_timestep: int
+
+
+def find_checkpoint(run_dir: Path, name: str | None = None) -> Path:
+    """The checkpoint directory `name` (ckpt-000012, or a path) or the newest one."""
+    if name is not None:
+        path = Path(name) if Path(name).is_dir() else run_dir / CHECKPOINT_DIR / name
+        if path in list_checkpoints(path.parent):
+            return path
+        names = ", ".join(p.name for p in list_checkpoints(run_dir / CHECKPOINT_DIR)) or "none"
+        raise PolicyNotFoundError(f"no complete checkpoint {name} in {run_dir} (there are {names})")
+    found = latest_checkpoint(run_dir / CHECKPOINT_DIR)
+    if found is None:
+        raise PolicyNotFoundError(
+            f"{run_dir} has no checkpoint yet (checkpoints are written every "
+            "checkpoint.frequency iterations and when a run stops)"
+        )
+    return found
+
+
+def load_policy(run_dir: Path, checkpoint: str | None = None) -> LoadedPolicy:
+    """The policy of `run_dir`'s newest checkpoint (or of `checkpoint`)."""
+    config = run_dir / CONFIG_FILE
+    if not config.is_file():
+        raise PolicyNotFoundError(f"{run_dir} is not a run directory: it has no {CONFIG_FILE}")
+    job = load_manifest(config)
+    path = find_checkpoint(run_dir, checkpoint)
+    state, _ = load_checkpoint(path)
+    spaces = env_spaces(job.spec.env)
+    model = build_model(job.spec.model, spaces.obs_shape, spaces.actions)
+    model.load_state_dict(state["model"])
+    model.float().eval()
+    return LoadedPolicy(
+        job=job,
+        model=model,
+        actions=spaces.actions,
+        obs_shape=tuple(spaces.obs_shape),
+        obs_dtype=np.dtype(spaces.obs_dtype),
+        checkpoint=path,
+        policy_version=int(state.get("policy_version", 0)),
+        global_timestep=int(state.get("global_timestep", 0)),
+    )
