@@ -13,6 +13,7 @@ from typing import Any
 from impala_api.spec import (
     CUSTOM_MODEL_IMPORT,
     CUSTOM_MODEL_LSTM,
+    EVALUATION_STOP_NEEDS_EVALUATION,
     MAX_SEQ_LEN_DIVIDES,
     MOUNT_NAMES_VOLUME_MESSAGE,
     NO_STOP_CRITERION,
@@ -153,11 +154,17 @@ RULES: dict[tuple[str, ...], list[Rule]] = {
             "self.training.rolloutFragmentLength % self.model.maxSeqLen == 0",
             MAX_SEQ_LEN_DIVIDES,
             ".model.maxSeqLen",
-        )
+        ),
+        _rule(
+            "!has(self.stop.evaluationReturnMean) || has(self.evaluation)",
+            EVALUATION_STOP_NEEDS_EVALUATION,
+            ".stop.evaluationReturnMean",
+        ),
     ],
     ("stop",): [
         _rule(
-            "has(self.timesteps) || has(self.episodeReturnMean) || has(self.timeLimitSeconds)",
+            "has(self.timesteps) || has(self.episodeReturnMean) || "
+            "has(self.evaluationReturnMean) || has(self.timeLimitSeconds)",
             NO_STOP_CRITERION,
         )
     ],

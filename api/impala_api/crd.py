@@ -185,6 +185,41 @@ def _group_status(what: str) -> dict[str, Any]:
     )
 
 
+def _progress_schema() -> dict[str, Any]:
+    """status.progress: the sidecar's figures the operator copies into the CR."""
+    return _obj(
+        {
+            "timesteps": _int("Env steps sampled."),
+            "episodes": _int("Episodes completed."),
+            "episodeReturnMean": {
+                "type": "number",
+                "nullable": True,
+                "description": "Mean return of the last 100 episodes (null before the first).",
+            },
+            "evaluationReturnMean": {
+                "type": "number",
+                "nullable": True,
+                "description": "Mean return of the latest evaluation (spec.evaluation).",
+            },
+            "evaluationTimesteps": _int("Env steps sampled when its weights were taken."),
+            "bestEvaluationReturnMean": {
+                "type": "number",
+                "nullable": True,
+                "description": "The best evaluation's mean return so far.",
+            },
+            "bestCheckpoint": _str("The best evaluation's checkpoint, in the run directory."),
+            "envStepsPerSecond": {"type": "number", "description": "Sampling throughput."},
+            "learnerQueueFill": {
+                "type": "number",
+                "description": "Learner queue fill, 0..1 (what the autoscaler reads).",
+            },
+            "policyVersion": _int("Learner updates applied (weights version)."),
+            "updatedAt": _time("When the sidecar's snapshot was written."),
+        },
+        "Training progress, read from the status sidecar's /status.",
+    )
+
+
 def status_schema() -> dict[str, Any]:
     """`.status`: written only by the operator; every field is described (`kubectl explain`)."""
     condition = _obj(
@@ -199,25 +234,7 @@ def status_schema() -> dict[str, Any]:
         "A condition, as metav1.Condition.",
         required=["type", "status", "reason", "message", "lastTransitionTime"],
     )
-    progress = _obj(
-        {
-            "timesteps": _int("Env steps sampled."),
-            "episodes": _int("Episodes completed."),
-            "episodeReturnMean": {
-                "type": "number",
-                "nullable": True,
-                "description": "Mean return of the last 100 episodes (null before the first).",
-            },
-            "envStepsPerSecond": {"type": "number", "description": "Sampling throughput."},
-            "learnerQueueFill": {
-                "type": "number",
-                "description": "Learner queue fill, 0..1 (what the autoscaler reads).",
-            },
-            "policyVersion": _int("Learner updates applied (weights version)."),
-            "updatedAt": _time("When the sidecar's snapshot was written."),
-        },
-        "Training progress, read from the status sidecar's /status.",
-    )
+    progress = _progress_schema()
     learner = _obj(
         {
             "ready": {"type": "boolean", "description": "The learner pod is Ready."},
@@ -294,6 +311,7 @@ def build_crd() -> dict[str, Any]:
         ("Steps", "integer", ".status.progress.timesteps", 0),
         ("Return", "number", ".status.progress.episodeReturnMean", 0),
         ("Age", "date", ".metadata.creationTimestamp", 0),
+        ("Eval", "number", ".status.progress.evaluationReturnMean", 1),
         ("Message", "string", ".status.message", 1),
     ]
     return {

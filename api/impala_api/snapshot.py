@@ -21,6 +21,10 @@ HISTORY_FILE = "history.jsonl"
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_DIR = "checkpoints"
+BEST_CHECKPOINT = "best"
+"""checkpoints/best/: the weights of the best evaluation so far (never rotated away)."""
+VIDEO_DIR = "videos"
+"""Evaluation videos (spec.evaluation.video), `eval-<env steps>.mp4`."""
 
 RunPhase = Literal["Starting", "Running", "Succeeded", "Failed", "Stopped"]
 
@@ -128,6 +132,37 @@ class CheckpointInfo(Snap):
     """Counter value at that checkpoint."""
 
 
+class EvaluationInfo(Snap):
+    """The latest evaluation during training (spec.evaluation), and the best one so far."""
+
+    evaluations: int = 0
+    """Evaluations completed in this run (and the runs it resumed)."""
+    num_env_steps_sampled: int = 0
+    """The env-step counter when its weights were taken."""
+    policy_version: int = 0
+    """The policy version it played."""
+    episodes: int = 0
+    episode_return_mean: float | None = None
+    """Mean return of its episodes (unclipped), None when none ended within its duration."""
+    episode_return_median: float | None = None
+    episode_return_min: float | None = None
+    episode_return_max: float | None = None
+    episode_len_mean: float | None = None
+    env_steps: int = 0
+    """Env steps it played (never counted as training's)."""
+    seconds: float = 0.0
+    """How long it took."""
+    time: float = 0.0
+    """Unix time it finished."""
+    video: str | None = None
+    """Its video, relative to the run directory (spec.evaluation.video)."""
+    best_return_mean: float | None = None
+    """The best evaluation return so far."""
+    best_num_env_steps_sampled: int | None = None
+    best_checkpoint: str | None = None
+    """checkpoints/best: its weights, relative to the run directory."""
+
+
 class StopProgress(Snap):
     criteria: dict[str, float] = Field(default_factory=dict)
     """The stop criteria in force (timesteps, episodeReturnMean, timeLimitSeconds)."""
@@ -171,6 +206,8 @@ class StatusSnapshot(Snap):
     membership: Membership = Field(default_factory=Membership)
     checkpoint: CheckpointInfo | None = None
     """Latest checkpoint written."""
+    evaluation: EvaluationInfo | None = None
+    """The latest evaluation (spec.evaluation), None before the first."""
     stop: StopProgress = Field(default_factory=StopProgress)
     policy_lag_mean: float = 0.0
     """Mean learner-version minus behaviour-version of trained batches (off-policy lag)."""
@@ -191,6 +228,11 @@ class HistoryPoint(Snap):
     policy_loss: float | None = None
     vf_loss: float | None = None
     entropy: float | None = None
+    evaluation_return_mean: float | None = None
+    """The latest evaluation's mean return (repeated until the next: a curve takes one point per
+    `evaluation_env_steps`)."""
+    evaluation_env_steps: int | None = None
+    """The env-step counter when that evaluation's weights were taken."""
 
 
 class Summary(Snap):
@@ -204,6 +246,11 @@ class Summary(Snap):
     """timesteps | episodeReturnMean | timeLimitSeconds, or None when the run failed/was stopped."""
     phase: RunPhase = "Succeeded"
     message: str | None = None
+    evaluation_return_mean: float | None = None
+    """The last evaluation's mean return (spec.evaluation)."""
+    best_evaluation_return_mean: float | None = None
+    best_checkpoint: str | None = None
+    """The checkpoint of the best evaluation, relative to the run directory."""
 
 
 def write_json_atomic(path: Path, model: BaseModel) -> None:

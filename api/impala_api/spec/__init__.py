@@ -24,6 +24,7 @@ from impala_api.spec.base import (
     SpecModel,
     check_schedule,
 )
+from impala_api.spec.evaluation import EVALUATION_STOP_NEEDS_EVALUATION, EvaluationSpec
 from impala_api.spec.job import (
     API_GROUP,
     API_VERSION,
@@ -91,6 +92,7 @@ __all__ = [
     "CUSTOM_MODEL_IMPORT",
     "CUSTOM_MODEL_LSTM",
     "DEFAULTS_APART_FROM_RLLIB",
+    "EVALUATION_STOP_NEEDS_EVALUATION",
     "IMPORT_PATH_PATTERN",
     "KIND",
     "MAX_NAME_LENGTH",
@@ -118,6 +120,7 @@ __all__ = [
     "EnvFromSource",
     "EnvSpec",
     "EnvVar",
+    "EvaluationSpec",
     "ImpalaJob",
     "ImpalaJobSpec",
     "LearnerSpec",

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from impala_api.spec.base import SpecModel
+from impala_api.spec.evaluation import EVALUATION_STOP_NEEDS_EVALUATION, EvaluationSpec
 from impala_api.spec.lifecycle import CheckpointSpec, RunPolicy
 from impala_api.spec.replicas import AggregatorsSpec, LearnerSpec, RolloutsSpec
 from impala_api.spec.training import (
@@ -60,6 +61,9 @@ class ImpalaJobSpec(SpecModel):
     stop: StopSpec
     """Stop criteria (required: a job ends when one is met)."""
 
+    evaluation: EvaluationSpec | None = None
+    """Evaluation during training (none when omitted)."""
+
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     """Checkpointing."""
 
@@ -71,6 +75,8 @@ class ImpalaJobSpec(SpecModel):
         seq = self.model.max_seq_len
         if seq is not None and self.training.rollout_fragment_length % seq:
             raise ValueError(MAX_SEQ_LEN_DIVIDES)
+        if self.stop.evaluation_return_mean is not None and self.evaluation is None:
+            raise ValueError(EVALUATION_STOP_NEEDS_EVALUATION)
         return self
 
 

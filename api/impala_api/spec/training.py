@@ -323,7 +323,8 @@ class TrainingSpec(SpecModel):
 
 
 NO_STOP_CRITERION = (
-    "spec.stop must set at least one of timesteps, episodeReturnMean, timeLimitSeconds "
+    "spec.stop must set at least one of timesteps, episodeReturnMean, evaluationReturnMean, "
+    "timeLimitSeconds "
     "(without one the job would train forever)"
 )
 """The message for an empty `spec.stop`, from the model and from the CRD's CEL rule alike."""
@@ -338,6 +339,9 @@ class StopSpec(SpecModel):
     episode_return_mean: float | None = None
     """Mean return over the last 100 episodes."""
 
+    evaluation_return_mean: float | None = None
+    """Mean return of the latest evaluation (needs spec.evaluation)."""
+
     time_limit_seconds: float | None = Field(default=None, gt=0.0)
     """Wall-clock seconds of training."""
 
@@ -346,6 +350,7 @@ class StopSpec(SpecModel):
         if (
             self.timesteps is None
             and self.episode_return_mean is None
+            and self.evaluation_return_mean is None
             and (self.time_limit_seconds is None)
         ):
             raise ValueError(NO_STOP_CRITERION)

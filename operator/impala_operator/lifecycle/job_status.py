@@ -142,10 +142,20 @@ def metric_sample(snapshot: StatusSnapshot | None, now: float, stale_after: floa
 
 def progress(snapshot: StatusSnapshot) -> dict[str, Any]:
     """`status.progress` from a sidecar snapshot."""
+    evaluation: dict[str, Any] = {}
+    if snapshot.evaluation is not None:
+        ev = snapshot.evaluation
+        evaluation = {
+            "evaluationReturnMean": ev.episode_return_mean,
+            "evaluationTimesteps": ev.num_env_steps_sampled,
+            "bestEvaluationReturnMean": ev.best_return_mean,
+            **({"bestCheckpoint": ev.best_checkpoint} if ev.best_checkpoint else {}),
+        }
     return {
         "timesteps": snapshot.counters.num_env_steps_sampled,
         "episodes": snapshot.counters.episodes,
         "episodeReturnMean": snapshot.episode_return_mean,
+        **evaluation,
         "envStepsPerSecond": round(snapshot.throughput.env_steps_per_s, 3),
         "learnerQueueFill": round(snapshot.learner_queue.fill, 4),
         "policyVersion": snapshot.counters.policy_version,

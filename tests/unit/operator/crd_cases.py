@@ -15,6 +15,7 @@ from typing import Any, Literal
 from impala_api.spec import (
     CUSTOM_MODEL_IMPORT,
     CUSTOM_MODEL_LSTM,
+    EVALUATION_STOP_NEEDS_EVALUATION,
     MAX_SEQ_LEN_DIVIDES,
     NO_STOP_CRITERION,
     PREV_ACTION_REWARD_LSTM,
@@ -271,6 +272,19 @@ INVALID: list[Invalid] = [
         "spec.training.entropyCoeffSchedule",
     ),
     Invalid("stop-empty", "cel", {"stop": Replace({})}, "spec.stop", NO_STOP_CRITERION),
+    Invalid(
+        "evaluation-stop-without-evaluation",
+        "cel",
+        {"stop": {"evaluationReturnMean": 400}},
+        "spec.stop.evaluationReturnMean",
+        EVALUATION_STOP_NEEDS_EVALUATION,
+    ),
+    Invalid(
+        "evaluation-duration-unit",
+        "schema",
+        {"evaluation": {"durationUnit": "minutes"}},
+        "spec.evaluation.durationUnit",
+    ),
     # --- pod overrides: nothing that leaves the restricted Pod Security Standard or collides
     # with what the operator sets
     Invalid(
@@ -360,6 +374,15 @@ VALID: dict[str, dict[str, Any]] = {
                     "maxSeqLen": 10,
                     "freeLogStd": True,
                 },
+                "evaluation": {
+                    "intervalTimesteps": 20000,
+                    "duration": 2000,
+                    "durationUnit": "timesteps",
+                    "numEnvRunners": 2,
+                    "numEnvsPerRunner": 8,
+                    "explore": True,
+                    "video": True,
+                },
                 "training": {
                     "lrSchedule": [[0, 0.001], [100000, 0.0001]],
                     "entropyCoeffSchedule": [[0, 0.01], [50000, 0.001]],
@@ -415,7 +438,11 @@ VALID: dict[str, dict[str, Any]] = {
                     "pod": {"env": [{"name": "OMP_NUM_THREADS", "value": "1"}]},
                 },
                 "aggregators": {"minReplicas": 0, "maxReplicas": 2},
-                "stop": {"timesteps": 1000000, "episodeReturnMean": 450},
+                "stop": {
+                    "timesteps": 1000000,
+                    "episodeReturnMean": 450,
+                    "evaluationReturnMean": 490,
+                },
                 "checkpoint": {"volumeClaim": "ckpt-store", "keep": 5},
                 "runPolicy": {
                     "backoffLimit": 1,

@@ -72,6 +72,14 @@ class Backend(Protocol):
         """-> Handover: what a draining actor still holds, after its last request."""
         ...
 
+    def start_evaluator(self, spec: ImpalaJobSpec, actor_id: str, seed: int) -> Handle:
+        """Create an evaluation actor on the driver's own node; never blocks."""
+        ...
+
+    def evaluate(self, handle: Handle, weights: Weights, share: int, video: bool) -> Ref:
+        """-> (EvaluationResult, video bytes or None): `share` episodes (or env steps)."""
+        ...
+
     # -- results --------------------------------------------------------------------------------
     def wait(
         self, refs: list[Ref], num_returns: int, timeout: float

@@ -15,18 +15,32 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from impala_api.snapshot import CheckpointInfo, RunPhase, StatusSnapshot
+from impala_api.snapshot import BEST_CHECKPOINT, CheckpointInfo, RunPhase, StatusSnapshot
 from impala_api.spec import ImpalaJob
 from impala_trainer.batches import Fragment
 from impala_trainer.driver.actor_manager import ActorManager, ManagedActor
-from impala_trainer.driver.backend import Backend
+from impala_trainer.driver.backend import Backend, Handle
+from impala_trainer.driver.evaluation import (
+    MAX_FAILED_ROUNDS,
+    EvaluationSchedule,
+    Round,
+    merge,
+    runner_seed,
+    shares,
+)
 from impala_trainer.driver.membership import ElasticMembership
 from impala_trainer.learning.learner import Learner
 from impala_trainer.rollouts.envs import env_spaces
-from impala_trainer.rundir.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from impala_trainer.rundir.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    save_policy_checkpoint,
+)
 from impala_trainer.rundir.remote import Mirror
 from impala_trainer.rundir.stats import RunStats
 from impala_trainer.rundir.writer import RunDir
@@ -86,6 +100,11 @@ class Driver:
         self._last_checkpoint = time.monotonic()
         self._last_nodes = float("-inf")
         self._started = False
+        # spec.evaluation: its schedule (made in _setup, from the resumed counters), actors and
+        # the round in flight.
+        self.evaluations: EvaluationSchedule | None = None
+        self._evaluators: list[Handle] = []
+        self._round: Round | None = None
         torch.manual_seed(self.seed)
         spaces = env_spaces(self.spec.env)
         self.obs_shape, self.actions = spaces.obs_shape, spaces.actions
@@ -126,6 +145,8 @@ class Driver:
                 time=ckpt.stat().st_mtime,
                 num_env_steps_sampled=self.stats.counters.num_env_steps_sampled,
             )
+        if self.spec.evaluation is not None:
+            self.evaluations = EvaluationSchedule(self.spec.evaluation, self.stats.evaluation)
         self.learner.global_timestep = self.stats.counters.num_env_steps_trained
         self.stats.counters.policy_version = self.learner.policy_version
         # The first snapshot shows the restored counters before anything new is sampled.
@@ -146,6 +167,8 @@ class Driver:
             for actor in self.manager.ensure_targets():  # e.g. a node came back
                 self.on_new_actor(actor)
         self.stats.counters.worker_restarts = self.manager.restarts
+        if self.evaluations is not None:
+            self._evaluate(self.evaluations)
         if now - self._last_checkpoint >= self.spec.checkpoint.interval_seconds:
             self._checkpoint()
 
@@ -187,6 +210,7 @@ class Driver:
             self._close()
         except Exception:  # closing must not hide the run's own result
             logger.debug("close failed", exc_info=True)
+        self._stop_evaluators()
         if self._started:
             # Also after a failure: the operator's restart resumes from it.
             self._checkpoint()
@@ -205,6 +229,84 @@ class Driver:
             )
         if self.on_report is not None:
             self.on_report(snap)
+
+    # -- evaluation (spec.evaluation; driver/evaluation.py holds the logic) --------------------
+
+    def _evaluate(self, schedule: EvaluationSchedule) -> None:
+        """Collect the round in flight when it is done; start the next when it is due."""
+        if self._round is not None:
+            refs = self._round.refs
+            ready, _ = self.backend.wait(refs, len(refs), 0.0)
+            if len(ready) < len(refs):
+                return
+            rnd, self._round = self._round, None
+            try:
+                results = [self.backend.get(ref) for ref in refs]
+            except self.backend.failure as exc:
+                logger.warning("evaluation failed: %s (new evaluation actors next round)",
+                               one_line(exc))  # fmt: skip
+                self._stop_evaluators()
+                if schedule.failed():
+                    raise RuntimeError(f"evaluation failed {MAX_FAILED_ROUNDS} times in a row: "
+                                       f"{one_line(exc)}") from exc  # fmt: skip
+                return
+            self._record_round(schedule, rnd, results)
+        counters = self.stats.counters
+        if schedule.due(counters.num_env_steps_sampled):
+            self._start_round(schedule)
+
+    def _start_round(self, schedule: EvaluationSchedule) -> None:
+        counters = self.stats.counters
+        schedule.started(counters.num_env_steps_sampled)
+        parts = shares(schedule.spec)
+        while len(self._evaluators) < len(parts):
+            i = len(self._evaluators)
+            self._evaluators.append(self.backend.start_evaluator(
+                self.spec, f"evaluation-{i}", runner_seed(self.seed, i)))  # fmt: skip
+        weights = self.learner.get_weights()
+        shared = self.backend.put(weights)
+        video = schedule.spec.video
+        refs = [
+            self.backend.evaluate(actor, shared, share, video and i == 0)
+            for i, (actor, share) in enumerate(zip(self._evaluators, parts, strict=False))
+        ]
+        self._round = Round(counters.num_env_steps_sampled, self.learner.policy_version,
+                            weights, refs)  # fmt: skip
+
+    def _record_round(
+        self,
+        schedule: EvaluationSchedule,
+        rnd: Round,
+        results: list[tuple[Any, tuple[str, bytes] | None]],
+    ) -> None:
+        video = next((v for _, v in results if v), None)
+        path = self.run_dir.write_video(rnd.env_steps, video[1], video[0]) if video else None
+        info, best = schedule.finished(rnd, merge([r for r, _ in results]), path)
+        if best:
+            where = save_policy_checkpoint(
+                self.run_dir.checkpoints / BEST_CHECKPOINT, rnd.weights, rnd.policy_version,
+                rnd.env_steps, self.stats.driver_state(),
+            )  # fmt: skip
+            info.best_checkpoint = str(where.relative_to(self.run_dir.path))
+        self.stats.add_evaluation(info)
+        # A line of its own, so no round is missing from the curve when two finish between
+        # regular history lines.
+        self.run_dir.append_history(self.stats.history_point(), force=True)
+        logger.info(
+            "evaluation %d at %d env steps: return %s over %d episodes%s",
+            info.evaluations, info.num_env_steps_sampled,
+            "n/a" if info.episode_return_mean is None else f"{info.episode_return_mean:.2f}",
+            info.episodes, " (best so far)" if best else "",
+        )  # fmt: skip
+
+    def _stop_evaluators(self) -> None:
+        for actor in self._evaluators:
+            try:
+                self.backend.kill(actor)
+            except Exception:  # already gone
+                logger.debug("kill failed", exc_info=True)
+        self._evaluators = []
+        self._round = None
 
     # -- actors ---------------------------------------------------------------------------------
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import Gradients, Handover, NodeInfo
 from impala_trainer.driver.backend import ROLES, NodeView, Role
+from impala_trainer.policy.evaluation import Evaluator
 from impala_trainer.rollouts.aggregation import Aggregator
 from impala_trainer.rollouts.worker import RolloutWorker
 
@@ -47,10 +48,11 @@ class LocalRef:
 
 @dataclass(eq=False)
 class LocalActor:
-    role: Role
+    role: Role | Literal["evaluation"]
     actor_id: str
     worker: RolloutWorker | None = None
     aggregator: Aggregator | None = None
+    evaluator: Evaluator | None = None
     error: BaseException | None = None
     """Set once the actor is dead: every later call fails with it."""
     calls: list[str] = field(default_factory=list)
@@ -69,6 +71,7 @@ class LocalBackend:
         self.draining = False
         """Whether the one local node is draining (a test of membership's drain)."""
         self.actors: list[LocalActor] = []
+        self.evaluators: list[LocalActor] = []
         self.puts = 0
 
     # -- test controls --------------------------------------------------------------------------
@@ -153,6 +156,24 @@ class LocalBackend:
             return Handover([], int(handle.worker.env_steps))
 
         return self._call(handle, "handover", handover)
+
+    def start_evaluator(self, spec: ImpalaJobSpec, actor_id: str, seed: int) -> LocalActor:
+        actor = LocalActor("evaluation", actor_id)
+        try:
+            actor.evaluator = Evaluator(spec, seed)
+        except Exception as exc:
+            actor.error = ActorDied(f"{actor_id}: {exc}", init_failed=True)
+        self.evaluators.append(actor)
+        return actor
+
+    def evaluate(self, handle: LocalActor, weights: Any, share: int, video: bool) -> LocalRef:
+        evaluator = handle.evaluator
+
+        def evaluate() -> Any:
+            assert evaluator is not None
+            return evaluator.run(self._resolve(weights), share, video)
+
+        return self._call(handle, "evaluate", evaluate)
 
     # -- results --------------------------------------------------------------------------------
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.driver.backend import ROLES, Handle, NodeView, Ref, Role, Weights
+from impala_trainer.policy.actor import EvaluationActor
 from impala_trainer.rollouts.actors import (
     AGGREGATOR_RESOURCE,
     ROLLOUT_RESOURCE,
@@ -53,6 +55,18 @@ class RayBackend:
 
     def handover(self, handle: Handle) -> Ref:
         return handle.handover.remote()
+
+    def start_evaluator(self, spec: ImpalaJobSpec, actor_id: str, seed: int) -> Handle:
+        # On the driver's node, which is the learner pod on a cluster: the weights are there,
+        # and no pod of its own has to be scheduled, authorised and joined for a few episodes.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        cls: Any = EvaluationActor
+        return cls.options(num_cpus=0, scheduling_strategy=here, max_restarts=0).remote(
+            spec, actor_id, seed
+        )
+
+    def evaluate(self, handle: Handle, weights: Weights, share: int, video: bool) -> Ref:
+        return handle.evaluate.remote(weights, share, video)
 
     def wait(
         self, refs: list[Ref], num_returns: int, timeout: float

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import os
 import statistics
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-from impala_api.spec import EnvSpec
+from impala_api.spec import EnvSpec, ImpalaJobSpec
 from impala_trainer.learning.distributions import ActionDistribution
-from impala_trainer.learning.models import ActorCritic
+from impala_trainer.learning.models import ActorCritic, build_model
 from impala_trainer.policy.acting import PolicyActor
 from impala_trainer.policy.video import write_video
-from impala_trainer.rollouts.envs import make_vector_env
+from impala_trainer.rollouts.envs import env_spaces, make_vector_env
 
 MAX_VIDEO_FRAMES = 5_000
 """Frames kept per recorded episode (a Pong game is ~4,000 agent steps at frame skip 4)."""
@@ -35,15 +37,15 @@ class EvaluationResult:
     env_steps: int = 0
 
     def summary(self) -> dict[str, Any]:
-        """RLlib's evaluation metric names, under `evaluation/` where they are reported."""
+        """RLlib's evaluation metric names (None where no episode ended)."""
         r = self.returns
         return {
             "episodes": len(r),
-            "episode_return_mean": statistics.fmean(r),
-            "episode_return_median": statistics.median(r),
-            "episode_return_min": min(r),
-            "episode_return_max": max(r),
-            "episode_len_mean": statistics.fmean(self.lengths),
+            "episode_return_mean": statistics.fmean(r) if r else None,
+            "episode_return_median": statistics.median(r) if r else None,
+            "episode_return_min": min(r) if r else None,
+            "episode_return_max": max(r) if r else None,
+            "episode_len_mean": statistics.fmean(self.lengths) if r else None,
             "env_steps": self.env_steps,
         }
 
@@ -56,7 +58,7 @@ def evaluate(
     env: EnvSpec,
     model: ActorCritic,
     actions: ActionDistribution,
-    episodes: int,
+    episodes: int | None,
     *,
     explore: bool = False,
     seed: int = 0,
@@ -67,9 +69,14 @@ def evaluate(
 ) -> EvaluationResult:
     """Play `episodes` episodes (greedy unless `explore`) and return their returns and lengths.
 
-    `max_steps` bounds the env steps (a policy that never ends an episode in an env without a
-    time limit); episodes still running then are not counted.
+    `max_steps` bounds the env steps (spec.evaluation's timesteps unit, or a policy that never
+    ends an episode); episodes still running then are not counted. `episodes` None: as many as
+    end within `max_steps`.
     """
+    if episodes is None:
+        if max_steps is None:
+            raise ValueError("give episodes or max_steps")
+        episodes = num_envs * max_steps  # more than can end: max_steps decides
     if episodes < 1:
         raise ValueError("episodes must be at least 1")
     if video_dir is not None:
@@ -77,7 +84,7 @@ def evaluate(
         # a pod or CI machine has neither, and SDL's and ALSA's complaints would fill the output.
         os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-    n = max(1, min(num_envs, episodes))
+    n = max(1, min(num_envs, episodes, max_steps or episodes))
     quotas = _quotas(episodes, n)
     vec = make_vector_env(env, n, seed, render=video_dir is not None)
     actor = PolicyActor(model, actions, n, explore, seed, env.clips_rewards)
@@ -117,8 +124,6 @@ def evaluate(
                 ep_length[i] = 0
     finally:
         vec.close()
-    if not result.returns:
-        raise RuntimeError(f"no episode ended within {max_steps} env steps")
     return result
 
 
@@ -126,3 +131,43 @@ def _video_fps(vec: Any, env: EnvSpec) -> float:
     """The env's own frame rate, divided by the frames an agent step skips."""
     fps = float(vec.envs[0].metadata.get("render_fps") or 30)
     return fps / env.frame_skip if env.is_atari else fps
+
+
+class Evaluator:
+    """One evaluation actor's work (`rollouts.actors.EvaluationActor` runs it in its own
+    process): the job's network, loaded with the weights of each request, played on envs seeded
+    the same way every round, so rounds differ only by the policy."""
+
+    def __init__(self, spec: ImpalaJobSpec, seed: int) -> None:
+        torch.set_num_threads(1)
+        self.spec = spec
+        self.seed = seed
+        spaces = env_spaces(spec.env)
+        self.actions = spaces.actions
+        self.model = build_model(spec.model, spaces.obs_shape, spaces.actions).eval()
+
+    def run(
+        self, weights: dict[str, np.ndarray], share: int, video: bool
+    ) -> tuple[EvaluationResult, tuple[str, bytes] | None]:
+        """Play `share` episodes (or env steps, durationUnit) with `weights`; the result and
+        its first episode's video (suffix, bytes), when asked for one."""
+        assert self.spec.evaluation is not None
+        evaluation = self.spec.evaluation
+        self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()})
+        by_steps = evaluation.duration_unit == "timesteps"
+        with tempfile.TemporaryDirectory(prefix="impala-eval-") as tmp:
+            result = evaluate(
+                self.spec.env,
+                self.model,
+                self.actions,
+                None if by_steps else share,
+                explore=evaluation.explore,
+                seed=self.seed,
+                num_envs=evaluation.num_envs_per_runner,
+                video_dir=Path(tmp) if video else None,
+                max_steps=share if by_steps else None,
+            )
+            first = result.videos[0] if result.videos else None
+            data = (first.suffix, first.read_bytes()) if first else None
+            result.videos = []
+        return result, data

@@ -14,7 +14,13 @@ from impala_api.spec import ImpalaJob
 from impala_trainer.learning.distributions import ActionDistribution
 from impala_trainer.learning.models import ActorCritic, build_model
 from impala_trainer.rollouts.envs import env_spaces
-from impala_trainer.rundir.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from impala_trainer.rundir.checkpoint import (
+    LEARNER_FILE,
+    STATE_FILE,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+)
 
 
 class PolicyNotFoundError(Exception):
@@ -35,10 +41,10 @@ class LoadedPolicy:
 
 
 def find_checkpoint(run_dir: Path, name: str | None = None) -> Path:
-    """The checkpoint directory `name` (ckpt-000012, or a path) or the newest one."""
+    """The checkpoint directory `name` (ckpt-000012, `best`, or a path) or the newest one."""
     if name is not None:
         path = Path(name) if Path(name).is_dir() else run_dir / CHECKPOINT_DIR / name
-        if path in list_checkpoints(path.parent):
+        if (path / LEARNER_FILE).is_file() and (path / STATE_FILE).is_file():
             return path
         names = ", ".join(p.name for p in list_checkpoints(run_dir / CHECKPOINT_DIR)) or "none"
         raise PolicyNotFoundError(f"no complete checkpoint {name} in {run_dir} (there are {names})")

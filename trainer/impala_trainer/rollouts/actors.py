@@ -90,3 +90,4 @@ class AggregatorActor:
     def handover(self) -> Handover:
         """The fragments that did not yet fill a batch: the driver trains on them."""
         return Handover(fragments=self.aggregator.take_pending(), env_steps=None)
+

@@ -41,6 +41,8 @@ class DriverState:
     """Driver iterations that wrote a snapshot."""
     started_at: float = 0.0
     """Unix time the first run started."""
+    evaluation: dict[str, Any] | None = None
+    """The latest evaluation and the best so far (snapshot.EvaluationInfo), if any."""
 
 
 def _seq(path: Path) -> int | None:
@@ -66,6 +68,23 @@ def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def _write_checkpoint_dir(
+    checkpoint_dir: Path, learner_state: dict[str, Any], state: DriverState
+) -> Path:
+    """Both files in a new hidden directory of `checkpoint_dir`, synced; its path."""
+    tmp = Path(tempfile.mkdtemp(dir=checkpoint_dir, prefix=".tmp-ckpt-"))
+    try:
+        torch.save(learner_state, tmp / LEARNER_FILE)
+        (tmp / STATE_FILE).write_text(json.dumps(asdict(state), separators=(",", ":")))
+        for name in (LEARNER_FILE, STATE_FILE):
+            with open(tmp / name, "rb") as f:
+                os.fsync(f.fileno())
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
+
+
 def save_checkpoint(
     checkpoint_dir: Path, learner_state: dict[str, Any], state: DriverState, keep: int
 ) -> Path:
@@ -76,13 +95,8 @@ def save_checkpoint(
     existing = list_checkpoints(checkpoint_dir)
     seq = (_seq(existing[-1]) or 0) + 1 if existing else 1
     final = checkpoint_dir / f"ckpt-{seq:06d}"
-    tmp = Path(tempfile.mkdtemp(dir=checkpoint_dir, prefix=".tmp-ckpt-"))
+    tmp = _write_checkpoint_dir(checkpoint_dir, learner_state, state)
     try:
-        torch.save(learner_state, tmp / LEARNER_FILE)
-        (tmp / STATE_FILE).write_text(json.dumps(asdict(state), separators=(",", ":")))
-        for name in (LEARNER_FILE, STATE_FILE):
-            with open(tmp / name, "rb") as f:
-                os.fsync(f.fileno())
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -90,6 +104,27 @@ def save_checkpoint(
     for old in list_checkpoints(checkpoint_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def save_policy_checkpoint(
+    path: Path, weights: dict[str, Any], policy_version: int, global_timestep: int,
+    state: DriverState,
+) -> Path:  # fmt: skip
+    """Replace the checkpoint directory `path` (checkpoints/best) with a policy's weights alone
+    (no optimiser: it is for evaluate and export, never resumed from); the old one stays whole
+    until the new one is complete."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = {k: torch.as_tensor(v) for k, v in weights.items()}
+    learner_state = {"model": model, "policy_version": policy_version,
+                     "global_timestep": global_timestep}  # fmt: skip
+    tmp = _write_checkpoint_dir(path.parent, learner_state, state)
+    old = path.with_name(f".old-{path.name}")
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        os.rename(path, old)
+    os.rename(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+    return path
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, Any], DriverState]:

@@ -14,6 +14,7 @@ from typing import Any
 from impala_api.snapshot import (
     CheckpointInfo,
     Counters,
+    EvaluationInfo,
     HistoryPoint,
     LearnerQueue,
     Membership,
@@ -53,6 +54,9 @@ class RunStats:
         self._lags: deque[float] = deque(maxlen=50)
         self._rates: deque[tuple[float, int, int, int]] = deque()
         self.throughput = Throughput()
+        self.evaluation: EvaluationInfo | None = (
+            EvaluationInfo.model_validate(state.evaluation) if state.evaluation else None
+        )
 
     # -- updates --------------------------------------------------------------------------------
 
@@ -71,6 +75,10 @@ class RunStats:
         if pending:
             keys = dict.fromkeys(k for stats in pending for k in stats)
             self.learner = {k: fmean(s[k] for s in pending if k in s) for k in keys}
+
+    def add_evaluation(self, info: EvaluationInfo) -> None:
+        """A finished evaluation (the caller has set its best_* fields)."""
+        self.evaluation = info
 
     def add_policy_lag(self, lag: float) -> None:
         self._lags.append(lag)
@@ -109,6 +117,8 @@ class RunStats:
             out["timesteps"] = float(self.stop.timesteps)
         if self.stop.episode_return_mean is not None:
             out["episodeReturnMean"] = float(self.stop.episode_return_mean)
+        if self.stop.evaluation_return_mean is not None:
+            out["evaluationReturnMean"] = float(self.stop.evaluation_return_mean)
         if self.stop.time_limit_seconds is not None:
             out["timeLimitSeconds"] = float(self.stop.time_limit_seconds)
         return out
@@ -130,6 +140,13 @@ class RunStats:
             and mean >= s.episode_return_mean
         ):
             return "episodeReturnMean"
+        evaluated = self.evaluation_return_mean
+        if (
+            s.evaluation_return_mean is not None
+            and evaluated is not None
+            and evaluated >= s.evaluation_return_mean
+        ):
+            return "evaluationReturnMean"
         if s.time_limit_seconds is not None and self.wall_seconds() >= s.time_limit_seconds:
             return "timeLimitSeconds"
         return None
@@ -145,9 +162,17 @@ class RunStats:
             target = s.episode_return_mean
             frac = mean / target if target > 0 else float(mean >= target)
             fractions.append(frac * min(1.0, len(self.returns) / EPISODE_WINDOW))
+        evaluated = self.evaluation_return_mean
+        if s.evaluation_return_mean is not None and evaluated is not None:
+            target = s.evaluation_return_mean
+            fractions.append(evaluated / target if target > 0 else float(evaluated >= target))
         if s.time_limit_seconds:
             fractions.append(self.wall_seconds() / s.time_limit_seconds)
         return max(0.0, min(1.0, max(fractions)))
+
+    @property
+    def evaluation_return_mean(self) -> float | None:
+        return self.evaluation.episode_return_mean if self.evaluation else None
 
     # -- outputs --------------------------------------------------------------------------------
 
@@ -180,6 +205,7 @@ class RunStats:
             learner_queue=self.queue,
             membership=membership,
             checkpoint=self.checkpoint,
+            evaluation=self.evaluation,
             stop=StopProgress(
                 criteria=self.criteria(), progress=self.progress(), stopped_by=stopped_by
             ),
@@ -201,9 +227,12 @@ class RunStats:
             policy_loss=self.learner.get("policy_loss"),
             vf_loss=self.learner.get("vf_loss"),
             entropy=self.learner.get("entropy"),
+            evaluation_return_mean=self.evaluation_return_mean,
+            evaluation_env_steps=self.evaluation.num_env_steps_sampled if self.evaluation else None,
         )
 
     def summary(self, phase: RunPhase, stopped_by: str | None, message: str | None) -> Summary:
+        evaluation = self.evaluation or EvaluationInfo()
         return Summary(
             job=self.job,
             timesteps=self.counters.num_env_steps_sampled,
@@ -213,6 +242,9 @@ class RunStats:
             stopped_by=stopped_by,
             phase=phase,
             message=message,
+            evaluation_return_mean=self.evaluation_return_mean,
+            best_evaluation_return_mean=evaluation.best_return_mean,
+            best_checkpoint=evaluation.best_checkpoint,
         )
 
     def driver_state(self) -> DriverState:
@@ -223,6 +255,7 @@ class RunStats:
             episode_lengths=list(self.lengths),
             iteration=self.iteration,
             started_at=self.started_at,
+            evaluation=self.evaluation.model_dump() if self.evaluation else None,
         )
 
     def set_learner_queue(

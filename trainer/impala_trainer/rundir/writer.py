@@ -22,6 +22,7 @@ from impala_api.snapshot import (
     HISTORY_FILE,
     STATUS_FILE,
     SUMMARY_FILE,
+    VIDEO_DIR,
     HistoryPoint,
     StatusSnapshot,
     Summary,
@@ -33,6 +34,8 @@ from impala_trainer.rundir.checkpoint import list_checkpoints
 from impala_trainer.rundir.tensorboard import TENSORBOARD_DIR, EventFileWriter
 
 LOG_FILE = "trainer.log"
+MAX_VIDEOS = 20
+"""Evaluation videos kept in videos/ (a Pong episode's is about a megabyte)."""
 """The trainer's log (actor failures, tracebacks); the console only gets progress and a reason."""
 
 
@@ -48,6 +51,7 @@ class RunDir:
         self._last_status = float("-inf")
         self._last_history = float("-inf")
         self._events: EventFileWriter | None = None
+        self._last_evaluation: int | None = None
 
     @property
     def checkpoints(self) -> Path:
@@ -94,6 +98,19 @@ class RunDir:
         shutil.rmtree(self.checkpoints, ignore_errors=True)
         shutil.rmtree(self.tensorboard_dir, ignore_errors=True)
 
+    def write_video(self, env_steps: int, data: bytes, suffix: str = ".mp4") -> str:
+        """Store an evaluation video as videos/eval-<env steps><suffix>, keeping the newest
+        MAX_VIDEOS; its path relative to the run directory."""
+        videos = self.path / VIDEO_DIR
+        videos.mkdir(parents=True, exist_ok=True)
+        name = f"eval-{env_steps:012d}{suffix}"
+        tmp = videos / f".{name}.tmp"
+        tmp.write_bytes(data)
+        tmp.replace(videos / name)
+        for old in sorted(videos.glob("eval-*"))[:-MAX_VIDEOS]:
+            old.unlink(missing_ok=True)
+        return f"{VIDEO_DIR}/{name}"
+
     def prepare(self, job: ImpalaJob) -> None:
         """Create the directory and write config.yaml (the manifest with defaults filled in)."""
         self.path.mkdir(parents=True, exist_ok=True)
@@ -131,6 +148,12 @@ class RunDir:
         if self._events is None:
             self._events = EventFileWriter(self.tensorboard_dir)
         self._events.add_scalars(point.env_steps, tensorboard_scalars(point), point.time)
+        evaluated = point.evaluation_env_steps
+        if evaluated is not None and evaluated != self._last_evaluation:
+            # Once per evaluation, at the env step of the weights it played.
+            self._last_evaluation = evaluated
+            scalars = {"evaluation/episode_return_mean": point.evaluation_return_mean}
+            self._events.add_scalars(evaluated, scalars, point.time)
         self._last_history = now
         return True
 

@@ -78,6 +78,16 @@ _GAUGES = (
     ("impala_episode_return_min", "Min return of the last 100 episodes.", "episode_return_min"),
     ("impala_episode_return_max", "Max return of the last 100 episodes.", "episode_return_max"),
     ("impala_episode_length_mean", "Mean length of the last 100 episodes.", "episode_len_mean"),
+    (
+        "impala_evaluation_return_mean",
+        "Mean return of the latest evaluation (spec.evaluation).",
+        "evaluation.episode_return_mean",
+    ),
+    (
+        "impala_evaluation_best_return_mean",
+        "Best evaluation mean return so far.",
+        "evaluation.best_return_mean",
+    ),
     ("impala_env_steps_per_second", "Env steps sampled per second.", "throughput.env_steps_per_s"),
     (
         "impala_trained_steps_per_second",

@@ -1,0 +1,46 @@
+"""`spec.evaluation`: the policy played on envs of its own while it trains (RLlib's evaluation_*
+settings), whose return a stop criterion may use and which picks the best checkpoint."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from impala_api.spec.base import SpecModel
+
+EVALUATION_STOP_NEEDS_EVALUATION = (
+    "spec.stop.evaluationReturnMean needs spec.evaluation (the evaluation that measures it): "
+    "add spec.evaluation, e.g. {intervalTimesteps: 50000}"
+)
+
+
+class EvaluationSpec(SpecModel):
+    """Evaluation during training: separate actors play the current weights (greedy unless
+    `explore`) on their own env seeds, never feeding the learner. They run in the learner's own
+    pod (locally: on the machine), next to the weights (docs/architecture.md)."""
+
+    interval_timesteps: int = Field(default=50_000, ge=1)
+    """Env steps sampled between evaluations (RLlib's evaluation_interval counts training
+    iterations, which last as long as the machine makes them; env steps put the evaluations at
+    the same points of training on any machine). One runs at a time: an interval that ends
+    while one is still playing starts the next as soon as it finishes."""
+
+    duration: int = Field(default=10, ge=1, le=1_000_000)
+    """Episodes (or env steps, durationUnit) per evaluation, shared out over the runners."""
+
+    duration_unit: Literal["episodes", "timesteps"] = "episodes"
+    """What `duration` counts; with timesteps, only episodes that end within them are counted."""
+
+    num_env_runners: int = Field(default=1, ge=1, le=64)
+    """Evaluation actors (RLlib's evaluation_num_env_runners)."""
+
+    num_envs_per_runner: int = Field(default=4, ge=1, le=256)
+    """Envs each evaluation actor plays side by side."""
+
+    explore: bool = False
+    """Sample actions as training does instead of taking the greedy one."""
+
+    video: bool = False
+    """Record each evaluation's first episode (mp4) into the run directory's videos/, shown on
+    the dashboard and in TensorBoard."""
