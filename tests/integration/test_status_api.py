@@ -269,6 +269,23 @@ def test_dashboard_and_assets(serve: Serve, run_dir: Path) -> None:
         assert r.status_code == 404 and r.json()["error"] == "not_found", bad
 
 
+def test_evaluation_videos_are_served_by_name_with_ranges(serve: Serve, run_dir: Path) -> None:
+    write_sample_run(run_dir, points=3)
+    (run_dir / "videos").mkdir()
+    data = bytes(range(256)) * 40
+    (run_dir / "videos" / "eval-000000012000.mp4").write_bytes(data)
+    (run_dir / "secret.mp4").write_bytes(b"not a video of the run")
+    client = serve()
+    r = client.get("/videos/eval-000000012000.mp4")
+    assert r.status_code == 200 and r.content == data
+    assert r.headers["content-type"] == "video/mp4"
+    part = client.get("/videos/eval-000000012000.mp4", headers={"Range": "bytes=100-199"})
+    assert part.status_code == 206 and part.content == data[100:200]  # a browser seeks
+    for bad in ("/videos/eval-000000099999.mp4", "/videos/..%2Fsecret.mp4", "/videos/x.mp4"):
+        r = client.get(bad)
+        assert r.status_code == 404 and r.json()["error"] == "not_found", bad
+
+
 @pytest.mark.parametrize("method", ["POST", "PUT", "PATCH", "DELETE"])
 def test_api_is_read_only(serve: Serve, run_dir: Path, method: str) -> None:
     write_sample_run(run_dir, points=3)
@@ -284,7 +301,9 @@ def test_api_is_read_only(serve: Serve, run_dir: Path, method: str) -> None:
 def test_openapi_documents_every_endpoint(serve: Serve) -> None:
     spec = serve().get("/openapi.json").json()
     paths = spec["paths"]
-    assert set(paths) == {"/healthz", "/readyz", "/status", "/history", "/metrics", "/"}
+    assert set(paths) == {
+        "/healthz", "/readyz", "/status", "/history", "/metrics", "/videos/{name}", "/"
+    }
     assert set(paths["/status"]) == {"get"}
     schemas = spec["components"]["schemas"]
     for model in (

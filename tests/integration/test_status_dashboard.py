@@ -135,3 +135,54 @@ def test_dashboard_explains_a_missing_snapshot(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "status → 503 missing: run directory" in proc.stdout
     assert 'id="error" class="error" hidden' not in proc.stdout
+
+
+def test_dashboard_shows_the_evaluation_curve_and_plays_its_video(tmp_path: Path) -> None:
+    """spec.evaluation's output on the page: the evaluation return curve (one point per round)
+    and the latest round's video, an H.264 mp4 Chromium decodes; a screenshot as artefact."""
+    gym = pytest.importorskip("gymnasium")
+    from impala_api.snapshot import STATUS_FILE, EvaluationInfo, append_history, write_json_atomic
+    from impala_trainer.policy.video import write_video
+
+    run_dir = tmp_path / "run"
+    snap, history = write_sample_run(run_dir, job="cartpole-evaluated", points=30)
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    env = gym.make("CartPole-v1", render_mode="rgb_array")
+    env.reset(seed=0)
+    frames = [env.render()]
+    for _ in range(40):
+        _, _, terminated, _, _ = env.step(env.action_space.sample())
+        if terminated:
+            env.reset()
+        frames.append(env.render())
+    video = write_video(frames, run_dir / "videos" / f"eval-{12_000:012d}", fps=50)
+    rounds = {4_000: 41.5, 8_000: 150.25, 12_000: 480.5}
+    for steps, ret in rounds.items():
+        point = history[-1].model_copy(
+            update={"evaluation_env_steps": steps, "evaluation_return_mean": ret}
+        )
+        append_history(run_dir / "history.jsonl", point)
+    snap.evaluation = EvaluationInfo(
+        evaluations=3, num_env_steps_sampled=12_000, episodes=10, episode_return_mean=480.5,
+        video=f"videos/{video.name}", best_return_mean=480.5, best_num_env_steps_sampled=12_000,
+        best_checkpoint="checkpoints/best",
+    )  # fmt: skip
+    write_json_atomic(run_dir / STATUS_FILE, snap)
+    url, stop = serve_in_thread(run_dir, "127.0.0.1", 0, settings=Settings())
+    try:
+        proc = _run_chromium(tmp_path, "--dump-dom", "--autoplay-policy=no-user-gesture-required",
+                             f"{url}/")  # fmt: skip
+        shot = tmp_path / "dashboard-evaluation.png"
+        shooter = _run_chromium(tmp_path, f"--screenshot={shot}", "--window-size=1280,1400",
+                                f"{url}/")  # fmt: skip
+    finally:
+        stop()
+    assert proc.returncode == 0 and shooter.returncode == 0, proc.stderr[-3000:]
+    page = _Plots()
+    page.feed(proc.stdout)
+    assert page.points["plot-evaluation"] == [(float(k), v) for k, v in rounds.items()]
+    assert page.cards["Evaluation return"] == "480.50"
+    assert f'src="videos/{video.name}"' in proc.stdout
+    assert 'data-decoded="600x400"' in proc.stdout  # CartPole's frames, decoded by Chromium
+    print(f"dashboard screenshot with the evaluation: {shot}")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

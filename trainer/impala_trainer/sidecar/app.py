@@ -15,7 +15,7 @@ from impala_trainer.rundir.reader import SnapshotError
 from impala_trainer.sidecar.auth import AuthUnavailable, Unauthorized
 from impala_trainer.sidecar.deps import Sidecar, require_token
 from impala_trainer.sidecar.models import ErrorResponse
-from impala_trainer.sidecar.routers import dashboard, health, history, metrics, status
+from impala_trainer.sidecar.routers import dashboard, health, history, metrics, status, videos
 from impala_trainer.sidecar.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     guard = [Depends(require_token)] if settings.auth_enabled else []
 
     app.include_router(health.open_router)
-    for module in (status, history, metrics, dashboard):
+    for module in (status, history, metrics, videos, dashboard):
         app.include_router(module.router, dependencies=guard)
 
     @app.get("/openapi.json", include_in_schema=False, dependencies=guard)

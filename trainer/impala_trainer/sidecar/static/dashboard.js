@@ -159,7 +159,9 @@ function renderStatus(s) {
     card("Training time", fmtDuration(s.wall_seconds)),
     card("Stop progress", stop, s.stop.progress),
     card("Last checkpoint (steps)", s.checkpoint ? count(s.checkpoint.num_env_steps_sampled) : "none"),
+    ...evaluationCards(s.evaluation),
   );
+  renderEvaluation(s.evaluation);
   table("learner", Object.entries(s.learner).map(([k, v]) => [k, fmt(v, 4)]));
   table("timing", Object.entries(s.timing_breakdown).map(([k, v]) => [k, fmt(v, 2)]));
   const counts = {};
@@ -168,6 +170,31 @@ function renderStatus(s) {
     counts[key] = (counts[key] || 0) + 1;
   }
   table("members", Object.entries(counts));
+}
+
+function evaluationCards(e) {
+  if (!e) return [];
+  return [
+    card("Evaluation return", fmt(e.episode_return_mean)),
+    card("Best evaluation", `${fmt(e.best_return_mean)} @ ${fmt(e.best_num_env_steps_sampled)}`),
+  ];
+}
+
+// The latest evaluation video (an mp4, or a GIF where the trainer had no encoder); the element
+// is only reloaded when a new one appears, so a playing video is not restarted every poll.
+function renderEvaluation(e) {
+  $("evaluation").hidden = !e;
+  if (!e) return;
+  const video = $("eval-video"), gif = $("eval-gif");
+  $("eval-no-video").hidden = !!e.video;
+  $("eval-video-caption").textContent = e.video
+    ? `Evaluation at ${count(e.num_env_steps_sampled)} env steps: return ${fmt(e.episode_return_mean)}`
+    : "Latest evaluation episode";
+  if (!e.video) return;
+  const isGif = e.video.endsWith(".gif");
+  video.hidden = isGif; gif.hidden = !isGif;
+  const target = isGif ? gif : video;
+  if (target.getAttribute("src") !== e.video) target.setAttribute("src", e.video);
 }
 
 function renderHistory(h) {
@@ -179,6 +206,16 @@ function renderHistory(h) {
   plot($("plot-throughput"), pts.map((p) => [p.wall_seconds, p.env_steps_per_s]),
     long ? "training time (min)" : "training time (s)", "env steps/s",
     long ? (v) => fmt(v / 60, 0) : undefined, true);
+  // One point per evaluation: history lines repeat the latest until the next one.
+  const seen = new Map();
+  for (const p of pts) {
+    if (p.evaluation_env_steps !== null && p.evaluation_env_steps !== undefined
+        && p.evaluation_return_mean !== null) {
+      seen.set(p.evaluation_env_steps, p.evaluation_return_mean);
+    }
+  }
+  const evals = [...seen.entries()].sort((a, b) => a[0] - b[0]);
+  if (evals.length) plot($("plot-evaluation"), evals, "env steps", "evaluation return");
   $("history-info").textContent =
     `${pts.length} of ${h.matched} history points shown (${h.held} held, ` +
     `${h.lines_read} lines read, ${h.skipped_lines} skipped)`;
@@ -192,6 +229,12 @@ async function tick() {
   $("error").hidden = problems.length === 0;
   $("error").textContent = problems.join("\n");
 }
+
+// The video element records the frame size it decoded (as the plots carry their data): what
+// a reader of the DOM, a test among them, checks to know the browser plays the file.
+$("eval-video").addEventListener("loadeddata", (ev) => {
+  ev.target.dataset.decoded = `${ev.target.videoWidth}x${ev.target.videoHeight}`;
+});
 
 tick();
 setInterval(tick, POLL_MS);
