@@ -322,6 +322,30 @@ def test_job_name_without_status_url(cli: Cli, kubeconfig: tuple) -> None:
     assert "has no status.statusURL yet" in proc.stderr
 
 
+def test_a_finished_job_still_answers_from_its_status(cli: Cli, kubeconfig: tuple) -> None:
+    """Its pods, the sidecar among them, are gone: the final figures come from the CR."""
+    path, handler = kubeconfig
+    key, obj = _job("team-a", "done", "http://done-status.team-a.svc:8080")
+    obj["spec"]["checkpoint"] = {"volumeClaim": "done-results"}
+    obj["status"] |= {
+        "phase": "Succeeded",
+        "message": "stop criterion evaluationReturnMean met",
+        "completionTime": "2026-11-25T12:00:00Z",
+        "progress": {"timesteps": 223232, "episodes": 681, "episodeReturnMean": 480.8,
+                     "evaluationReturnMean": 500.0, "evaluationTimesteps": 200000,
+                     "bestEvaluationReturnMean": 500.0, "bestCheckpoint": "checkpoints/best"},
+    }  # fmt: skip
+    handler.objects[key] = obj
+    proc = cli("done", env={"KUBECONFIG": str(path)})
+    assert proc.returncode == 0, proc.stderr
+    for text in ("Succeeded (stop criterion evaluationReturnMean met)", "223,232", "480.80",
+                 "500.00 at 200,000 steps", "checkpoints/best", "volumeClaim done-results"):
+        assert text in proc.stdout, text  # fmt: skip
+    assert not any("proxy" in seen for seen, _ in handler.seen)  # no sidecar asked
+    final = json.loads(cli("done", "--json", env={"KUBECONFIG": str(path)}).stdout)
+    assert final["phase"] == "Succeeded" and final["results"] == {"volumeClaim": "done-results"}
+
+
 def test_service_url_is_read_through_the_api_server_proxy(
     cli: Cli, sidecar: Callable[..., str], kubeconfig: tuple, tmp_path: Path
 ) -> None:

@@ -40,6 +40,73 @@ class StatusCommandError(Exception):
     """A failure to report to the user as one message (exit status 1)."""
 
 
+class FinishedJob(Exception):  # control flow, not an error
+    """The job has Succeeded or Failed: `final` is its final status, read from the CR."""
+
+    def __init__(self, final: dict[str, Any]) -> None:
+        super().__init__(final.get("phase"))
+        self.final = final
+
+
+FINISHED = ("Succeeded", "Failed")
+
+
+def final_status(obj: dict[str, Any]) -> dict[str, Any]:
+    """A finished ImpalaJob's final status from its CR: phase, figures, where the results are."""
+    status = obj.get("status") or {}
+    checkpoint = (obj.get("spec") or {}).get("checkpoint") or {}
+    results = {
+        k: v
+        for k, v in (
+            ("volumeClaim", checkpoint.get("volumeClaim")),
+            ("storageUri", checkpoint.get("storageUri")),
+        )
+        if v
+    }
+    return {
+        "job": (obj.get("metadata") or {}).get("name", ""),
+        "namespace": (obj.get("metadata") or {}).get("namespace"),
+        "phase": status.get("phase"),
+        "message": status.get("message"),
+        "startTime": status.get("startTime"),
+        "completionTime": status.get("completionTime"),
+        "progress": status.get("progress") or {},
+        "learner": status.get("learner") or {},
+        "results": results,
+    }
+
+
+def final_rows(final: dict[str, Any]) -> list[tuple[str, str]]:
+    """The final status as (label, value) rows (pure)."""
+    p, learner = final["progress"], final["learner"]
+    ret = _num(p.get("episodeReturnMean"), 2)
+    rows = [
+        ("Phase", f"{final['phase']}" + (f" ({final['message']})" if final["message"] else "")),
+        ("Env steps sampled", _num(p.get("timesteps"))),
+        ("Episodes", _num(p.get("episodes"))),
+        ("Mean return (last 100)", ret),
+    ]
+    if p.get("evaluationReturnMean") is not None or p.get("bestEvaluationReturnMean") is not None:
+        rows.append((
+            "Evaluation return",
+            f"{_num(p.get('evaluationReturnMean'), 2)} at {_num(p.get('evaluationTimesteps'))} "
+            f"steps; best {_num(p.get('bestEvaluationReturnMean'), 2)}",
+        ))  # fmt: skip
+    if p.get("bestCheckpoint"):
+        rows.append(("Best checkpoint", str(p["bestCheckpoint"])))
+    rows.append(("Started / finished", f"{final['startTime'] or '–'} / "
+                 f"{final['completionTime'] or '–'}"))  # fmt: skip
+    rows.append(("Learner restarts", _num(learner.get("restarts", 0))))
+    where = final["results"]
+    rows.append((
+        "Results",
+        "; ".join(f"{k} {v}" for k, v in where.items())
+        or "none kept (no checkpoint.volumeClaim or storageUri: the run directory went with "
+        "the learner pod)",
+    ))  # fmt: skip
+    return rows
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", help="sidecar URL (http://host:8080) or ImpalaJob name")
     parser.add_argument("--json", action="store_true", help="print the raw /status JSON")
@@ -69,6 +136,13 @@ def run(args: argparse.Namespace) -> int:
             data = fetch_job_status(args.target, args.namespace, token, args.timeout)
     except StatusCommandError as err:
         raise CommandError(str(err), EXIT_FAILED) from None
+    except FinishedJob as done:
+        # Its pods (the sidecar among them) are gone; the CR keeps the final figures.
+        if args.json:
+            print(json.dumps(done.final, indent=2))
+        else:
+            print_rows(f"ImpalaJob {done.final['job']}", final_rows(done.final), "final status")
+        return 0
     if args.json:
         print(json.dumps(data, indent=2))
     else:
@@ -255,6 +329,8 @@ def status_url_from_cluster(name: str, namespace: str | None) -> tuple[str, bool
         ) from err
     except Exception as err:  # urllib3 connection errors and the like
         raise StatusCommandError(f"cannot reach the Kubernetes API: {err}") from err
+    if (obj.get("status") or {}).get("phase") in FINISHED:
+        raise FinishedJob(final_status(obj))
     url = (obj.get("status") or {}).get("statusURL")
     if not url:
         raise StatusCommandError(
@@ -419,6 +495,14 @@ def summary_rows(s: StatusResponse) -> list[tuple[str, str]]:
         ("Training time", _duration(s.wall_seconds)),
         ("Snapshot age", f"{s.age_seconds:.1f} s"),
     ]
+    if s.evaluation is not None:
+        e = s.evaluation
+        rows.insert(4, (
+            "Evaluation return",
+            f"{_num(e.episode_return_mean, 2)} over {e.episodes} episodes at "
+            f"{_num(e.num_env_steps_sampled)} steps; best {_num(e.best_return_mean, 2)}"
+            + (f" ({e.best_checkpoint})" if e.best_checkpoint else ""),
+        ))  # fmt: skip
     if s.learner:
         rows.append(("Learner", ", ".join(f"{k} {v:.4g}" for k, v in s.learner.items())))
     if s.timing_breakdown:
@@ -438,18 +522,17 @@ def summary_rows(s: StatusResponse) -> list[tuple[str, str]]:
 
 def print_table(s: StatusResponse) -> None:
     """Print the summary with rich (plain text when stdout is not a terminal)."""
+    updated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.updated_at))
+    print_rows(f"ImpalaJob {s.job}", summary_rows(s), f"snapshot of {updated}")
+
+
+def print_rows(title: str, rows: list[tuple[str, str]], caption: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    updated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.updated_at))
-    table = Table(
-        title=f"ImpalaJob {s.job}",
-        caption=f"snapshot of {updated}",
-        show_header=False,
-        title_justify="left",
-    )
+    table = Table(title=title, caption=caption, show_header=False, title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value")
-    for label, value in summary_rows(s):
+    for label, value in rows:
         table.add_row(label, value)
     Console(width=None if sys.stdout.isatty() else 120).print(table)
