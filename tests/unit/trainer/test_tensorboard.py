@@ -64,3 +64,21 @@ def test_history_lines_become_scalars_of_return_throughput_losses_and_queue(
     assert {"learner/policy_loss", "learner/vf_loss", "learner/updates"} <= set(scalars)
     run.clear()
     assert not run.tensorboard_dir.exists()
+
+
+def test_an_evaluation_episode_is_an_animated_gif_in_the_images_dashboard(tmp_path: Path) -> None:
+    import numpy as np
+
+    from impala_trainer.policy.video import preview_gif
+
+    frames = [np.full((400, 600, 3), i * 20, np.uint8) for i in range(12)]
+    gif, height, width = preview_gif(frames, max_width=240)
+    assert (height, width) == (160, 240) and gif[:6] == b"GIF89a"
+    run = RunDir(tmp_path / "run", history_interval=0.0)
+    run.path.mkdir()
+    run.add_video_preview(12_000, gif, height, width)
+    acc = event_accumulator.EventAccumulator(str(run.tensorboard_dir), size_guidance={"images": 0})
+    acc.Reload()
+    (image,) = acc.Images("evaluation/episode")
+    assert (image.step, image.height, image.width) == (12_000, 160, 240)
+    assert image.encoded_image_string == gif

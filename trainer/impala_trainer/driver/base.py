@@ -281,6 +281,9 @@ class Driver:
     ) -> None:
         video = next((v for _, v in results if v), None)
         path = self.run_dir.write_video(rnd.env_steps, video[1], video[0]) if video else None
+        preview = next((r.preview for r, _ in results if r.preview), None)
+        if preview is not None:
+            self.run_dir.add_video_preview(rnd.env_steps, *preview)
         info, best = schedule.finished(rnd, merge([r for r, _ in results]), path)
         if best:
             where = save_policy_checkpoint(

@@ -22,7 +22,7 @@ from impala_api.spec import EnvSpec, ImpalaJobSpec
 from impala_trainer.learning.distributions import ActionDistribution
 from impala_trainer.learning.models import ActorCritic, build_model
 from impala_trainer.policy.acting import PolicyActor
-from impala_trainer.policy.video import write_video
+from impala_trainer.policy.video import preview_gif, write_video
 from impala_trainer.rollouts.envs import env_spaces, make_vector_env
 
 MAX_VIDEO_FRAMES = 5_000
@@ -35,6 +35,8 @@ class EvaluationResult:
     lengths: list[int] = field(default_factory=list)
     videos: list[Path] = field(default_factory=list)
     env_steps: int = 0
+    preview: tuple[bytes, int, int] | None = None
+    """The first recorded episode as a small GIF (bytes, height, width), for TensorBoard."""
 
     def summary(self) -> dict[str, Any]:
         """RLlib's evaluation metric names (None where no episode ended)."""
@@ -118,10 +120,16 @@ def evaluate(
                     if i == 0 and video_dir is not None and frames:
                         name = f"episode-{done_count[0]:03d}"
                         result.videos.append(write_video(frames, video_dir / name, fps))
+                        if result.preview is None:
+                            result.preview = preview_gif(frames, fps=fps)
                         frames = []
                     done_count[i] += 1
                 ep_return[i] = 0.0
                 ep_length[i] = 0
+        if video_dir is not None and frames and not result.videos:
+            # The budget (max_steps) ended the first episode: its frames so far are the video.
+            result.videos.append(write_video(frames, video_dir / "episode-000-partial", fps))
+            result.preview = preview_gif(frames, fps=fps)
     finally:
         vec.close()
     return result

@@ -61,3 +61,25 @@ def _write_gif(frames: list[np.ndarray], path: Path, fps: float) -> Path:
         path, save_all=True, append_images=images[1:], duration=max(1, round(1000 / fps)), loop=0
     )
     return path
+
+
+def preview_gif(
+    frames: Sequence[np.ndarray], max_width: int = 240, max_frames: int = 150, fps: float = 30.0
+) -> tuple[bytes, int, int]:
+    """A small animated GIF of the frames (at most `max_width` wide and `max_frames` long,
+    every k-th frame kept) for TensorBoard's images dashboard: (bytes, height, width)."""
+    import io
+
+    from PIL import Image
+
+    step = max(1, -(-len(frames) // max_frames))
+    images = [Image.fromarray(_rgb(f)) for f in frames[::step]]
+    w, h = images[0].size
+    if w > max_width:
+        h, w = max(1, round(h * max_width / w)), max_width
+        images = [im.resize((w, h)) for im in images]
+    out = io.BytesIO()
+    duration = max(20, round(1000 * step / fps))
+    images[0].save(out, format="GIF", save_all=True, append_images=images[1:],
+                   duration=duration, loop=0)  # fmt: skip
+    return out.getvalue(), h, w

@@ -3,6 +3,9 @@
 `KeepObservations` makes a partially observed problem of a fully observed one: CartPole keeping
 only position and angle (indices [0, 2]) is RLlib's StatelessCartPole, the standard check that a
 recurrent policy remembers what a feed-forward one cannot see (the velocities).
+`RescaleObservations` maps a bounded Box observation onto [low, high] by its bounds: a fixed
+scale, which plays the same in evaluation and in an exported policy (a running mean/std filter
+lives in each env and starts over in every new one).
 """
 
 from __future__ import annotations
@@ -32,3 +35,16 @@ class KeepObservations(gym.ObservationWrapper):  # type: ignore[misc]  # gymnasi
 
     def observation(self, observation: Any) -> np.ndarray:
         return np.asarray(observation)[self.indices]
+
+
+class RescaleObservations(gym.wrappers.RescaleObservation):  # type: ignore[misc]
+    """gymnasium's RescaleObservation onto [low, high] in every dimension, with float32 bounds
+    (given Python floats, gymnasium's own builds float64 bounds and warns in every process)."""
+
+    def __init__(self, env: gym.Env, low: float = -1.0, high: float = 1.0) -> None:
+        space = env.observation_space
+        bounded = isinstance(space, gym.spaces.Box) and np.isfinite([space.low, space.high]).all()
+        if not bounded:
+            raise ValueError(f"RescaleObservations needs a Box with finite bounds, not {space}")
+        dtype = space.dtype
+        super().__init__(env, np.full(space.shape, low, dtype), np.full(space.shape, high, dtype))

@@ -86,6 +86,17 @@ def _scalar_summary(scalars: Mapping[str, float]) -> bytes:
     return values
 
 
+def _image_summary(tag: str, encoded: bytes, height: int, width: int) -> bytes:
+    """Summary { Value { tag = 1, image = 4 } }, Image { height = 1, width = 2, colorspace = 3,
+    encoded_image_string = 4 }: PNG or GIF bytes (TensorBoard's images dashboard animates a
+    GIF, which is how an evaluation episode shows there)."""
+    image = (
+        _field(1, 0) + _varint(height) + _field(2, 0) + _varint(width)
+        + _field(3, 0) + _varint(3) + _bytes_field(4, encoded)
+    )  # fmt: skip
+    return _bytes_field(1, _bytes_field(1, tag.encode()) + _bytes_field(4, image))
+
+
 def _record(data: bytes) -> bytes:
     header = struct.pack("<Q", len(data))
     return (
@@ -122,5 +133,15 @@ class EventFileWriter:
             step,
             summary=_scalar_summary(present),
         )
+        with self.path.open("ab") as f:
+            f.write(_record(event))
+
+    def add_image(
+        self, step: int, tag: str, encoded: bytes, height: int, width: int,
+        wall_time: float | None = None,
+    ) -> None:  # fmt: skip
+        """One image (PNG, or an animated GIF) at `step`."""
+        summary = _image_summary(tag, encoded, height, width)
+        event = _event(time.time() if wall_time is None else wall_time, step, summary=summary)
         with self.path.open("ab") as f:
             f.write(_record(event))

@@ -111,6 +111,12 @@ class RunDir:
             old.unlink(missing_ok=True)
         return f"{VIDEO_DIR}/{name}"
 
+    def add_video_preview(self, env_steps: int, gif: bytes, height: int, width: int) -> None:
+        """An evaluation episode as an animated GIF in TensorBoard (`evaluation/episode`)."""
+        if self._events is None:
+            self._events = EventFileWriter(self.tensorboard_dir)
+        self._events.add_image(env_steps, "evaluation/episode", gif, height, width)
+
     def prepare(self, job: ImpalaJob) -> None:
         """Create the directory and write config.yaml (the manifest with defaults filled in)."""
         self.path.mkdir(parents=True, exist_ok=True)
