@@ -277,6 +277,17 @@ def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
         assert phase == "Succeeded"
         assert "reached after" in impalajob(kube, "logs", "cartpole", "-n", ns)
 
+        # The job still answers once it is over (its sidecar has gone with the learner's
+        # containers): the final status from the CR, and the results on the claim.
+        final = json.loads(impalajob(kube, "status", "cartpole", "-n", ns, "--json"))
+        assert final["phase"] == "Succeeded" and final["progress"]["timesteps"] == steps, final
+        assert final["results"] == {"volumeClaim": "cartpole-results"}, final
+        # The policy out of the claim: played greedily and exported, by the CLI on this machine.
+        played = json.loads(impalajob(kube, "evaluate", "--run-dir", str(results),
+                                      "--episodes", "5", "--json"))  # fmt: skip
+        log(f"impalajob evaluate of the claim's checkpoint: {played['episode_return_mean']}")
+        assert played["episode_return_mean"] >= 450, played
+
 
 def test_a_job_image_built_from_the_product_image_trains(real_kube: Kube, operator: None) -> None:
     """The cluster path for a user's own package (README): examples/custom/Dockerfile built FROM
@@ -292,7 +303,9 @@ def test_a_job_image_built_from_the_product_image_trains(real_kube: Kube, operat
         ret, steps = progress.get("episodeReturnMean"), progress.get("timesteps")
         log(f"custom: {st['phase']} {time.monotonic() - t0:.0f} s after apply; {ret} at {steps}")
         assert st["phase"] == "Succeeded", diagnose(kube, ns)
-        assert float(progress["episodeReturnMean"]) >= 0.9
+        # It stops on its evaluation, which ran in the learner pod (the user's package there).
+        assert float(progress["evaluationReturnMean"]) >= 0.9, progress
+        assert progress["bestCheckpoint"] == "checkpoints/best"
         images = {c["image"] for p in kube.pods(ns) for c in p["spec"]["containers"]}
         assert images == {"my-impala:0.1.0"}, images
 
