@@ -16,7 +16,12 @@ from typing import Any
 
 import pytest
 
-from impala_trainer.rundir.checkpoint import DriverState, list_checkpoints, save_checkpoint
+from impala_trainer.rundir.checkpoint import (
+    DriverState,
+    list_checkpoints,
+    save_checkpoint,
+    save_policy_checkpoint,
+)
 from impala_trainer.rundir.remote import Mirror, RemoteRun, StorageError, open_remote
 
 _TESTS = Path(__file__).resolve().parents[1]
@@ -79,6 +84,11 @@ def test_mirror_uploads_prunes_and_a_new_machine_pulls(tmp_path: Path, s3_env: d
     (run / "summary.json").write_text('{"phase": "Succeeded"}')
     (run / "tensorboard").mkdir()
     (run / "tensorboard" / "events.out.tfevents.1").write_bytes(b"\0" * 100)
+    # spec.evaluation's outputs: the best round's weights (replaced in place) and its videos.
+    best = save_policy_checkpoint(run / "checkpoints" / "best", {"w": [1.0]}, 7, 250,
+                                  DriverState())  # fmt: skip
+    (run / "videos").mkdir()
+    (run / "videos" / "eval-000000000250.mp4").write_bytes(b"\1" * 50)
     assert mirror.close() and mirror.last_error is None
     keys = _keys(remote)
     # the newest `keep` checkpoints, complete; the run's files; the owner record
@@ -88,6 +98,9 @@ def test_mirror_uploads_prunes_and_a_new_machine_pulls(tmp_path: Path, s3_env: d
         "history.jsonl",
         "run.json",
         "tensorboard/events.out.tfevents.1",
+        "checkpoints/best/learner.pt",
+        "checkpoints/best/state.json",
+        "videos/eval-000000000250.mp4",
     } <= keys
     assert not any(k.startswith("checkpoints/ckpt-000001") for k in keys)
 
@@ -100,6 +113,8 @@ def test_mirror_uploads_prunes_and_a_new_machine_pulls(tmp_path: Path, s3_env: d
     assert state["counters"]["num_env_steps_sampled"] == 300
     assert (elsewhere / "history.jsonl").read_text() == '{"env_steps": 300}\n'
     assert (elsewhere / "tensorboard" / "events.out.tfevents.1").stat().st_size == 100
+    pulled_best = elsewhere / "checkpoints" / "best" / "learner.pt"
+    assert pulled_best.read_bytes() == (best / "learner.pt").read_bytes()
     # a local checkpoint as new as the remote one is kept, not replaced
     assert pulled.pull(elsewhere) is None
 

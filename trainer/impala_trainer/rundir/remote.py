@@ -2,10 +2,11 @@
 
 Up, from the driver: each checkpoint as it is written (`learner.pt` before `state.json`, so a
 remote checkpoint is complete exactly when its state.json is there, as locally), then the run's
-files (summary.json, history.jsonl, config.yaml, trainer.log, the TensorBoard files), and
-remote checkpoints beyond the newest `keep` are deleted. Down, when a learner starts without a
-local checkpoint (a new pod on an emptyDir, another machine): the newest complete checkpoint,
-history.jsonl and the TensorBoard files, so the run continues its counters and its curves.
+files (summary.json, history.jsonl, config.yaml, trainer.log, the TensorBoard files, the best
+evaluation's checkpoint and the evaluation videos), and remote checkpoints beyond the newest
+`keep` are deleted. Down, when a learner starts without a local checkpoint (a new pod on an
+emptyDir, another machine): the newest complete checkpoint, history.jsonl, the TensorBoard files
+and the best checkpoint, so the run continues its counters, its curves and its best.
 
 An owner record, `run.json` ({"job": name, "uid": uid}), guards the prefix: a job never resumes
 from or overwrites another job's run (another name, or on a cluster another object of the same
@@ -28,10 +29,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from impala_api.snapshot import (
+    BEST_CHECKPOINT,
     CHECKPOINT_DIR,
     CONFIG_FILE,
     HISTORY_FILE,
     SUMMARY_FILE,
+    VIDEO_DIR,
 )
 from impala_trainer.rundir.checkpoint import LEARNER_FILE, STATE_FILE, list_checkpoints
 from impala_trainer.rundir.tensorboard import TENSORBOARD_DIR
@@ -110,6 +113,9 @@ class RemoteRun:
         self.job = job
         self.uid = uid
         self._client = client
+        self._best_pushed: int | None = None
+        """mtime (ns) of the checkpoints/best/state.json last uploaded: the best checkpoint is
+        replaced in place, with files of the same sizes."""
 
     @property
     def client(self) -> Any:
@@ -207,6 +213,11 @@ class RemoteRun:
         partial.rename(target)
         for key in (HISTORY_FILE, *self._keys(f"{TENSORBOARD_DIR}/")):
             self._download(key, run_dir / key, missing_ok=True)
+        best = f"{CHECKPOINT_DIR}/{BEST_CHECKPOINT}"
+        if f"{best}/{STATE_FILE}" in self._keys(f"{best}/"):
+            # The best evaluation's weights, which the resumed run's status still names.
+            for file in (LEARNER_FILE, STATE_FILE):
+                self._download(f"{best}/{file}", run_dir / best / file)
         logger.info("resuming from %s%s/%s", self.location, CHECKPOINT_DIR, name)
         return target
 
@@ -233,17 +244,30 @@ class RemoteRun:
                 # learner.pt first: state.json's arrival is what makes it complete.
                 for file in (LEARNER_FILE, STATE_FILE):
                     self._upload(ckpt / file, f"{CHECKPOINT_DIR}/{ckpt.name}/{file}")
+        best = run_dir / CHECKPOINT_DIR / BEST_CHECKPOINT
+        if (best / STATE_FILE).is_file() and (best / LEARNER_FILE).is_file():
+            mtime = (best / STATE_FILE).stat().st_mtime_ns
+            if mtime != self._best_pushed:
+                for file in (LEARNER_FILE, STATE_FILE):
+                    self._upload(best / file, f"{CHECKPOINT_DIR}/{BEST_CHECKPOINT}/{file}")
+                self._best_pushed = mtime
         for name in RUN_FILES:
             if (run_dir / name).is_file():
                 self._upload(run_dir / name, name)
-        tb = run_dir / TENSORBOARD_DIR
-        if tb.is_dir():
-            have = self._keys(f"{TENSORBOARD_DIR}/")
-            for path in sorted(tb.rglob("*")):
-                key = path.relative_to(run_dir).as_posix()
-                if path.is_file() and have.get(key) != path.stat().st_size:
-                    self._upload(path, key)
+        for folder in (TENSORBOARD_DIR, VIDEO_DIR):  # files that only grow or only arrive
+            self._push_new_files(run_dir, folder)
         self._prune(keep)
+
+    def _push_new_files(self, run_dir: Path, folder: str) -> None:
+        if not (run_dir / folder).is_dir():
+            return
+        have = self._keys(f"{folder}/")
+        for path in sorted((run_dir / folder).rglob("*")):
+            key = path.relative_to(run_dir).as_posix()
+            if path.is_file() and not path.name.startswith(".") and (
+                have.get(key) != path.stat().st_size
+            ):
+                self._upload(path, key)
 
     def _upload(self, path: Path, key: str) -> None:
         self.client.upload_file(str(path), self.location.bucket, self.location.key(key))
