@@ -183,14 +183,16 @@ def job_status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
     return dict(kube.get("ij", name, "-n", namespace).get("status") or {})
 
 
-def impalajob(kube: Kube, *args: str) -> str:
+def impalajob(
+    kube: Kube, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> str:
     """`impalajob ARGS...` from outside the cluster with the admin kubeconfig; its stdout."""
     proc = subprocess.run(
         [sys.executable, "-m", "impala_cli.main", *args],
         capture_output=True,
         text=True,
-        timeout=60,
-        env=kube.env,
+        timeout=timeout,
+        env={**kube.env, **(env or {})},
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
@@ -282,11 +284,17 @@ def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
         final = json.loads(impalajob(kube, "status", "cartpole", "-n", ns, "--json"))
         assert final["phase"] == "Succeeded" and final["progress"]["timesteps"] == steps, final
         assert final["results"] == {"volumeClaim": "cartpole-results"}, final
-        # The policy out of the claim: played greedily and exported, by the CLI on this machine.
-        played = json.loads(impalajob(kube, "evaluate", "--run-dir", str(results),
-                                      "--episodes", "5", "--json"))  # fmt: skip
-        log(f"impalajob evaluate of the claim's checkpoint: {played['episode_return_mean']}")
+        # The policy out of the claim, by the job's name: a reader pod streams its config and
+        # newest checkpoint to this machine, which plays it greedily and exports it.
+        t_eval = time.monotonic()
+        played = json.loads(impalajob(kube, "evaluate", "cartpole", "-n", ns, "--episodes", "5",
+                                      "--json", timeout=300))  # fmt: skip
+        log(f"impalajob evaluate cartpole (from the claim, {time.monotonic() - t_eval:.0f} s): "
+            f"{played['episode_return_mean']} over {played['episodes']} episodes")  # fmt: skip
         assert played["episode_return_mean"] >= 450, played
+        newest = sorted(p.name for p in (results / "checkpoints").glob("ckpt-*"))[-1]
+        assert played["checkpoint"] == newest, played
+        assert not [p for p in kube.pods(ns) if "results" in p["metadata"]["name"]]  # cleaned up
 
 
 def test_a_job_image_built_from_the_product_image_trains(real_kube: Kube, operator: None) -> None:
@@ -763,3 +771,11 @@ def test_aggregator_variant_trains_and_resumes_from_the_store(
         owner = store_json(s3_store, "aggregated/run.json")
         uid = kube.get("ij", "cartpole", "-n", ns)["metadata"]["uid"]
         assert owner == {"job": "cartpole", "uid": uid}
+        # The policy out of the store, by the job's name, with this machine's credentials.
+        creds = {"AWS_ACCESS_KEY_ID": s3_store.access_key,
+                 "AWS_SECRET_ACCESS_KEY": s3_store.secret_key,
+                 "AWS_ENDPOINT_URL": s3_store.endpoint}  # fmt: skip
+        played = json.loads(impalajob(kube, "evaluate", "cartpole", "-n", ns, "--episodes", "5",
+                                      "--json", env=creds, timeout=300))  # fmt: skip
+        log(f"impalajob evaluate cartpole (from the store): {played['episode_return_mean']}")
+        assert played["episode_return_mean"] >= 450, played

@@ -1,28 +1,64 @@
-"""`impalajob evaluate --run-dir DIR`: play a checkpoint's policy for N episodes and report.
+"""`impalajob evaluate --run-dir DIR` (or `NAME`, a job on the cluster): play a checkpoint's
+policy for N episodes and report.
 
 Greedy by default (the distribution's mode; `--explore` samples as training does), on env seeds
 of its own, nothing written back to the run. `--video DIR` records episodes as mp4 (GIF where no
-encoder is installed). Exit 0 with the summary; exit 2 when the directory has no job or
-checkpoint to load.
+encoder is installed). A job NAME's config and checkpoint are copied from its claim or its
+storageUri first (`commands.results`). Exit 0 with the summary; exit 2 when the directory has
+no job or checkpoint to load, 1 when the cluster's copy cannot be read.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from impala_cli.commands import CommandError
 
+if TYPE_CHECKING:
+    from impala_trainer.policy.loaded import LoadedPolicy
+
 
 def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--run-dir` and `--checkpoint`: every command that loads a trained policy."""
-    parser.add_argument("--run-dir", required=True, type=Path, help="the run directory")
+    """A run directory or a cluster job, and `--checkpoint`: every command that loads a trained
+    policy."""
+    parser.add_argument(
+        "job", nargs="?", metavar="NAME", help="an ImpalaJob on the cluster (instead of --run-dir)"
+    )
+    parser.add_argument("--run-dir", type=Path, help="the run directory")
+    parser.add_argument("-n", "--namespace", help="the job's namespace (default: the context's)")
     parser.add_argument(
         "--checkpoint",
-        metavar="NAME",
-        help="a checkpoint in the run directory, e.g. ckpt-000012 (default: the newest)",
+        metavar="CKPT",
+        help="a checkpoint of the run, e.g. ckpt-000012, or best (the best evaluation's); "
+        "default: the newest",
     )
+
+
+@contextmanager
+def policy_from(args: argparse.Namespace) -> Iterator[LoadedPolicy]:
+    """The policy `--run-dir` or the job NAME names (its files copied to a temporary directory,
+    removed after)."""
+    from impala_trainer.policy.loaded import PolicyNotFoundError, load_policy
+
+    if (args.job is None) == (args.run_dir is None):
+        raise CommandError("give a run directory (--run-dir DIR) or a job NAME, one of them")
+    try:
+        if args.run_dir is not None:
+            yield load_policy(args.run_dir, args.checkpoint)
+            return
+        from impala_cli.commands.results import fetch_job_results
+
+        with tempfile.TemporaryDirectory(prefix=f"impalajob-{args.job}-") as tmp:
+            ckpt = fetch_job_results(args.job, args.namespace, args.checkpoint, Path(tmp))
+            yield load_policy(Path(tmp), ckpt.name)
+    except PolicyNotFoundError as err:
+        raise CommandError(str(err)) from None
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -46,12 +82,12 @@ def run(args: argparse.Namespace) -> int:
     if args.episodes < 1 or args.num_envs < 1:
         raise CommandError("--episodes and --num-envs must be at least 1")
     from impala_trainer.policy.evaluation import evaluate
-    from impala_trainer.policy.loaded import PolicyNotFoundError, load_policy
 
-    try:
-        policy = load_policy(args.run_dir, args.checkpoint)
-    except PolicyNotFoundError as err:
-        raise CommandError(str(err)) from None
+    with policy_from(args) as policy:
+        return _evaluate(args, policy, evaluate)
+
+
+def _evaluate(args: argparse.Namespace, policy: LoadedPolicy, evaluate: Any) -> int:
     result = evaluate(
         policy.job.spec.env,
         policy.model,
@@ -65,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     )
     summary = {
         "job": policy.job.metadata.name,
-        "checkpoint": str(policy.checkpoint),
+        "checkpoint": policy.checkpoint.name if args.job else str(policy.checkpoint),
         "global_timestep": policy.global_timestep,
         "explore": args.explore,
         **result.summary(),
