@@ -26,11 +26,26 @@ from tests.support.jobs import make_job
 from tests.support.learner import one_torch_thread
 
 KEEP = "impala_trainer.rollouts.wrappers:KeepObservations"
+EXAMPLE_PACKAGE = Path(__file__).resolve().parents[3] / "examples" / "custom"
 STATELESS = {"id": "CartPole-v1", "wrappers": [{"import": KEEP, "kwargs": {"indices": [0, 2]}}]}
 JOBS: dict[str, dict[str, Any]] = {
     "mlp": {"env": {"id": "CartPole-v1"}, "model": {"hidden": [32, 32]}},
     "pong-cnn": {"env": {"id": "ALE/Pong-v5"}, "model": {"hidden": [64]}},
     "lstm": {"env": STATELESS, "model": {"hidden": [16], "useLstm": True, "lstmCellSize": 8}},
+    # The user's own: a recurrent custom model on a Dict observation (flattened), and the
+    # example package's MultiDiscrete env with its own model.
+    "custom-gru-dict": {
+        "env": {"id": "tests.support.corridor:DictCorridor-v0"},
+        "model": {"type": "custom", "import": "tests.support.custom_models:GRUActorCritic"},
+    },
+    "custom-multidiscrete": {
+        "env": {"id": "my_impala.envs:TwinCorridor-v0"},
+        "model": {
+            "type": "custom",
+            "import": "my_impala.models:LayerNormMLP",
+            "config": {"width": 16},
+        },
+    },
     "lstm-prev-box": {
         "env": {"id": "Pendulum-v1"},
         "model": {
@@ -119,8 +134,9 @@ def _onnx_runner(path: Path) -> Any:
 @pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
 @pytest.mark.parametrize("kind", list(JOBS))
 def test_the_export_gives_the_checkpoints_actions_on_recorded_observations(
-    tmp_path: Path, kind: str, fmt: str
+    tmp_path: Path, kind: str, fmt: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLE_PACKAGE))  # my_impala, as a user's PYTHONPATH
     run = _run_dir(tmp_path / "run", make_job(f"export-{kind}", **JOBS[kind]))
     policy, feeds = _recorded(run)
     path = tmp_path / f"policy.{fmt}"
