@@ -96,14 +96,19 @@ if python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/nul
     > "$CACHE/requirements.txt"
   # The build backend too: pip builds the project in an isolated environment.
   echo "setuptools>=69" >> "$CACHE/requirements.txt"; echo "wheel" >> "$CACHE/requirements.txt"
+  # The versions this host runs (and the tests test) pin the image's: the same packages in the
+  # pods as here, and a resolution with nothing to search (unpinned, a new release upstream can
+  # send pip's resolver backtracking for hours: kubernetes 37.0.2 against botocore did).
+  python3 -m pip freeze --exclude-editable --disable-pip-version-check \
+    | grep -v '^-e ' > "$wheels/constraints.txt"
   # Resolving alone takes pip ~40 s: skipped while the requirements are those last downloaded.
-  stamp="$wheels/.complete-$(sha256sum < "$CACHE/requirements.txt" | cut -c1-16)"
+  stamp="$wheels/.complete-$(cat "$CACHE/requirements.txt" "$wheels/constraints.txt" | sha256sum | cut -c1-16)"
   if [[ -f "$stamp" ]]; then
-    pip_flags="--no-index --find-links=/wheels"
+    pip_flags="--no-index --find-links=/wheels -c /wheels/constraints.txt"
   elif python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
-      -r "$CACHE/requirements.txt" -d "$wheels" >&2; then
+      -r "$CACHE/requirements.txt" -c "$wheels/constraints.txt" -d "$wheels" >&2; then
     rm -f "$wheels"/.complete-*; touch "$stamp"
-    pip_flags="--no-index --find-links=/wheels"
+    pip_flags="--no-index --find-links=/wheels -c /wheels/constraints.txt"
   else
     log "pip download failed; the image's pip uses the index directly"
   fi

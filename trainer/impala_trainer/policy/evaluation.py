@@ -142,7 +142,7 @@ def _video_fps(vec: Any, env: EnvSpec) -> float:
 
 
 class Evaluator:
-    """One evaluation actor's work (`rollouts.actors.EvaluationActor` runs it in its own
+    """One evaluation actor's work (`policy.actor.EvaluationActor` runs it in its own
     process): the job's network, loaded with the weights of each request, played on envs seeded
     the same way every round, so rounds differ only by the policy."""
 
