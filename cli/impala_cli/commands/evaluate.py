@@ -81,6 +81,14 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.episodes < 1 or args.num_envs < 1:
         raise CommandError("--episodes and --num-envs must be at least 1")
+    if args.video is not None:
+        try:
+            args.video.mkdir(parents=True, exist_ok=True)
+            probe = args.video / ".impalajob-write-check"
+            probe.touch()
+            probe.unlink()
+        except OSError as err:
+            raise CommandError(f"--video {args.video} cannot be written: {err.strerror}") from None
     from impala_trainer.policy.evaluation import evaluate
 
     with policy_from(args) as policy:

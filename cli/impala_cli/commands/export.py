@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from impala_cli.commands import CommandError
+from impala_cli.commands import EXIT_FAILED, CommandError
 from impala_cli.commands.evaluate import add_checkpoint_arguments, policy_from
 
 
@@ -29,8 +29,23 @@ def run(args: argparse.Namespace) -> int:
             ) from None
     from impala_trainer.policy.export import export_policy
 
+    output: Path = args.output
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.touch()  # refused here, before a minute of exporting, when it cannot be written
+    except OSError as err:
+        raise CommandError(f"-o {output} cannot be written: {err.strerror}") from None
     with policy_from(args) as policy:
-        sidecar = export_policy(policy, args.format, args.output)
+        try:
+            sidecar = export_policy(policy, args.format, output)
+        except OSError as err:
+            raise CommandError(f"-o {output}: {err.strerror or err}") from None
+        except Exception as err:  # the exporter: an op or a model it cannot express
+            raise CommandError(
+                f"{policy.checkpoint.name} could not be exported as {args.format}: "
+                f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}",
+                EXIT_FAILED,
+            ) from None
     print(
         f"{args.output}: {policy.job.metadata.name} {policy.checkpoint.name} as {args.format} "
         f"(trained {policy.global_timestep:,} env steps); how to feed it: {sidecar}"

@@ -187,6 +187,15 @@ def test_a_run_without_a_checkpoint_or_a_job_is_refused_by_name(tmp_path: Path) 
     _run_dir(tmp_path, make_job("empty", **JOBS["mlp"]))
     with pytest.raises(PolicyNotFoundError, match="no complete checkpoint ckpt-000099"):
         load_policy(tmp_path, "ckpt-000099")
+    # A checkpoint of another network than config.yaml describes, and one that is not a file
+    # torch can read: each named, with why.
+    RunDir(tmp_path).prepare(make_job("empty", env={"id": "CartPole-v1"}, model={"hidden": [8]}))
+    with pytest.raises(PolicyNotFoundError, match=r"learner\.pt is not a checkpoint of the net"):
+        load_policy(tmp_path)
+    (ckpt,) = (tmp_path / "checkpoints").glob("ckpt-*")
+    (ckpt / "learner.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(PolicyNotFoundError, match=r"learner\.pt cannot be read"):
+        load_policy(tmp_path)
 
 
 def test_an_evaluation_video_is_an_mp4_of_the_rendered_episode(tmp_path: Path) -> None:

@@ -24,7 +24,8 @@ from impala_trainer.rundir.checkpoint import (
 
 
 class PolicyNotFoundError(Exception):
-    """The run directory has no job or no checkpoint to load (the message says which)."""
+    """The run directory has no job or no checkpoint to load, or its checkpoint does not fit its
+    job's network (the message names the file and says which)."""
 
 
 @dataclass
@@ -57,6 +58,11 @@ def find_checkpoint(run_dir: Path, name: str | None = None) -> Path:
     return found
 
 
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return " ".join(text.split("\n")[:2])[:300] if text else type(err).__name__
+
+
 def load_policy(run_dir: Path, checkpoint: str | None = None) -> LoadedPolicy:
     """The policy of `run_dir`'s newest checkpoint (or of `checkpoint`)."""
     config = run_dir / CONFIG_FILE
@@ -64,10 +70,20 @@ def load_policy(run_dir: Path, checkpoint: str | None = None) -> LoadedPolicy:
         raise PolicyNotFoundError(f"{run_dir} is not a run directory: it has no {CONFIG_FILE}")
     job = load_manifest(config)
     path = find_checkpoint(run_dir, checkpoint)
-    state, _ = load_checkpoint(path)
+    weights = path / LEARNER_FILE
+    try:
+        state, _ = load_checkpoint(path)
+    except Exception as err:  # torch's unpickler and json: truncated, corrupt, not ours
+        raise PolicyNotFoundError(f"{weights} cannot be read: {_first_line(err)}") from None
     spaces = env_spaces(job.spec.env)
     model = build_model(job.spec.model, spaces.obs_shape, spaces.actions)
-    model.load_state_dict(state["model"])
+    try:
+        model.load_state_dict(state["model"])
+    except (KeyError, RuntimeError) as err:
+        raise PolicyNotFoundError(
+            f"{weights} is not a checkpoint of the network {config} describes (spec.model, "
+            f"spec.env): {_first_line(err)}"
+        ) from None
     model.float().eval()
     return LoadedPolicy(
         job=job,
