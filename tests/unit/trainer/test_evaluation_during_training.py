@@ -56,13 +56,14 @@ def _run(tmp_path: Path, job: ImpalaJob, resume: bool = False) -> tuple[Any, Loc
 
 
 def test_evaluation_actors_play_the_learners_weights_and_never_feed_it(tmp_path: Path) -> None:
-    job = _job({"timesteps": 9_000}, video=True, duration=600, durationUnit="timesteps")
+    # 2,000 steps a round, 500 per env: every env ends an episode (CartPole truncates at 500).
+    job = _job({"timesteps": 9_000}, video=True, duration=2_000, durationUnit="timesteps")
     driver, backend = _run(tmp_path, job)
     run = tmp_path / "run"
     counters = driver.stats.counters
     # Every env step the driver counts came from the rollout actors (less the fragments still
-    # in flight when it stopped: 2 actors x 2 requests x 64 steps); the evaluations' 600 steps
-    # a round are apart.
+    # in flight when it stopped: 2 actors x 2 requests x 64 steps); the evaluations' 2,000
+    # steps a round are apart.
     rollout_steps = sum(a.worker.env_steps for a in backend.actors if a.worker is not None)
     assert 0 <= rollout_steps - counters.num_env_steps_sampled <= 256
     assert {a.role for a in backend.evaluators} == {"evaluation"}
@@ -74,7 +75,7 @@ def test_evaluation_actors_play_the_learners_weights_and_never_feed_it(tmp_path:
     assert rounds >= 3  # at ~2K, ~4K, ~6K, ~8K env steps
     # A round started in the run's last iteration is asked for but never collected.
     assert backend.evaluators[0].calls.count("evaluate") in (rounds, rounds + 1)
-    assert info.env_steps == 600
+    assert info.env_steps == 2_000
     assert info.episodes >= 1 and info.episode_len_mean is not None
     assert info.num_env_steps_sampled <= counters.num_env_steps_sampled
     # The curve: one point per round in the history, at the env step of its weights.
