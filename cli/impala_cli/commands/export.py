@@ -27,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(
                 "--format onnx needs the export extra: pip install 'impalajob[export]'"
             ) from None
+    from impala_trainer.driver.base import one_line
     from impala_trainer.policy.export import export_policy
 
     output: Path = args.output
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         except Exception as err:  # the exporter: an op or a model it cannot express
             raise CommandError(
                 f"{policy.checkpoint.name} could not be exported as {args.format}: "
-                f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}",
+                f"{one_line(err)}",
                 EXIT_FAILED,
             ) from None
     print(

@@ -103,9 +103,9 @@ def _from_store(
         pick = checkpoint or (names[-1] if names else None)
         if pick is None:
             raise CommandError(f"{uri} holds no complete checkpoint of {name}", EXIT_FAILED)
-        remote._download(CONFIG_FILE, dest / CONFIG_FILE)
+        remote.download(CONFIG_FILE, dest / CONFIG_FILE)
         for file in (LEARNER_FILE, STATE_FILE):
-            remote._download(f"{CHECKPOINT_DIR}/{pick}/{file}", dest / CHECKPOINT_DIR / pick / file)
+            remote.download(f"{CHECKPOINT_DIR}/{pick}/{file}", dest / CHECKPOINT_DIR / pick / file)
     except CommandError:
         raise
     except Exception as err:  # botocore: no credentials, no such key, unreachable

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -56,11 +57,18 @@ def write_video(frames: Sequence[np.ndarray], path: Path, fps: float = 30.0) -> 
 def _write_gif(frames: list[np.ndarray], path: Path, fps: float) -> Path:
     from PIL import Image
 
-    images = [Image.fromarray(f) for f in frames]
-    images[0].save(
-        path, save_all=True, append_images=images[1:], duration=max(1, round(1000 / fps)), loop=0
-    )
+    path.write_bytes(_gif([Image.fromarray(f) for f in frames], max(1, round(1000 / fps))))
     return path
+
+
+def _gif(images: list[Any], duration_ms: int) -> bytes:
+    """Pillow images as one looping animated GIF."""
+    import io
+
+    out = io.BytesIO()
+    images[0].save(out, format="GIF", save_all=True, append_images=images[1:],
+                   duration=duration_ms, loop=0)  # fmt: skip
+    return out.getvalue()
 
 
 def preview_gif(
@@ -68,8 +76,6 @@ def preview_gif(
 ) -> tuple[bytes, int, int]:
     """A small animated GIF of the frames (at most `max_width` wide and `max_frames` long,
     every k-th frame kept) for TensorBoard's images dashboard: (bytes, height, width)."""
-    import io
-
     from PIL import Image
 
     step = max(1, -(-len(frames) // max_frames))
@@ -78,8 +84,4 @@ def preview_gif(
     if w > max_width:
         h, w = max(1, round(h * max_width / w)), max_width
         images = [im.resize((w, h)) for im in images]
-    out = io.BytesIO()
-    duration = max(20, round(1000 * step / fps))
-    images[0].save(out, format="GIF", save_all=True, append_images=images[1:],
-                   duration=duration, loop=0)  # fmt: skip
-    return out.getvalue(), h, w
+    return _gif(images, max(20, round(1000 * step / fps))), h, w

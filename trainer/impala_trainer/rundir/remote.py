@@ -209,19 +209,20 @@ class RemoteRun:
         partial = run_dir / CHECKPOINT_DIR / f".tmp-{name}"  # save_checkpoint sweeps .tmp-ckpt-*
         partial.mkdir(parents=True, exist_ok=True)
         for file in (LEARNER_FILE, STATE_FILE):
-            self._download(f"{CHECKPOINT_DIR}/{name}/{file}", partial / file)
+            self.download(f"{CHECKPOINT_DIR}/{name}/{file}", partial / file)
         partial.rename(target)
         for key in (HISTORY_FILE, *self._keys(f"{TENSORBOARD_DIR}/")):
-            self._download(key, run_dir / key, missing_ok=True)
+            self.download(key, run_dir / key, missing_ok=True)
         best = f"{CHECKPOINT_DIR}/{BEST_CHECKPOINT}"
         if f"{best}/{STATE_FILE}" in self._keys(f"{best}/"):
             # The best evaluation's weights, which the resumed run's status still names.
             for file in (LEARNER_FILE, STATE_FILE):
-                self._download(f"{best}/{file}", run_dir / best / file)
+                self.download(f"{best}/{file}", run_dir / best / file)
         logger.info("resuming from %s%s/%s", self.location, CHECKPOINT_DIR, name)
         return target
 
-    def _download(self, key: str, dest: Path, missing_ok: bool = False) -> None:
+    def download(self, key: str, dest: Path, missing_ok: bool = False) -> None:
+        """One object of the run to `dest` (also what `impalajob evaluate NAME` reads)."""
         from botocore.exceptions import ClientError
 
         dest.parent.mkdir(parents=True, exist_ok=True)
