@@ -1,0 +1,152 @@
+"""The learners and learner threads on a real CUDA device.
+
+CI has no GPU: these run where `torch.cuda.is_available()` (the `device` machine of a session that
+has one; docs/testing.md says how) and are skipped elsewhere. Each checks the CUDA path against
+the CPU learner the rest of the suite proves: same weights in, same update out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from impala_trainer.batches import TrainBatch
+from impala_trainer.learning.learner import Learner, MultiDeviceLearner
+from impala_trainer.learning.learner_thread import LearnerThread
+from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
+from impala_trainer.learning.threads import make_learner_thread
+from impala_trainer.rundir.checkpoint import DriverState, load_checkpoint, save_checkpoint
+from tests.support.jobs import make_spec
+from tests.support.learner import learner_spec, make_batch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+CNN: dict[str, Any] = {"model": {"type": "cnn"}}
+CNN_OBS = (4, 84, 84)
+
+
+def cnn_batch(T: int = 8, B: int = 4, seed: int = 0) -> TrainBatch:
+    """A Pong-shaped batch: uint8 frames, as the rollout workers send them."""
+    batch = make_batch(T=T, B=B, obs_shape=(1,), A=6, seed=seed)
+    rng = np.random.default_rng(seed)
+    frames = lambda *shape: rng.integers(0, 256, shape, dtype=np.uint8)  # noqa: E731
+    return dataclasses.replace(
+        batch,
+        obs=frames(T, B, *CNN_OBS),
+        final_obs=frames(len(batch.final_steps), *CNN_OBS),
+        bootstrap_obs=frames(B, *CNN_OBS),
+    )
+
+
+def twin_learners(spec_cpu, spec_cuda, obs_shape, actions, cuda_cls=Learner, **kw):
+    """A CPU learner and a CUDA learner holding the same float64 weights."""
+    torch.manual_seed(0)
+    cpu = Learner(spec_cpu, obs_shape, actions, dtype=torch.float64)
+    if cuda_cls is Learner:
+        cuda = Learner(spec_cuda, obs_shape, actions, device="cuda:0", dtype=torch.float64)
+    else:
+        cuda = cuda_cls(spec_cuda, obs_shape, actions, dtype=torch.float64)
+    cuda.set_weights(cpu.get_weights())
+    return cpu, cuda
+
+
+def assert_same_update(cpu: Learner, cuda: Learner, batches: list[TrainBatch], learn) -> None:
+    for batch in batches:
+        s_cpu = cpu.learn_on_batch(batch)
+        s_cuda = learn(cuda, batch)
+        for key in ("policy_loss", "vf_loss", "entropy", "total_loss", "grad_gnorm"):
+            assert s_cuda[key] == pytest.approx(s_cpu[key], rel=1e-7, abs=1e-9), key
+        for p_cpu, p_cuda in zip(cpu.model.parameters(), cuda.model.parameters(), strict=True):
+            assert p_cuda.device.type == "cuda"
+            torch.testing.assert_close(p_cuda.detach().cpu(), p_cpu.detach(), rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize(
+    "extra,obs_shape,actions,make",
+    [
+        ({}, (4,), 2, lambda s: make_batch(T=10, B=6, seed=s)),
+        (CNN, CNN_OBS, 6, lambda s: cnn_batch(seed=s)),
+    ],
+    ids=["mlp", "cnn-uint8"],
+)
+def test_a_cuda_learner_makes_the_cpu_learners_update(extra, obs_shape, actions, make) -> None:
+    spec = make_spec(extra or {"model": {"hidden": [32, 32]}})
+    cpu, cuda = twin_learners(spec, spec, obs_shape, actions)
+    assert_same_update(cpu, cuda, [make(s) for s in range(3)], Learner.learn_on_batch)
+    assert cuda.policy_version == 3
+
+
+def test_one_gpu_with_two_tower_stacks_matches_the_cpu_learner() -> None:
+    """gpus 1 + numMultiGpuTowerStacks 2: MultiDeviceLearner, batches loaded on a side stream."""
+    cpu_spec = learner_spec(numMultiGpuTowerStacks=2)
+    gpu_spec = learner_spec(learner={"gpus": 1}, numMultiGpuTowerStacks=2)
+    cpu, cuda = twin_learners(cpu_spec, gpu_spec, (4,), 2, cuda_cls=MultiDeviceLearner)
+    assert [d.type for d in cuda.devices] == ["cuda"]
+
+    def learn(learner: MultiDeviceLearner, batch: TrainBatch) -> dict[str, float]:
+        slot = learner.policy_version % 2
+        assert learner.load_batch_into_buffer(batch, slot) == batch.env_steps
+        return learner.learn_on_loaded_batch(slot)
+
+    assert_same_update(cpu, cuda, [make_batch(T=6, B=8, seed=s) for s in range(4)], learn)
+
+
+def test_make_learner_thread_puts_one_gpu_jobs_on_cuda() -> None:
+    plain = make_learner_thread(learner_spec(learner={"gpus": 1}), (4,), 2)
+    stacked = make_learner_thread(
+        learner_spec(learner={"gpus": 1}, numMultiGpuTowerStacks=2), (4,), 2
+    )
+    assert isinstance(plain, LearnerThread) and plain.learner.device.type == "cuda"
+    assert isinstance(stacked, MultiGPULearnerThread)
+    assert all(p.device.type == "cuda" for p in stacked.learner.model.parameters())
+
+
+@pytest.mark.parametrize("stacks", [1, 2], ids=["learner-thread", "multi-gpu-thread"])
+def test_the_learner_threads_train_every_batch_on_cuda(stacks: int) -> None:
+    spec = learner_spec(learner={"gpus": 1}, numMultiGpuTowerStacks=stacks, numSgdIter=2)
+    if stacks > 1:
+        spec.training.num_gpu_loader_threads = 2
+    thread = make_learner_thread(spec, (4,), 2)
+    thread.start()
+    batches = [make_batch(T=6, B=4, seed=i) for i in range(6)]
+    for b in batches:
+        thread.inqueue.put(b, timeout=10)
+    out = [thread.outqueue.get(timeout=60) for _ in range(12)]
+    stats = thread.stats()
+    thread.stop()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and thread.error is None
+    assert sum(steps for steps, _ in out) == sum(b.env_steps for b in batches)
+    assert thread.learner.policy_version == 12
+    assert all(np.isfinite(s["total_loss"]) for _, s in out)
+    assert stats["learner_load_time_ms"] >= 0.0
+    with pytest.raises(queue.Empty):
+        thread.outqueue.get_nowait()
+
+
+def test_checkpoints_move_between_a_gpu_and_a_cpu_learner(tmp_path) -> None:
+    """Rollout workers, `impalajob evaluate` and a CPU resume read what a GPU learner wrote, and a
+    GPU learner resumes from a CPU run's checkpoint (optimiser state included)."""
+    cuda = Learner(learner_spec(learner={"gpus": 1}), (4,), 2, device="cuda:0")
+    cuda.learn_on_batch(make_batch())
+    ckpt = save_checkpoint(tmp_path / "gpu", cuda.state_dict(), DriverState(), keep=2)
+    cpu = Learner(learner_spec(), (4,), 2)
+    cpu.load_state_dict(load_checkpoint(ckpt)[0])
+    assert cpu.policy_version == 1
+    for k, v in cuda.get_weights().items():
+        np.testing.assert_array_equal(cpu.get_weights()[k], v)
+    cpu.learn_on_batch(make_batch(seed=1))
+
+    ckpt = save_checkpoint(tmp_path / "cpu", cpu.state_dict(), DriverState(), keep=2)
+    again = Learner(learner_spec(learner={"gpus": 1}), (4,), 2, device="cuda:0")
+    again.load_state_dict(load_checkpoint(ckpt)[0])
+    stats = again.learn_on_batch(make_batch(seed=2))  # Adam's moments were moved onto the GPU
+    assert again.policy_version == 3 and np.isfinite(stats["total_loss"])
