@@ -9,6 +9,7 @@ reset) and time-limit truncations can be bootstrapped from the true final observ
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gymnasium as gym
@@ -17,6 +18,7 @@ from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 
 from impala_api.spec import EnvSpec
+from impala_trainer.rollouts import atari
 
 if TYPE_CHECKING:
     from impala_trainer.learning.distributions import ActionDistribution
@@ -169,28 +171,6 @@ def _made(env: EnvSpec, wrappers: list[Any], **kwargs: Any) -> gym.Env:
     return made
 
 
-def _atari_thunk(env: EnvSpec, wrappers: list[Any], **extra: Any) -> Any:
-    def make() -> gym.Env:
-        from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
-
-        # AtariPreprocessing does the frame skipping (with max-pooling over the last two frames),
-        # so the ALE env itself must not skip.
-        kwargs = {"repeat_action_probability": 0.25, **env.kwargs, **extra, "frameskip": 1}
-        base = _made(env, wrappers, **kwargs)
-        base = AtariPreprocessing(
-            base,
-            noop_max=30,
-            frame_skip=env.frame_skip,
-            screen_size=84,
-            terminal_on_life_loss=False,
-            grayscale_obs=True,
-            scale_obs=False,
-        )
-        return FrameStackObservation(base, env.stacked_frames)
-
-    return make
-
-
 def _single_thunk(env: EnvSpec, wrappers: list[Any], **extra: Any) -> Any:
     def make() -> gym.Env:
         return _made(env, wrappers, **{**env.kwargs, **extra})
@@ -212,11 +192,13 @@ def _has_numpy_cartpole(env: EnvSpec) -> bool:
 def make_vector_env(env: EnvSpec, num_envs: int, seed: int, render: bool = False) -> VectorEnv:
     """A same-step-autoreset vector env of `num_envs` copies of `env`, reset with `seed`.
 
-    CartPole uses gymnasium's numpy-vectorised implementation; Atari (`ALE/...`) uses ale-py
-    with AtariPreprocessing (84x84 grayscale, frame skip from the spec) and frame stacking, giving
-    uint8 observations `[stack, 84, 84]`; anything else is a SyncVectorEnv. Sync beats
-    AsyncVectorEnv for Atari on a worker that owns about one core (measured: ~570 vs ~300 env
-    steps/s for 8 Pong envs), because the subprocess hand-off costs more than it overlaps.
+    CartPole uses gymnasium's numpy-vectorised implementation; Atari (`ALE/...`) gives uint8
+    observations `[stack, 84, 84]` (84x84 grayscale, frame skip from the spec), from ale-py's C++
+    `AtariVectorEnv` where it can, else from the same preprocessing as Python wrappers in a
+    SyncVectorEnv (`atari.py` says when and how the two agree); anything else is a SyncVectorEnv.
+    Sync beats AsyncVectorEnv for the Python stack on a worker that owns about one core
+    (measured: ~570 vs ~300 env steps/s for 8 Pong envs): the subprocess hand-off costs more than
+    it overlaps.
 
     `render`: every env made with `render_mode="rgb_array"` in a SyncVectorEnv, so
     `vec.envs[i].render()` gives env i's frame as the user would see it (the full RGB screen of
@@ -226,12 +208,13 @@ def make_vector_env(env: EnvSpec, num_envs: int, seed: int, render: bool = False
     wrappers = wrapper_factories(env)
     extra = {"render_mode": "rgb_array"} if render else {}
     vec: VectorEnv
-    if env.is_atari:
-        import ale_py
-
-        gym.register_envs(ale_py)
+    if atari.uses_vector_env(env, render):
+        vec = atari.vector_env(env, num_envs)
+    elif env.is_atari:
+        atari.register()
+        make = functools.partial(_made, env, wrappers)
         vec = gym.vector.SyncVectorEnv(
-            [_atari_thunk(env, wrappers, **extra) for _ in range(num_envs)],
+            [atari.env_thunk(env, make, **extra) for _ in range(num_envs)],
             autoreset_mode=AutoresetMode.SAME_STEP,
         )
     elif _has_numpy_cartpole(env) and not render:
@@ -255,9 +238,7 @@ def env_problem(env: EnvSpec) -> tuple[str, str] | None:
         import_env_module(env)
         wrapper_factories(env)
         if env.is_atari:
-            import ale_py
-
-            gym.register_envs(ale_py)
+            atari.register()
         gym.spec(env.registered_id)
     except UserCodeError as err:
         return err.field, str(err)
