@@ -15,7 +15,7 @@ RGB screen (evaluation videos), and ALE options it does not take (`mode`, `diffi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -137,19 +137,20 @@ def vector_env(env: EnvSpec, num_envs: int, *, noop_max: int = NOOP_MAX) -> Vect
 def env_thunk(
     env: EnvSpec,
     make: Callable[..., gym.Env],
+    extra: Mapping[str, Any] | None = None,
     *,
     noop_max: int = NOOP_MAX,
-    **extra: Any,
 ) -> Callable[[], gym.Env]:
     """A maker of one env of the wrapper stack: `make(**kwargs)` (the game inside the job's
-    wrappers) under AtariPreprocessing and frame stacking."""
+    wrappers, `extra` added to its kwargs) under AtariPreprocessing and frame stacking."""
 
     def thunk() -> gym.Env:
         from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
         # AtariPreprocessing does the frame skipping (with max-pooling over the last two frames),
         # so the ALE env itself must not skip.
-        kwargs = {"repeat_action_probability": STICKY, **env.kwargs, **extra, "frameskip": 1}
+        kwargs = {"repeat_action_probability": STICKY, **env.kwargs, **(extra or {})}
+        kwargs["frameskip"] = 1
         base = AtariPreprocessing(
             make(**kwargs),
             noop_max=noop_max,

@@ -214,7 +214,7 @@ def make_vector_env(env: EnvSpec, num_envs: int, seed: int, render: bool = False
         atari.register()
         make = functools.partial(_made, env, wrappers)
         vec = gym.vector.SyncVectorEnv(
-            [atari.env_thunk(env, make, **extra) for _ in range(num_envs)],
+            [atari.env_thunk(env, make, extra) for _ in range(num_envs)],
             autoreset_mode=AutoresetMode.SAME_STEP,
         )
     elif _has_numpy_cartpole(env) and not render:
