@@ -1,4 +1,4 @@
-"""Multi-pod throughput: CartPole env steps/s with 1, 2 and 4 rollout pods, ours vs RLlib.
+"""Multi-pod throughput: env steps/s with 1, 2 and 4 rollout pods, ours vs RLlib.
 
 ours: the learner pod and N rollout pods as local processes, each running exactly the command
 line `roles.role_command` renders for its pod (the harness of tests/integration/test_multipod_*),
@@ -6,12 +6,18 @@ so every fragment crosses Ray nodes through the object store as on a cluster. st
 polled every second once all N rollout actors are healthy; the rate is common.steady_rate over
 the window after the warm-up.
 rllib: RLlib's IMPALA (new API stack, common.rllib_config) with N EnvRunners on one embedded Ray,
-same manifest (manifests/examples/cartpole.yaml): same envs per worker, fragment, batch, model.
-Both sides share this machine's cores; every process of ours runs at nice 10 (the test harness's
-setting), RLlib's at the caller's priority.
+same manifest (manifests/examples/cartpole.yaml, or --manifest): same envs per worker,
+fragment, batch, model. Both sides share this machine's cores; every process of ours runs at
+nice 10 (the test harness's setting), RLlib's at the caller's priority.
+
+Ours also reports where the CPU went in the window: CPU ms per 1,000 env steps of the learner
+pod's process tree (driver, learner thread, Ray's own processes there) and of the rollout pods'
+(psutil, at the window's two ends), so the learner's share says how many rollout pods one
+learner feeds before it is the bottleneck.
 
     python bench/multipod_scaling.py                              # 1, 2, 4 pods; 1 round, 60 s
     python bench/multipod_scaling.py --counts 1,2 --seconds 30 --runs 2
+    python bench/multipod_scaling.py --manifest pong --sides ours --seconds 90
 """
 
 from __future__ import annotations
@@ -39,8 +45,34 @@ from common import (
     write_trial,
 )
 
-MANIFEST = "cartpole"
 STARTUP_TIMEOUT_S = 900.0
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of process `pid` and everything under it (0 for what has gone)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def _cpu_by_role(local: Any) -> dict[str, float]:
+    """CPU seconds so far of the learner pod's process tree and of all rollout pods' together."""
+    out = {"learner": 0.0, "rollouts": 0.0}
+    for name, proc in local.procs.items():
+        out["learner" if name == "learner" else "rollouts"] += _tree_cpu(proc.pid)
+    return out
 
 
 def _spec_overrides(args: argparse.Namespace, pods: int) -> list[str]:
@@ -60,7 +92,7 @@ def ours(args: argparse.Namespace, pods: int) -> dict[str, Any]:
     sys.path.insert(0, str(REPO))
     from tests.integration.multipod_cluster import LocalJob, healthy
 
-    job = load_spec(MANIFEST, _spec_overrides(args, pods))
+    job = load_spec(args.manifest, _spec_overrides(args, pods))
     manifest = job.model_dump(mode="json", by_alias=True, exclude={"status"})
     points: list[list[float | None]] = []
     with tempfile.TemporaryDirectory(prefix="bench-multipod-") as tmp:
@@ -77,7 +109,10 @@ def ours(args: argparse.Namespace, pods: int) -> dict[str, Any]:
             )
             startup_s = time.time() - started
             t0 = time.time()
+            cpu: list[tuple[float, dict[str, float]]] = []  # (env steps, CPU by role)
             while time.time() - t0 < args.warmup + args.seconds:
+                if not cpu and time.time() - t0 >= args.warmup and points:
+                    cpu.append((points[-1][2] or 0.0, _cpu_by_role(local)))
                 s = local.status()
                 if s is not None:
                     c = s["counters"]
@@ -93,10 +128,18 @@ def ours(args: argparse.Namespace, pods: int) -> dict[str, Any]:
                     )
                 time.sleep(1.0)
             final = local.status() or {}
+            if cpu and points:
+                cpu.append((points[-1][2] or 0.0, _cpu_by_role(local)))
         finally:
             local.close()
+    cpu_ms: dict[str, float] = {}
+    if len(cpu) == 2 and cpu[1][0] > cpu[0][0]:
+        steps = cpu[1][0] - cpu[0][0]
+        for role in ("learner", "rollouts"):
+            cpu_ms[role] = round((cpu[1][1][role] - cpu[0][1][role]) * 1e6 / steps, 1)
     return {
         "points": points,
+        "cpu_ms_per_1k_steps": cpu_ms,
         "startup_s": round(startup_s, 1),
         "rollout_nodes": final.get("membership", {}).get("rollout_nodes"),
     }
@@ -108,7 +151,7 @@ def trial(args: argparse.Namespace) -> dict[str, Any]:
         return ours(args, pods)
     from rllib_side import train as rllib_train
 
-    spec = load_spec(MANIFEST, _spec_overrides(args, pods)).spec
+    spec = load_spec(args.manifest, _spec_overrides(args, pods)).spec
     stack = "old" if args.trial == "rllib_old" else "new"
     return rllib_train(
         spec,
@@ -119,12 +162,31 @@ def trial(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+CPU_KEYS = ("learner_cpu_ms_per_1k", "rollouts_cpu_ms_per_1k", "learner_share")
+
+
+def _cpu_medians(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median CPU ms per 1,000 env steps by role over a side's trials, and the learner's share."""
+    by_role = [t["cpu_ms_per_1k_steps"] for t in trials if t.get("cpu_ms_per_1k_steps")]
+    if not by_role:
+        return {}
+    learner = median(r["learner"] for r in by_role)
+    rollouts = median(r["rollouts"] for r in by_role)
+    share = learner / (learner + rollouts) if learner is not None and rollouts else None
+    return {
+        "learner_cpu_ms_per_1k": learner,
+        "rollouts_cpu_ms_per_1k": rollouts,
+        "learner_share": None if share is None else round(share, 3),
+    }
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_trial_args(parser, runs=1)
     parser.add_argument("--counts", default="1,2,4", help="rollout pods per configuration")
     parser.add_argument("--seconds", type=float, default=60.0, help="measured window per run")
     parser.add_argument("--warmup", type=float, default=15.0, help="seconds left out first")
+    parser.add_argument("--manifest", default="cartpole", help="manifests/examples/NAME.yaml")
     parser.add_argument("--pods", type=int, default=1, help=argparse.SUPPRESS)  # child only
     args = parser.parse_args(argv)
     if is_child(args):
@@ -148,6 +210,7 @@ def main(argv: list[str]) -> int:
             rates = [steady_rate(t["points"], args.warmup) for t in ts if "points" in t]
             entry[side] = {
                 "steps_per_s": median(rates),
+                **_cpu_medians(ts),
                 "runs": [None if r is None else round(r, 1) for r in rates],
                 "errors": [t["error"] for t in ts if "error" in t],
             }
@@ -169,7 +232,14 @@ def main(argv: list[str]) -> int:
     headers = ["rollout pods", *[f"{s} steps/s" for s in sides]]
     headers += [f"ours/{s}" for s in sides if s != "ours"]
     print(table(headers, rows))
-    report("multipod_scaling", summary, all_trials, info, args, argv)
+    cpu_rows = [
+        [pods, *(summary["by_pods"][str(pods)].get("ours", {}).get(k) for k in CPU_KEYS)]
+        for pods in counts
+    ]
+    print(table(["rollout pods", "learner CPU ms/1k", "rollouts CPU ms/1k", "learner share"],
+                cpu_rows))  # fmt: skip
+    scenario = "multipod_scaling" if args.manifest == "cartpole" else f"multipod_{args.manifest}"
+    report(scenario, summary, all_trials, info, args, argv)
     return 0
 
 
