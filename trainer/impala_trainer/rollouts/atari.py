@@ -1,7 +1,8 @@
 """Atari for rollout workers: ale-py's C++ `AtariVectorEnv`, or the Python wrapper stack.
 
 Both give the same observations: `[stack, 84, 84]` uint8, grayscale, frame skip with max-pooling
-over the last two frames, up to `noop_max` no-op frames at each reset, sticky actions, no episodic
+over the last two frames, random no-op frames at each reset (the C++ env plays 0..noop_max-1,
+AtariPreprocessing 1..noop_max: the one difference), sticky actions, no episodic
 life, no FIRE at reset, unclipped rewards, truncation at the game's frame limit, and same-step
 autoreset with the final observation in `infos`. Given the same seeds, actions, no sticky actions
 and no no-ops, the two are bit-identical (tests/unit/trainer/test_atari.py); with them, each draws
