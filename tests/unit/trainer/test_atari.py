@@ -13,7 +13,6 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
-from gymnasium.vector import AutoresetMode
 
 from impala_api.spec import EnvSpec
 from impala_trainer.rollouts import atari
@@ -30,12 +29,7 @@ NAMES = ("obs", "reward", "terminated", "truncated")
 def both(env: EnvSpec, num_envs: int, *, noop_max: int = 0) -> tuple[Any, Any]:
     """(the C++ vector env, the wrapper stack) for `env`, reset with the same seed."""
     fast = atari.vector_env(env, num_envs, noop_max=noop_max)
-    atari.register()
-    make = functools.partial(_made, env, [])
-    slow = gym.vector.SyncVectorEnv(
-        [atari.env_thunk(env, make, noop_max=noop_max) for _ in range(num_envs)],
-        autoreset_mode=AutoresetMode.SAME_STEP,
-    )
+    slow = atari.wrapper_stack(env, num_envs, functools.partial(_made, env, []), noop_max=noop_max)
     return fast, slow
 
 

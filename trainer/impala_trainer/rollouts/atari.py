@@ -164,3 +164,19 @@ def env_thunk(
         return FrameStackObservation(base, env.stacked_frames)
 
     return thunk
+
+
+def wrapper_stack(
+    env: EnvSpec,
+    num_envs: int,
+    make: Callable[..., gym.Env],
+    extra: Mapping[str, Any] | None = None,
+    *,
+    noop_max: int = NOOP_MAX,
+) -> VectorEnv:
+    """`num_envs` envs of the wrapper stack (see `env_thunk`) in a same-step SyncVectorEnv."""
+    register()
+    return gym.vector.SyncVectorEnv(
+        [env_thunk(env, make, extra, noop_max=noop_max) for _ in range(num_envs)],
+        autoreset_mode=AutoresetMode.SAME_STEP,
+    )

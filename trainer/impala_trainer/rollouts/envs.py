@@ -211,12 +211,7 @@ def make_vector_env(env: EnvSpec, num_envs: int, seed: int, render: bool = False
     if atari.uses_vector_env(env, render):
         vec = atari.vector_env(env, num_envs)
     elif env.is_atari:
-        atari.register()
-        make = functools.partial(_made, env, wrappers)
-        vec = gym.vector.SyncVectorEnv(
-            [atari.env_thunk(env, make, extra) for _ in range(num_envs)],
-            autoreset_mode=AutoresetMode.SAME_STEP,
-        )
+        vec = atari.wrapper_stack(env, num_envs, functools.partial(_made, env, wrappers), extra)
     elif _has_numpy_cartpole(env) and not render:
         inner = gym.make_vec(
             env.id, num_envs=num_envs, vectorization_mode="vector_entry_point", **env.kwargs
