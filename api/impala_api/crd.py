@@ -249,6 +249,49 @@ def status_schema() -> dict[str, Any]:
         },
         "The learner pod.",
     )
+    admission = _obj(
+        {
+            "clusterQueue": _str("The ClusterQueue that admitted the job."),
+            "podSets": {
+                "type": "array",
+                "description": "Per pod set (learner, rollout, aggregator): what was admitted.",
+                "items": _obj(
+                    {
+                        "name": _str("learner, rollout or aggregator."),
+                        "count": _int("Pods admitted (rollouts autoscale up to it)."),
+                        "nodeSelector": {
+                            "type": "object",
+                            "description": "Node labels of the assigned ResourceFlavors.",
+                            "additionalProperties": {"type": "string"},
+                        },
+                        "tolerations": {
+                            "type": "array",
+                            "description": "Tolerations of the assigned ResourceFlavors.",
+                            "items": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                            },
+                        },
+                        "labels": {
+                            "type": "object",
+                            "description": "Pod labels an admission check added.",
+                            "additionalProperties": {"type": "string"},
+                        },
+                        "annotations": {
+                            "type": "object",
+                            "description": "Pod annotations an admission check added.",
+                            "additionalProperties": {"type": "string"},
+                        },
+                    },
+                    "One pod set's admission.",
+                    required=["name", "count"],
+                ),
+            },
+        },
+        "Where Kueue admitted a job labelled kueue.x-k8s.io/queue-name (absent while it "
+        "waits): its pods carry these node labels and tolerations.",
+        nullable=True,
+    )
     return _obj(
         {
             "phase": _str("Lifecycle phase.", enum=PHASES),
@@ -275,6 +318,7 @@ def status_schema() -> dict[str, Any]:
             "completionTime": _time("When the job reached Succeeded or Failed."),
             "lastScaleTime": _time("Last autoscaling decision that changed replicas."),
             "statusURL": _str("URL of the job's status sidecar /status (/metrics beside it)."),
+            "admission": admission,
         },
         "Observed state, written by the operator.",
     )

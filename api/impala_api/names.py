@@ -11,8 +11,17 @@ from typing import Literal
 
 from impala_api.spec import API_GROUP
 
-CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
-"""Every condition type the lifecycle sets (the CRD documents exactly these)."""
+CONDITION_TYPES = (
+    "Created",
+    "Running",
+    "Restarting",
+    "Suspended",
+    "Succeeded",
+    "Failed",
+    "Admitted",
+)
+"""Every condition type the lifecycle sets (the CRD documents exactly these); `Admitted` only
+on a job labelled `kueue.x-k8s.io/queue-name`."""
 
 Component = Literal["config", "learner", "rollout", "aggregator", "status", "network", "auth"]
 

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Build (once) and cache the binaries of a real Kubernetes cluster for the e2e tests: the control
 # plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), kubectl, kwok and helm,
-# and the real node's own parts (kubelet, kube-proxy, CoreDNS, kube-router's NetworkPolicy
-# controller, and the pod sandbox's `pause`).
+# the real node's own parts (kubelet, kube-proxy, CoreDNS, kube-router's NetworkPolicy
+# controller, and the pod sandbox's `pause`), and Kueue (its manager, and its Helm chart rendered
+# to kueue-<version>.yaml: CRDs, webhooks, Service).
 #
 # Everything is compiled from Go modules (no Docker, no GitHub release downloads) into
 #   ${IMPALA_TEST_CACHE:-$HOME/.cache/impalajob}/k8s-<k8s version>-<go version>/bin
 # Idempotent: a binary that is already cached is skipped. Prints the bin dir on the last line.
 #
 # Knobs (environment): K8S_VERSION, KWOK_VERSION, HELM_VERSION, COREDNS_VERSION, KUBE_ROUTER_VERSION,
+# KUEUE_VERSION,
 # IMPALA_TEST_CACHE, BUILD_PARALLELISM (go build -p, default 2: the CI machines are small and shared).
 set -euo pipefail
 
@@ -17,6 +19,7 @@ KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v4.3.1}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
 KUBE_ROUTER_VERSION="${KUBE_ROUTER_VERSION:-v2.1.0}"
+KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
 BUILD_PARALLELISM="${BUILD_PARALLELISM:-2}"
 
 # Never reach for a newer toolchain: the cache key is the local Go version.
@@ -39,9 +42,10 @@ fi
 
 need=()
 for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm \
-         kubelet kube-proxy coredns kube-router pause; do
+         kubelet kube-proxy coredns kube-router pause kueue; do
   [[ -x "$BIN/$b" ]] || need+=("$b")
 done
+[[ -f "$ROOT/kueue-$KUEUE_VERSION.yaml" ]] || need+=(kueue-manifests)
 if [[ ${#need[@]} -eq 0 ]]; then
   log "all binaries cached in $BIN"
   echo "$BIN"
@@ -154,6 +158,21 @@ has coredns && install_tool coredns github.com/coredns/coredns "$COREDNS_VERSION
 # nftables' queue expression, which these machines' kernel lacks.
 has kube-router && install_tool kube-router github.com/cloudnativelabs/kube-router/v2/cmd/kube-router \
   "$KUBE_ROUTER_VERSION"
+# Kueue's manager from its Go module (no replace directives: `go install` builds it as released),
+# version-stamped as its release builds are.
+has kueue && install_tool kueue sigs.k8s.io/kueue/cmd/kueue "$KUEUE_VERSION" \
+  "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
+# Kueue's own Helm chart, from the same module, rendered once: the harness applies its CRDs,
+# webhook configurations and webhook Service (tests/cluster/kueue.py) and runs the manager above.
+if has kueue-manifests; then
+  log "rendering Kueue $KUEUE_VERSION's chart"
+  kueue_dir="$(cd "$WRAP" && GOFLAGS= go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" \
+      | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
+  [[ -d "$kueue_dir/charts/kueue" ]] || { log "no chart in $kueue_dir"; exit 1; }
+  "$BIN/helm" template kueue "$kueue_dir/charts/kueue" --namespace kueue-system \
+    > "$ROOT/kueue-$KUEUE_VERSION.yaml.tmp"
+  mv "$ROOT/kueue-$KUEUE_VERSION.yaml.tmp" "$ROOT/kueue-$KUEUE_VERSION.yaml"
+fi
 # The pod sandbox process: static, so it runs in an image with nothing else in it.
 if has pause; then
   log "compiling pause"
@@ -168,6 +187,7 @@ KWOK_VERSION=$KWOK_VERSION
 HELM_VERSION=$HELM_VERSION
 COREDNS_VERSION=$COREDNS_VERSION
 KUBE_ROUTER_VERSION=$KUBE_ROUTER_VERSION
+KUEUE_VERSION=$KUEUE_VERSION
 GO_VERSION=$GO_VERSION
 VERS
 log "done: $(ls "$BIN" | tr '\n' ' ')"

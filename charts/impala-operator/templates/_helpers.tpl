@@ -58,6 +58,14 @@ every namespace, namespaces coming and going). */}}
   resources: [namespaces]
   verbs: [list, watch]
 {{- end }}
+# Kueue (cluster-scoped, read only): where an admission puts a queued job's pods, and the
+# priority its Workload gets.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [resourceflavors, workloadpriorityclasses]
+  verbs: [get]
+- apiGroups: [scheduling.k8s.io]
+  resources: [priorityclasses]
+  verbs: [get]
 {{- end }}
 
 {{/* Rules for reconciling ImpalaJobs and their children (keep equal to manifests/rbac.yaml). */}}
@@ -93,4 +101,12 @@ every namespace, namespaces coming and going). */}}
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
+# Kueue: the Workload of each queued job (created, replaced when its pod sets change), its
+# status updated as jobframework does (quota handed back after an eviction, Finished).
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [create, get, delete]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [update]
 {{- end }}

@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 from impala_api import names
 from impala_api.snapshot import StatusSnapshot
@@ -21,7 +21,8 @@ from impala_api.spec import ImpalaJob
 from impala_operator.build import children
 from impala_operator.build.children import Manifest
 from impala_operator.build.tokens import JobTokens
-from impala_operator.lifecycle import job_status, run_policy
+from impala_operator.lifecycle import admission, job_status, run_policy
+from impala_operator.lifecycle.admission import Admission
 from impala_operator.lifecycle.run_policy import Event, LearnerPod
 from impala_operator.scale import autoscaler
 from impala_operator.settings import Settings
@@ -43,6 +44,29 @@ class TickPlan:
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)
     scale: autoscaler.ScaleDecision | None = None
+    workload: WorkloadWrite | None = None
+    """The one write to the job's Kueue Workload this tick, if any."""
+
+
+@dataclass(frozen=True)
+class WorkloadWrite:
+    """Create the Workload, delete it (its pod sets changed: a new one is made next tick), or
+    update its status (quota released after an eviction, Finished)."""
+
+    action: Literal["create", "delete", "status"]
+    body: Manifest
+
+
+@dataclass(frozen=True)
+class Queueing:
+    """What the runtime observed of a queued job's Workload (None: not created yet), the
+    ResourceFlavors its admission names, and the priority a new Workload gets."""
+
+    workload: Mapping[str, Any] | None
+    flavors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    priority: admission.Priority | None = None
+    problem: str = ""
+    """Why no Workload can be made (no Kueue API, a missing priority class): the job waits."""
 
 
 def requested(job: ImpalaJob, role: NodeRole) -> str:
@@ -51,17 +75,33 @@ def requested(job: ImpalaJob, role: NodeRole) -> str:
     return "" if group.replicas is None else str(group.replicas)
 
 
-def deployment(job: ImpalaJob, uid: str, role: NodeRole, replicas: int, request: str) -> Manifest:
-    """The builder's Deployment plus the operator's request bookkeeping annotation."""
+def deployment(
+    job: ImpalaJob,
+    uid: str,
+    role: NodeRole,
+    replicas: int,
+    request: str,
+    admitted: Admission | None = None,
+) -> Manifest:
+    """The builder's Deployment plus the operator's request bookkeeping annotation, its pods
+    placed where Kueue admitted them."""
     manifest = children.build_node_deployment(job, uid, role, replicas)
+    if admitted is not None:
+        template = manifest["spec"]["template"]
+        admission.place(template["metadata"], template["spec"], admitted.placement.get(role))
     annotations = manifest["metadata"].setdefault("annotations", {})
     annotations[job_status.REQUESTED_ANNOTATION] = request
     return manifest
 
 
-def learner_pod(job: ImpalaJob, uid: str, attempt: int) -> Manifest:
-    """The builder's learner pod, annotated with the hash of its spec."""
+def learner_pod(
+    job: ImpalaJob, uid: str, attempt: int, admitted: Admission | None = None
+) -> Manifest:
+    """The builder's learner pod, placed where Kueue admitted it, annotated with the hash of its
+    spec."""
     pod = children.build_learner_pod(job, uid, restart_count=attempt)
+    if admitted is not None:
+        admission.place(pod["metadata"], pod["spec"], admitted.placement.get(admission.LEARNER))
     digest = hashlib.sha256(json.dumps(pod["spec"], sort_keys=True).encode()).hexdigest()[:16]
     pod["metadata"].setdefault("annotations", {})[job_status.SPEC_HASH_ANNOTATION] = digest
     return pod
@@ -74,12 +114,17 @@ def plan_children(
     *,
     tokens: JobTokens,
     operator_namespace: str,
+    admitted: Admission | None = None,
 ) -> list[Manifest]:
     """Children that follow the spec (auth Secret, config, Services, NetworkPolicy,
     Deployments), for the create/update/resume handlers; the Secret first, as the pods mount it.
     Existing Deployments keep their replicas and request marker: replica decisions are the
-    timer's, which sees the request change and acts on it."""
-    suspended = job.spec.run_policy.suspend
+    timer's, which sees the request change and acts on it. A queued job's pods go where its
+    recorded admission (`status.admission`) put them; a new one starts with none (the timer
+    scales it up once Kueue admits it)."""
+    suspended = job.spec.run_policy.suspend or (
+        admission.queue_name(job) is not None and admitted is None
+    )
     manifests = [
         children.build_auth_secret(job, uid, tokens),
         children.build_config_map(job, uid),
@@ -92,11 +137,11 @@ def plan_children(
     for role in ROLES:
         view = deployments.get(role)
         if view is not None and view.requested is not None:
-            manifests.append(deployment(job, uid, role, view.replicas, view.requested))
+            manifests.append(deployment(job, uid, role, view.replicas, view.requested, admitted))
         else:
             group = job.spec.rollouts if role == "rollout" else job.spec.aggregators
             start = 0 if suspended else group.initial_replicas
-            manifests.append(deployment(job, uid, role, start, requested(job, role)))
+            manifests.append(deployment(job, uid, role, start, requested(job, role), admitted))
     return manifests
 
 
@@ -123,14 +168,16 @@ def removed_children(job: ImpalaJob) -> list[tuple[str, str, str]]:
 def _rollouts(
     job: ImpalaJob,
     view: job_status.DeploymentView | None,
-    previous_phase: str | None,
+    state: run_policy.JobState,
     samples: Sequence[autoscaler.MetricSample],
     last_scale_time: float | None,
     now: float,
     settings: Settings,
+    cap: int | None = None,
 ) -> autoscaler.ScaleDecision:
     group = job.spec.rollouts
-    lo, hi = group.min_replicas, group.max_replicas
+    hi = group.max_replicas if cap is None else min(group.max_replicas, cap)
+    lo = min(group.min_replicas, hi)
     wanted = requested(job, "rollout")
     if view is not None and group.replicas is not None and view.requested not in (None, wanted):
         target = autoscaler.clamp(group.replicas, lo, hi)
@@ -138,8 +185,10 @@ def _rollouts(
             f"spec.rollouts.replicas set to {group.replicas}; rollouts {view.replicas} -> {target}"
         )
         return autoscaler.ScaleDecision(target, "ManualScale", msg, changed=True)
-    if view is None or previous_phase in (None, "Suspended") or view.requested is None:
-        current = group.initial_replicas  # a fresh start (or resume) begins from the request
+    fresh = state.phase in (None, "Suspended") or admission.held(state.reason)
+    if view is None or fresh or view.requested is None:
+        # a fresh start (or a resume, or a readmission) begins from the request
+        current = autoscaler.clamp(group.initial_replicas, lo, hi)
     else:
         current = view.replicas
     return autoscaler.decide_rollouts(
@@ -154,6 +203,88 @@ def _rollouts(
     )
 
 
+def _queue(
+    job: ImpalaJob, status: Mapping[str, Any], queueing: Queueing | None
+) -> tuple[Admission | None, run_policy.Hold | None]:
+    """Kueue's decision for a queued job (None for one without a queue) and, while it may not
+    run, the hold it puts on the run policy."""
+    queue = admission.queue_name(job)
+    if queue is None:
+        return None, None
+    if queueing is None:  # the Workload was not read this tick: keep what status recorded
+        admitted = Admission.from_status(queue, status.get("admission"))
+        decided = admitted or admission.read(None, queue)
+    elif queueing.problem and queueing.workload is None:
+        decided = Admission("queued", queue, reason="Queued", message=queueing.problem)
+    else:
+        decided = admission.read(queueing.workload, queue, queueing.flavors)
+    hold = None if decided.runs else run_policy.Hold(decided.reason, decided.message)
+    return decided, hold
+
+
+def _workload_write(
+    job: ImpalaJob,
+    uid: str,
+    queueing: Queueing | None,
+    decided: Admission | None,
+    outcome: run_policy.Outcome,
+    pods: Sequence[LearnerPod],
+    deployments: Mapping[str, job_status.DeploymentView | None],
+    settings: Settings,
+    now: float,
+) -> WorkloadWrite | None:
+    """The Workload write this tick: create it, replace it when the job's pod sets changed,
+    hand its quota back once an evicted job's pods are gone, mark it Finished at the end."""
+    if queueing is None or decided is None:
+        return None
+    workload, per_aggregator = queueing.workload, settings.rollout_workers_per_aggregator
+    state = outcome.state
+    if state.terminal:
+        if workload is None or decided.state == "finished":
+            return None
+        body = admission.finished(workload, state.phase == "Succeeded", state.message, now)
+        return WorkloadWrite("status", body)
+    if workload is None and queueing.problem:
+        return None
+    if workload is None:
+        made = admission.build_workload(
+            job, uid, queueing.priority, workers_per_aggregator=per_aggregator
+        )
+        return WorkloadWrite("create", made)
+    if admission.stale(workload, job, uid, workers_per_aggregator=per_aggregator):
+        return WorkloadWrite("delete", dict(workload))
+    gone = admission.pods_gone(
+        [p.phase for p in pods], [v.observed for v in deployments.values() if v is not None]
+    )
+    if decided.state == "evicted" and decided.reserved and gone:
+        return WorkloadWrite("status", admission.released(workload, now))
+    return None
+
+
+def _admission_status(
+    state: run_policy.JobState, decided: Admission | None, now: float, events: list[Event]
+) -> run_policy.JobState:
+    """The job's `Admitted` condition (queued jobs only), and an admitted job's reason and
+    message while it waits for its learner."""
+    if decided is None:
+        return state
+    was = next((c for c in state.conditions if c.get("type") == admission.ADMITTED_CONDITION), {})
+    if decided.runs and was.get("status") != "True":
+        events.append(Event("Normal", "Admitted", decided.message))
+    conditions = run_policy.set_condition(
+        state.conditions,
+        admission.ADMITTED_CONDITION,
+        decided.runs,
+        decided.reason,
+        decided.message,
+        now,
+    )
+    state = replace(state, conditions=conditions)
+    if decided.runs and state.phase == "Pending" and admission.held(state.reason):
+        state = replace(state, reason="Admitted", message=decided.message)
+    return state
+
+
 def plan_tick(
     job: ImpalaJob,
     uid: str,
@@ -165,19 +296,32 @@ def plan_tick(
     snapshot: StatusSnapshot | None,
     now: float,
     settings: Settings,
+    queueing: Queueing | None = None,
 ) -> TickPlan:
-    """Decide one level-based reconcile; see the module docstring."""
+    """Decide one level-based reconcile; see the module docstring. `queueing` is what the
+    runtime read of a queued job's Workload (`lifecycle.admission`)."""
     state = job_status.job_state(status)
+    decided, hold = _queue(job, status, queueing)
     outcome = run_policy.step(
-        job.spec.run_policy, pods, state, now, restart_backoff=settings.restart_backoff_seconds
+        job.spec.run_policy,
+        pods,
+        state,
+        now,
+        restart_backoff=settings.restart_backoff_seconds,
+        hold=hold,
     )
     plan = TickPlan(status={}, events=list(outcome.events))
+    outcome = replace(outcome, state=_admission_status(outcome.state, decided, now, plan.events))
+    plan.workload = _workload_write(
+        job, uid, queueing, decided, outcome, pods, deployments, settings, now
+    )
     last_scale = run_policy.parse_time(status.get("lastScaleTime"))
     rollout_view, aggregator_view = deployments.get("rollout"), deployments.get("aggregator")
 
     rollouts = aggregators = 0
     if outcome.run_workers:
-        decision = _rollouts(job, rollout_view, state.phase, samples, last_scale, now, settings)
+        cap = decided.cap(admission.ROLLOUT) if decided is not None else None
+        decision = _rollouts(job, rollout_view, state, samples, last_scale, now, settings, cap)
         plan.scale = decision
         rollouts = decision.replicas
         if decision.changed:
@@ -189,6 +333,8 @@ def plan_tick(
             workers_per_pod=job.spec.rollouts.workers_per_pod,
             workers_per_aggregator=settings.rollout_workers_per_aggregator,
         )
+        if decided is not None:
+            aggregators = min(aggregators, decided.cap(admission.AGGREGATOR) or 0)
         if (
             aggregator_view is not None
             and aggregator_view.replicas != aggregators
@@ -202,12 +348,12 @@ def plan_tick(
         if view is None and state.phase is None:
             continue  # first sight of the job: the create handler is applying it right now
         if view is None or view.replicas != replicas or view.requested != wanted:
-            plan.apply.append(deployment(job, uid, role, replicas, wanted))
+            plan.apply.append(deployment(job, uid, role, replicas, wanted, decided))
 
     restarts = outcome.state.restarts
     current = next((p for p in pods if p.attempt == restarts and not p.deleting), None)
     if outcome.run_learner:
-        pod = learner_pod(job, uid, restarts)
+        pod = learner_pod(job, uid, restarts, decided)
         wanted_hash = pod["metadata"]["annotations"][job_status.SPEC_HASH_ANNOTATION]
         if current is None:
             plan.create.append(pod)
@@ -232,4 +378,6 @@ def plan_tick(
         previous=status,
         last_scale_time=last_scale,
     )
+    if decided is not None:
+        plan.status["admission"] = decided.to_status()
     return plan

@@ -326,6 +326,31 @@ def _suspend(
     )
 
 
+@dataclass(frozen=True)
+class Hold:
+    """Why a job that is neither suspended nor finished may not run now: Kueue has not admitted
+    it, or evicted it (`lifecycle.admission`)."""
+
+    reason: str
+    message: str
+
+
+def _hold(
+    state: JobState, hold: Hold, pods: Sequence[LearnerPod], now: float, events: list[Event]
+) -> Outcome:
+    """Held by the queue: like a suspend (pods stopped, the learner checkpointing on SIGTERM,
+    the same attempt resuming later, activeDeadlineSeconds' clock stopped), but Pending: the job
+    waits for admission, it was not stopped by its owner."""
+    if state.phase != "Pending" or state.reason != hold.reason:
+        events.append(Event("Normal", hold.reason, hold.message))
+    state = _transition(state, "Pending", hold.reason, hold.message, now, [])
+    state = replace(state, reason=hold.reason, start_time=None)
+    doomed = tuple(p.name for p in pods if not p.deleting and p.phase in ("Pending", "Running"))
+    return Outcome(
+        state, run_learner=False, run_workers=False, delete_pods=doomed, events=tuple(events)
+    )
+
+
 def _resume(state: JobState, now: float, events: list[Event]) -> JobState:
     """Not suspended: a suspended job resumes Pending, and the job's clock starts if it has not
     (the same attempt goes on: the learner resumes from its checkpoint)."""
@@ -458,14 +483,18 @@ def step(
     now: float,
     *,
     restart_backoff: float = 10.0,
+    hold: Hold | None = None,
 ) -> Outcome:
-    """One reconcile of the run policy. Pure: the caller applies the Outcome and saves the state."""
+    """One reconcile of the run policy. Pure: the caller applies the Outcome and saves the state.
+    `hold` keeps a job that may not run yet (not admitted by its queue) Pending with no pods."""
     events: list[Event] = []
     state = _admit(state, now, events)
     if state.terminal:
         return _finish(state, pods, policy, now, events)
     if policy.suspend:
         return _suspend(state, pods, now, events)
+    if hold is not None:
+        return _hold(state, hold, pods, now, events)
     state = _resume(state, now, events)
     current = next((p for p in pods if p.attempt == state.restarts and not p.deleting), None)
     if current is not None and current.finished:

@@ -31,7 +31,7 @@ from impala_api import names
 from impala_api.manifest import ManifestError, parse_manifest
 from impala_api.spec import API_GROUP, API_VERSION, KIND, PLURAL, ImpalaJob
 from impala_operator.build.tokens import job_tokens
-from impala_operator.lifecycle import job_status, plan
+from impala_operator.lifecycle import admission, job_status, plan
 from impala_operator.lifecycle.run_policy import Event
 from impala_operator.runtime import kube, metrics
 from impala_operator.runtime.sidecar_client import SidecarClient
@@ -90,10 +90,88 @@ async def execute(
         await api.create(manifest)
     for name in tick_plan.delete_pods:
         await api.delete("v1", "Pod", namespace, name)
+    await _write_workload(api, tick_plan.workload)
     for event in tick_plan.events:
         await api.post_event(body, event, now)
     if tick_plan.delete_job:
         await api.delete(kube.JOB_API_VERSION, KIND, namespace, meta["name"])
+
+
+async def _write_workload(api: kube.Api, write: plan.WorkloadWrite | None) -> None:
+    if write is None:
+        return
+    meta = write.body["metadata"]
+    if write.action == "create":
+        await api.create(write.body)
+    elif write.action == "delete":
+        await api.delete(
+            admission.WORKLOAD_API_VERSION, "Workload", meta["namespace"], meta["name"]
+        )
+    else:
+        await api.replace_status(write.body)
+
+
+async def _priority(api: kube.Api, job: ImpalaJob) -> admission.Priority | str:
+    """The priority a new Workload gets, or what stops it from being made."""
+    wanted = admission.priority_class(job)
+    if wanted is None:
+        return ""
+    name, kind = wanted
+    api_version = (
+        admission.WORKLOAD_API_VERSION
+        if kind == "WorkloadPriorityClass"
+        else ("scheduling.k8s.io/v1")
+    )
+    found = await api.get(kube.cluster_object_path(api_version, kind, name))
+    if found is None:
+        source = (
+            f"label {admission.PRIORITY_LABEL}"
+            if kind == "WorkloadPriorityClass"
+            else "spec.learner.pod.priorityClassName"
+        )
+        return f"{kind} {name!r} (from {source}) does not exist: create it or change the {source}"
+    return admission.Priority(name, int(found.get("value", 0)), kind)
+
+
+async def _flavors(
+    api: kube.Api, memo: kopf.Memo, workload: Mapping[str, Any]
+) -> dict[str, Mapping[str, Any]]:
+    """The ResourceFlavors an admission names, read once per admission (kept in the memo)."""
+    wanted = admission.flavor_names(workload)
+    cached: dict[str, Mapping[str, Any]] = getattr(memo, "flavors", {})
+    if set(cached) != wanted:
+        cached = {}
+        for name in sorted(wanted):
+            found = await api.get(
+                kube.cluster_object_path(admission.WORKLOAD_API_VERSION, "ResourceFlavor", name)
+            )
+            cached[name] = found or {}
+        memo.flavors = cached
+    return cached
+
+
+async def read_queueing(
+    api: kube.Api, memo: kopf.Memo, job: ImpalaJob, terminal: bool
+) -> plan.Queueing:
+    """What the tick needs of a queued job's Workload (`plan.Queueing`)."""
+    namespace = job.metadata.namespace or ""
+    name = admission.workload_name(job.name)
+    path = kube.object_path(admission.WORKLOAD_API_VERSION, "Workload", namespace, name)
+    workload = await api.get(path)
+    if workload is not None:
+        return plan.Queueing(workload, await _flavors(api, memo, workload))
+    if terminal:
+        return plan.Queueing(None)
+    if await api.get(f"/apis/{admission.WORKLOAD_API_VERSION}") is None:
+        problem = (
+            f"label {admission.QUEUE_LABEL} asks for Kueue, but this cluster serves no "
+            f"{admission.WORKLOAD_API_VERSION} Workloads: install Kueue or remove the label"
+        )
+        return plan.Queueing(None, problem=problem)
+    priority = await _priority(api, job)
+    if isinstance(priority, str):
+        return plan.Queueing(None, problem=priority) if priority else plan.Queueing(None)
+    return plan.Queueing(None, priority=priority)
 
 
 def _remember(memo: kopf.Memo, sample: MetricSample, job: ImpalaJob) -> list[MetricSample]:
@@ -193,12 +271,17 @@ async def apply_children(
         message = "; ".join(exc.problems)
         await api.post_event(body, Event("Warning", "InvalidSpec", message), time.time())
         raise kopf.PermanentError(f"invalid spec: {message}") from exc
+    queue = admission.queue_name(job)
+    admitted = None
+    if queue is not None:
+        admitted = admission.Admission.from_status(queue, body.get("status", {}).get("admission"))
     manifests = plan.plan_children(
         job,
         uid,
         _deployment_views(node_deployments, uid),
         tokens=job_tokens(memo.token_key, uid),
         operator_namespace=memo.operator_namespace,
+        admitted=admitted,
     )
     namespace = job.metadata.namespace or ""
     try:
@@ -249,6 +332,13 @@ async def tick(
             token=job_tokens(memo.token_key, uid).status,
         )
     sample = job_status.metric_sample(snapshot, now, settings.metrics_stale_after)
+    queueing = None
+    if admission.queue_name(job) is not None:
+        try:
+            queueing = await read_queueing(memo.api, memo, job, status.get("phase") in TERMINAL)
+        except kube.ApiError as exc:
+            metrics.ERRORS.labels("tick").inc()
+            raise kopf.TemporaryError(f"reading the Workload: {exc}", delay=5) from exc
     tick_plan = plan.plan_tick(
         job,
         uid,
@@ -259,6 +349,7 @@ async def tick(
         snapshot=snapshot,
         now=now,
         settings=settings,
+        queueing=queueing,
     )
     try:
         await execute(memo.api, body, tick_plan, now)

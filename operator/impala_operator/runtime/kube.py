@@ -38,7 +38,13 @@ PLURALS = {
     "NetworkPolicy": "networkpolicies",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "Event": "events",
+    "Workload": "workloads",
     KIND: PLURAL,
+}
+CLUSTER_PLURALS = {
+    "ResourceFlavor": "resourceflavors",
+    "WorkloadPriorityClass": "workloadpriorityclasses",
+    "PriorityClass": "priorityclasses",
 }
 JOB_API_VERSION = f"{API_GROUP}/{API_VERSION}"
 MAX_EVENT_MESSAGE = 1024  # the API server rejects longer Event messages
@@ -60,6 +66,11 @@ def object_path(api_version: str, kind: str, namespace: str, name: str | None = 
     base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     path = f"{base}/namespaces/{namespace}/{PLURALS[kind]}"
     return f"{path}/{name}" if name else path
+
+
+def cluster_object_path(api_version: str, kind: str, name: str) -> str:
+    """The REST path of a cluster-scoped object."""
+    return f"/apis/{api_version}/{CLUSTER_PLURALS[kind]}/{name}"
 
 
 def load_api_client(kubeconfig: str | None = None, *, pool_size: int = 32) -> client.ApiClient:
@@ -135,6 +146,36 @@ class Api:
             content_type="application/apply-patch+yaml",
         )
         return result
+
+    async def get(self, path: str) -> Manifest | None:
+        """The object at `path` (`object_path`, `cluster_object_path`), None if there is none."""
+        try:
+            result: Manifest = await self._call("GET", path)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
+    async def replace_status(self, manifest: Mapping[str, Any]) -> bool:
+        """Write `manifest`'s status (PUT .../status, guarded by its resourceVersion); False if
+        the object changed meanwhile (the next reconcile decides again) or is gone."""
+        meta = manifest["metadata"]
+        path = object_path(
+            manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]
+        )
+        try:
+            await self._call(
+                "PUT",
+                f"{path}/status",
+                query=[("fieldManager", FIELD_MANAGER)],
+                body=dict(manifest),
+            )
+        except ApiError as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
 
     async def create(self, manifest: Mapping[str, Any]) -> Manifest | None:
         """Create `manifest`; None if an object of that name already exists."""

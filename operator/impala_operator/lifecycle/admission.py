@@ -1,0 +1,480 @@
+"""Kueue admission, planned purely: a job labelled `kueue.x-k8s.io/queue-name` runs only while
+Kueue admits the Workload the operator owns for it.
+
+The operator plays the part Kueue's jobframework plays for its built-in integrations, as an
+external framework (`integrations.externalFrameworks: ["ImpalaJob.v1alpha1.impala.dev"]`): one
+Workload per job, owned by it, whose pod sets are the learner (1 pod), the rollouts (maxReplicas,
+with minCount minReplicas: Kueue's partial admission grants what the quota allows) and the
+aggregators. Until Kueue admits it the job is held (no pods, `Admitted=False` naming the queue);
+admitted, its pods get the assigned flavors' node labels and tolerations and the rollouts
+autoscale up to the admitted count; evicted (preempted, deactivated, queue stopped), it stops
+like a suspend (the learner checkpoints on SIGTERM, no failure counted) and, once its pods are
+gone, hands the quota back by clearing the admission, as jobframework does; readmitted, the same
+learner attempt resumes from its checkpoint. A job that ends marks its Workload Finished.
+
+Nothing here calls the API: `runtime.handlers` reads the Workload and the ResourceFlavors and
+executes what this module and `plan` decide.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from impala_api import names
+from impala_api.spec import API_GROUP, API_VERSION, KIND, ImpalaJob
+from impala_operator.build import children
+from impala_operator.build.children import Manifest
+from impala_operator.lifecycle.run_policy import rfc3339
+from impala_operator.scale import autoscaler
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+"""A WorkloadPriorityClass for the job (else the learner pod's priorityClassName, if any)."""
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+GROUP = "kueue.x-k8s.io"
+WORKLOAD_API_VERSION = f"{GROUP}/v1beta2"
+FRAMEWORK = f"{KIND}.{API_VERSION}.{API_GROUP}"
+"""The entry of Kueue's `integrations.externalFrameworks` that names this operator's jobs."""
+POD_SETS_HASH_ANNOTATION = f"{API_GROUP}/pod-sets-hash"
+ADMITTED_CONDITION = "Admitted"
+LEARNER, ROLLOUT, AGGREGATOR = "learner", "rollout", "aggregator"
+
+State = Literal["queued", "admitted", "evicted", "finished"]
+
+
+def held(reason: str) -> bool:
+    """A job reason that says the queue holds the job (set by `read`'s decisions)."""
+    return reason in ("Queued", "WorkloadFinished") or reason.startswith("Evicted")
+
+
+def queue_name(job: ImpalaJob) -> str | None:
+    """The LocalQueue the job asks for, or None: a job without the label is not Kueue's."""
+    return job.metadata.labels.get(QUEUE_LABEL) or None
+
+
+def workload_name(job_name: str) -> str:
+    """`impalajob-<job>`, as jobframework prefixes a Workload with its owner's kind."""
+    return f"{KIND.lower()}-{job_name}"
+
+
+@dataclass(frozen=True)
+class Priority:
+    """The priority class a Workload names and its value (looked up by the runtime)."""
+
+    name: str
+    value: int
+    kind: Literal["WorkloadPriorityClass", "PriorityClass"] = "WorkloadPriorityClass"
+
+    def ref(self) -> dict[str, str]:
+        group = GROUP if self.kind == "WorkloadPriorityClass" else "scheduling.k8s.io"
+        return {"group": group, "kind": self.kind, "name": self.name}
+
+
+def priority_class(
+    job: ImpalaJob,
+) -> tuple[str, Literal["WorkloadPriorityClass", "PriorityClass"]] | None:
+    """Which priority class to look up: the job's `kueue.x-k8s.io/priority-class` label (a
+    WorkloadPriorityClass), else the learner pod's priorityClassName (a PriorityClass)."""
+    label = job.metadata.labels.get(PRIORITY_LABEL)
+    if label:
+        return label, "WorkloadPriorityClass"
+    pod_class = job.spec.learner.pod.priority_class_name
+    return (pod_class, "PriorityClass") if pod_class else None
+
+
+def _template(spec: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
+    """A pod set's template: the pods' spec and labels (a Workload allows no other metadata)."""
+    return {"metadata": {"labels": dict(labels)}, "spec": copy.deepcopy(dict(spec))}
+
+
+def max_aggregators(job: ImpalaJob, workers_per_aggregator: int) -> int:
+    """Aggregators the job runs at its rollouts' maximum: what their pod set asks for."""
+    return autoscaler.aggregator_replicas(
+        job.spec.aggregators,
+        rollout_replicas=job.spec.rollouts.max_replicas,
+        workers_per_pod=job.spec.rollouts.workers_per_pod,
+        workers_per_aggregator=workers_per_aggregator,
+    )
+
+
+def pod_sets(job: ImpalaJob, uid: str, *, workers_per_aggregator: int) -> list[dict[str, Any]]:
+    """The Workload's pod sets: the learner, the rollouts (partially admissible down to their
+    minimum), the aggregators (when the job runs any)."""
+    learner = children.build_learner_pod(job, uid)
+    sets: list[dict[str, Any]] = [
+        {
+            "name": LEARNER,
+            "count": 1,
+            "template": _template(learner["spec"], learner["metadata"]["labels"]),
+        }
+    ]
+    rollouts = job.spec.rollouts
+    deployment = children.build_node_deployment(job, uid, "rollout", rollouts.max_replicas)
+    template = deployment["spec"]["template"]
+    rollout_set: dict[str, Any] = {
+        "name": ROLLOUT,
+        "count": rollouts.max_replicas,
+        "template": _template(template["spec"], template["metadata"]["labels"]),
+    }
+    minimum = max(1, rollouts.min_replicas)
+    if rollouts.max_replicas > minimum:
+        rollout_set["minCount"] = minimum  # Kueue's partial admission: one pod set may shrink
+    sets.append(rollout_set)
+    aggregators = max_aggregators(job, workers_per_aggregator)
+    if aggregators > 0:
+        deployment = children.build_node_deployment(job, uid, "aggregator", aggregators)
+        template = deployment["spec"]["template"]
+        sets.append(
+            {
+                "name": AGGREGATOR,
+                "count": aggregators,
+                "template": _template(template["spec"], template["metadata"]["labels"]),
+            }
+        )
+    return sets
+
+
+def pod_sets_hash(sets: Sequence[Mapping[str, Any]]) -> str:
+    return hashlib.sha256(json.dumps(list(sets), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build_workload(
+    job: ImpalaJob, uid: str, priority: Priority | None, *, workers_per_aggregator: int
+) -> Manifest:
+    """The Workload of a queued job, owned by it (garbage-collected with it)."""
+    sets = pod_sets(job, uid, workers_per_aggregator=workers_per_aggregator)
+    labels = {**names.selector_labels(job.name, "learner"), JOB_UID_LABEL: uid}
+    labels.pop(names.COMPONENT, None)
+    spec: dict[str, Any] = {"queueName": queue_name(job), "podSets": sets}
+    if priority is not None:
+        spec["priorityClassRef"] = priority.ref()
+        spec["priority"] = priority.value
+    return {
+        "apiVersion": WORKLOAD_API_VERSION,
+        "kind": "Workload",
+        "metadata": {
+            "name": workload_name(job.name),
+            "namespace": job.metadata.namespace,
+            "labels": labels,
+            "annotations": {POD_SETS_HASH_ANNOTATION: pod_sets_hash(sets)},
+            "ownerReferences": [children.owner_reference(job, uid)],
+        },
+        "spec": spec,
+    }
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What admission adds to a pod set's pods: the flavors' node labels and tolerations, and
+    an admission check's pod set update."""
+
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in (
+            ("nodeSelector", dict(self.node_selector)),
+            ("tolerations", [dict(t) for t in self.tolerations]),
+            ("labels", dict(self.labels)),
+            ("annotations", dict(self.annotations)),
+        ):
+            if value:
+                out[key] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Placement:
+        return cls(
+            node_selector=dict(data.get("nodeSelector") or {}),
+            tolerations=tuple(dict(t) for t in data.get("tolerations") or []),
+            labels=dict(data.get("labels") or {}),
+            annotations=dict(data.get("annotations") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Kueue's decision about a job, read from its Workload."""
+
+    state: State
+    queue: str
+    cluster_queue: str = ""
+    reason: str = ""
+    message: str = ""
+    counts: Mapping[str, int] = field(default_factory=dict)
+    """Admitted pods per pod set."""
+    placement: Mapping[str, Placement] = field(default_factory=dict)
+    reserved: bool = False
+    """The Workload still holds quota (an evicted one does until the operator releases it)."""
+
+    @property
+    def runs(self) -> bool:
+        return self.state == "admitted"
+
+    def cap(self, pod_set: str) -> int | None:
+        """The most pods the pod set may run (None: not admitted or not in the Workload)."""
+        return self.counts.get(pod_set) if self.runs else None
+
+    def to_status(self) -> dict[str, Any] | None:
+        """`status.admission` of the job: where Kueue put it, so every handler builds its pods
+        alike (None while not admitted)."""
+        if not self.runs:
+            return None
+        return {
+            "clusterQueue": self.cluster_queue,
+            "podSets": [
+                {"name": name, "count": count, **self.placement.get(name, Placement()).as_dict()}
+                for name, count in sorted(self.counts.items())
+            ],
+        }
+
+    @classmethod
+    def from_status(cls, queue: str, status: Mapping[str, Any] | None) -> Admission | None:
+        """The admission a job's status recorded (None if it records none)."""
+        if not status:
+            return None
+        sets = status.get("podSets") or []
+        return cls(
+            state="admitted",
+            queue=queue,
+            cluster_queue=str(status.get("clusterQueue", "")),
+            counts={s["name"]: int(s.get("count", 0)) for s in sets},
+            placement={s["name"]: Placement.from_dict(s) for s in sets},
+            reserved=True,
+        )
+
+
+def _condition(workload: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
+    conditions = (workload.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == type_), None)
+
+
+def _true(workload: Mapping[str, Any], type_: str) -> bool:
+    cond = _condition(workload, type_)
+    return cond is not None and cond.get("status") == "True"
+
+
+def flavor_names(workload: Mapping[str, Any]) -> set[str]:
+    """ResourceFlavors the Workload's admission assigned (the runtime reads each once)."""
+    admission = (workload.get("status") or {}).get("admission") or {}
+    return {
+        str(flavor)
+        for assignment in admission.get("podSetAssignments") or []
+        for flavor in (assignment.get("flavors") or {}).values()
+    }
+
+
+def _placement(
+    assignment: Mapping[str, Any],
+    flavors: Mapping[str, Mapping[str, Any]],
+    updates: Sequence[Mapping[str, Any]],
+) -> Placement:
+    """Node labels and tolerations of the assigned flavors, plus the admission checks' updates
+    of this pod set (what jobframework's podset.FromAssignment + FromUpdate merge)."""
+    selector: dict[str, str] = {}
+    tolerations: list[Mapping[str, Any]] = []
+    for flavor_name in sorted(set((assignment.get("flavors") or {}).values())):
+        spec = (flavors.get(flavor_name) or {}).get("spec") or {}
+        selector.update(spec.get("nodeLabels") or {})
+        tolerations += [t for t in spec.get("tolerations") or [] if t not in tolerations]
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    for update in updates:
+        if update.get("name") != assignment.get("name"):
+            continue
+        selector.update(update.get("nodeSelector") or {})
+        tolerations += [t for t in update.get("tolerations") or [] if t not in tolerations]
+        labels.update(update.get("labels") or {})
+        annotations.update(update.get("annotations") or {})
+    return Placement(selector, tuple(tolerations), labels, annotations)
+
+
+def _admitted(
+    workload: Mapping[str, Any], queue: str, flavors: Mapping[str, Mapping[str, Any]]
+) -> Admission:
+    status = workload.get("status") or {}
+    admission = status.get("admission") or {}
+    updates = [
+        u for check in status.get("admissionChecks") or [] for u in check.get("podSetUpdates") or []
+    ]
+    counts: dict[str, int] = {}
+    placement: dict[str, Placement] = {}
+    spec_counts = {
+        s["name"]: s.get("count", 1) for s in (workload.get("spec") or {}).get("podSets") or []
+    }
+    for assignment in admission.get("podSetAssignments") or []:
+        name = assignment["name"]
+        counts[name] = int(assignment.get("count", spec_counts.get(name, 1)))
+        placement[name] = _placement(assignment, flavors, updates)
+    cluster_queue = str(admission.get("clusterQueue", ""))
+    return Admission(
+        "admitted",
+        queue,
+        cluster_queue,
+        "Admitted",
+        f"admitted by ClusterQueue {cluster_queue} (LocalQueue {queue})",
+        counts,
+        placement,
+        reserved=True,
+    )
+
+
+def read(
+    workload: Mapping[str, Any] | None,
+    queue: str,
+    flavors: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Admission:
+    """What the job may do by its Workload (None: not created yet, so queued)."""
+    if workload is None:
+        return Admission(
+            "queued",
+            queue,
+            reason="Queued",
+            message=f"queued in LocalQueue {queue}: creating its Workload",
+        )
+    reserved = _true(workload, "QuotaReserved")
+    if _true(workload, "Finished"):
+        message = "its Workload was marked Finished before the job ended"
+        return Admission("finished", queue, reason="WorkloadFinished", message=message)
+    evicted = _condition(workload, "Evicted")
+    if evicted is not None and evicted.get("status") == "True":
+        why = str(evicted.get("reason", "Evicted"))
+        text = str(evicted.get("message", "")).strip()
+        message = (
+            f"evicted by Kueue ({why}){': ' + text if text else ''}; requeued in LocalQueue "
+            f"{queue}, the checkpoint is kept"
+        )
+        return Admission(
+            "evicted",
+            queue,
+            reason=f"Evicted{why}" if why != "Evicted" else why,
+            message=message,
+            reserved=reserved,
+        )
+    if _true(workload, "Admitted") and (workload.get("status") or {}).get("admission"):
+        return _admitted(workload, queue, flavors or {})
+    pending = _condition(workload, "QuotaReserved")
+    detail = str(pending.get("message", "")).strip() if pending else ""
+    if reserved:
+        detail = "quota reserved; waiting for its admission checks"
+    message = (
+        f"waiting for Kueue to admit it in LocalQueue {queue}{': ' + detail if detail else ''}"
+    )
+    return Admission("queued", queue, reason="Queued", message=message, reserved=reserved)
+
+
+def stale(
+    workload: Mapping[str, Any], job: ImpalaJob, uid: str, *, workers_per_aggregator: int
+) -> bool:
+    """The job's pod sets changed since its Workload was made (pod sets are immutable)."""
+    recorded = ((workload.get("metadata") or {}).get("annotations") or {}).get(
+        POD_SETS_HASH_ANNOTATION
+    )
+    wanted = pod_sets_hash(pod_sets(job, uid, workers_per_aggregator=workers_per_aggregator))
+    return recorded != wanted
+
+
+def _with_condition(
+    conditions: Sequence[Mapping[str, Any]],
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    now: float,
+    generation: int | None,
+) -> list[dict[str, Any]]:
+    """metav1.Conditions with `type_` set (its transition time moves only when it flips)."""
+    value = "True" if status else "False"
+    out = [dict(c) for c in conditions if c.get("type") != type_]
+    old = next((c for c in conditions if c.get("type") == type_), None)
+    stamp = old.get("lastTransitionTime") if old and old.get("status") == value else rfc3339(now)
+    cond: dict[str, Any] = {
+        "type": type_,
+        "status": value,
+        "reason": reason,
+        "message": message[:32768],
+        "lastTransitionTime": stamp,
+    }
+    if generation is not None:
+        cond["observedGeneration"] = generation
+    return [*out, cond]
+
+
+def released(workload: Mapping[str, Any], now: float) -> dict[str, Any]:
+    """The Workload with its quota handed back after an eviction, once the job's pods are gone:
+    what jobframework writes (admission cleared, QuotaReserved and Admitted False, Requeued
+    True for a preemption or a node failure), to be written back as a status update."""
+    body = copy.deepcopy(dict(workload))
+    status = body.setdefault("status", {})
+    generation = (body.get("metadata") or {}).get("generation")
+    evicted = _condition(workload, "Evicted") or {}
+    reason, message = str(evicted.get("reason", "")), str(evicted.get("message", ""))
+    conditions = status.get("conditions") or []
+    requeue = reason in ("Preempted", "NodeFailures")
+    conditions = _with_condition(
+        conditions, "Requeued", requeue, reason or "Evicted", message, now, generation
+    )
+    conditions = _with_condition(
+        conditions, "QuotaReserved", False, "Pending", message, now, generation
+    )
+    if any(c.get("type") == "Admitted" for c in conditions):
+        conditions = _with_condition(
+            conditions,
+            "Admitted",
+            False,
+            "NoReservation",
+            "The workload has no reservation",
+            now,
+            generation,
+        )
+    status["conditions"] = conditions
+    status.pop("admission", None)
+    return body
+
+
+def finished(
+    workload: Mapping[str, Any], succeeded: bool, message: str, now: float
+) -> dict[str, Any]:
+    """The Workload marked Finished when the job ends (Kueue then frees its quota)."""
+    body = copy.deepcopy(dict(workload))
+    status = body.setdefault("status", {})
+    generation = (body.get("metadata") or {}).get("generation")
+    reason = "Succeeded" if succeeded else "Failed"
+    status["conditions"] = _with_condition(
+        status.get("conditions") or [], "Finished", True, reason, message, now, generation
+    )
+    return body
+
+
+def place(pod_meta: dict[str, Any], pod_spec: dict[str, Any], placement: Placement | None) -> None:
+    """Add an admission's placement to a pod (its node labels win: Kueue chose the flavor by
+    them, so a selector of the job's own that disagreed could not have been admitted there)."""
+    if placement is None:
+        return
+    if placement.node_selector:
+        pod_spec["nodeSelector"] = {**pod_spec.get("nodeSelector", {}), **placement.node_selector}
+    if placement.tolerations:
+        existing = list(pod_spec.get("tolerations", []))
+        pod_spec["tolerations"] = existing + [
+            dict(t) for t in placement.tolerations if t not in existing
+        ]
+    if placement.labels:
+        pod_meta["labels"] = {**pod_meta.get("labels", {}), **placement.labels}
+    if placement.annotations:
+        pod_meta["annotations"] = {**pod_meta.get("annotations", {}), **placement.annotations}
+
+
+def pods_gone(learner_phases: Sequence[str], deployment_pods: Sequence[int]) -> bool:
+    """No learner pod is pending or running (terminating ones included: the learner is still
+    writing its checkpoint) and the rollout/aggregator Deployments report no pods."""
+    return all(p not in ("Pending", "Running", "Unknown") for p in learner_phases) and not any(
+        deployment_pods
+    )
