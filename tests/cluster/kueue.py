@@ -96,7 +96,9 @@ def install_documents(rendered: str, port: int) -> list[dict[str, Any]]:
     return docs
 
 
-def manager_config(rendered: str, *, webhook_port: int, health_port: int, cert_dir: Path) -> dict[str, Any]:
+def manager_config(
+    rendered: str, *, webhook_port: int, health_port: int, cert_dir: Path
+) -> dict[str, Any]:
     """The chart's manager Configuration, adapted to a host process (see the module docstring)."""
     config_map = next(
         doc
@@ -166,7 +168,9 @@ def running(kube: Kube, bin_dir: Path, workdir: Path, timeout: float = 90.0) -> 
     )
     config_path.write_text(yaml.safe_dump(config))
     docs = install_documents(rendered, webhook_port)
-    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(docs))
+    kube.kubectl(
+        "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(docs)
+    )
     for doc in docs:
         if doc["kind"] == "CustomResourceDefinition":
             kube.wait_crd_established(doc["metadata"]["name"])

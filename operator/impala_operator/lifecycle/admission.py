@@ -47,11 +47,6 @@ LEARNER, ROLLOUT, AGGREGATOR = "learner", "rollout", "aggregator"
 State = Literal["queued", "admitted", "evicted", "finished"]
 
 
-def held(reason: str) -> bool:
-    """A job reason that says the queue holds the job (set by `read`'s decisions)."""
-    return reason in ("Queued", "WorkloadFinished") or reason.startswith("Evicted")
-
-
 def queue_name(job: ImpalaJob) -> str | None:
     """The LocalQueue the job asks for, or None: a job without the label is not Kueue's."""
     return job.metadata.labels.get(QUEUE_LABEL) or None

@@ -185,7 +185,7 @@ def _rollouts(
             f"spec.rollouts.replicas set to {group.replicas}; rollouts {view.replicas} -> {target}"
         )
         return autoscaler.ScaleDecision(target, "ManualScale", msg, changed=True)
-    fresh = state.phase in (None, "Suspended") or admission.held(state.reason)
+    fresh = state.phase in (None, "Suspended") or _was_held(state)
     if view is None or fresh or view.requested is None:
         # a fresh start (or a resume, or a readmission) begins from the request
         current = autoscaler.clamp(group.initial_replicas, lo, hi)
@@ -201,6 +201,12 @@ def _rollouts(
         now=now,
         idle_threshold=settings.learner_idle_threshold,
     )
+
+
+def _was_held(state: run_policy.JobState) -> bool:
+    """The previous reconcile held the job in its queue (its Admitted condition is False)."""
+    cond = next((c for c in state.conditions if c.get("type") == admission.ADMITTED_CONDITION), {})
+    return cond.get("status") == "False"
 
 
 def _queue(
@@ -264,13 +270,14 @@ def _workload_write(
 def _admission_status(
     state: run_policy.JobState, decided: Admission | None, now: float, events: list[Event]
 ) -> run_policy.JobState:
-    """The job's `Admitted` condition (queued jobs only), and an admitted job's reason and
-    message while it waits for its learner."""
+    """The job's `Admitted` condition (queued jobs only), an Event when it changes, and an
+    admitted job's message while it waits for its learner."""
     if decided is None:
         return state
     was = next((c for c in state.conditions if c.get("type") == admission.ADMITTED_CONDITION), {})
-    if decided.runs and was.get("status") != "True":
-        events.append(Event("Normal", "Admitted", decided.message))
+    flipped = was.get("status") != ("True" if decided.runs else "False")
+    if flipped or was.get("reason") != decided.reason:
+        events.append(Event("Normal", decided.reason, decided.message))
     conditions = run_policy.set_condition(
         state.conditions,
         admission.ADMITTED_CONDITION,
@@ -280,8 +287,8 @@ def _admission_status(
         now,
     )
     state = replace(state, conditions=conditions)
-    if decided.runs and state.phase == "Pending" and admission.held(state.reason):
-        state = replace(state, reason="Admitted", message=decided.message)
+    if decided.runs and flipped and state.phase == "Pending":
+        state = replace(state, reason=decided.reason, message=decided.message)
     return state
 
 

@@ -341,8 +341,7 @@ def _hold(
     """Held by the queue: like a suspend (pods stopped, the learner checkpointing on SIGTERM,
     the same attempt resuming later, activeDeadlineSeconds' clock stopped), but Pending: the job
     waits for admission, it was not stopped by its owner."""
-    if state.phase != "Pending" or state.reason != hold.reason:
-        events.append(Event("Normal", hold.reason, hold.message))
+    # No Event here: the queue's own condition (`Admitted`) says why, and its flips are posted.
     state = _transition(state, "Pending", hold.reason, hold.message, now, [])
     state = replace(state, reason=hold.reason, start_time=None)
     doomed = tuple(p.name for p in pods if not p.deleting and p.phase in ("Pending", "Running"))

@@ -1,0 +1,294 @@
+"""ImpalaJobs queued by a real Kueue (v0.17.0, built from its Go module, its webhooks served to
+the test API server with Kueue's own certificates; tests/cluster/kueue.py) on kwok nodes.
+
+The operator runs as the manifests' ServiceAccount (manifests/rbac.yaml), so its Kueue rules are
+proven too. Each test has its own ClusterQueue and LocalQueue; quotas are computed from the
+jobs' own pod sets, so a change to the pods' requests cannot make a test pass by accident.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster import Kube, build_binaries, wait_for
+from cluster import kueue as kueue_harness
+from impala_api.manifest import parse_manifest
+from impala_operator.lifecycle import admission
+from tests.support.jobs import job_manifest
+from tests.support.operator_suite import Operator, OperatorSuite
+
+from .conftest import REAL_NODE_REPORT
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+FLAVOR = "kwok-pool"
+TOLERATION = {"key": "impala.dev/kueue-test", "operator": "Exists", "effect": "NoSchedule"}
+JOB: dict[str, Any] = {
+    "env": {"id": "CartPole-v1", "numEnvsPerWorker": 4},
+    "learner": {"resources": {"requests": {"cpu": "1", "memory": "1Gi"}}},
+    "rollouts": {
+        "minReplicas": 1,
+        "maxReplicas": 1,
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
+    },
+}
+wait_status = OperatorSuite().wait_status
+ij = OperatorSuite.ij
+condition = OperatorSuite.condition
+
+
+def _cpu_millis(value: str) -> int:
+    return int(value[:-1]) if value.endswith("m") else int(float(value) * 1000)
+
+
+def _mebibytes(value: str) -> int:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
+    for suffix, factor in units.items():
+        if value.endswith(suffix):
+            return int(float(value[: -len(suffix)]) * factor)
+    return int(value) // 2**20
+
+
+def quota_for(manifest: Mapping[str, Any], rollouts: int | None = None) -> dict[str, str]:
+    """CPU and memory of one job's pods: its learner and `rollouts` rollout pods (default: its
+    maximum), as Kueue counts them (every container's requests, native sidecars included)."""
+    with_namespace = {**manifest, "metadata": {**manifest["metadata"], "namespace": "q"}}
+    job = parse_manifest(with_namespace, source="test")
+    cpu = mem = 0
+    for pod_set in admission.pod_sets(job, "uid", workers_per_aggregator=4):
+        count = pod_set["count"] if pod_set["name"] != "rollout" or rollouts is None else rollouts
+        spec = pod_set["template"]["spec"]
+        for c in [*spec.get("containers", []), *spec.get("initContainers", [])]:
+            requests = (c.get("resources") or {}).get("requests") or {}
+            cpu += count * _cpu_millis(str(requests.get("cpu", "0")))
+            mem += count * _mebibytes(str(requests.get("memory", "0")))
+    return {"cpu": f"{cpu}m", "memory": f"{mem}Mi"}
+
+
+def queued_job(
+    name: str, queue: str, *, priority: str | None = None, **sections: Any
+) -> dict[str, Any]:
+    manifest = job_manifest(name, JOB, **sections)
+    labels = {admission.QUEUE_LABEL: queue}
+    if priority:
+        labels[admission.PRIORITY_LABEL] = priority
+    manifest["metadata"]["labels"] = labels
+    return manifest
+
+
+@pytest.fixture(scope="module")
+def kueue(kube: Kube) -> Iterator[None]:
+    if not kube.is_local:
+        pytest.skip("runs Kueue beside the local control plane")
+    with kueue_harness.running(kube, build_binaries(), kube.workdir / "kueue"):
+        kube.apply(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "ResourceFlavor",
+                "metadata": {"name": FLAVOR},
+                "spec": {"nodeLabels": {"type": "kwok"}, "tolerations": [TOLERATION]},
+            }
+        )
+        for name, value in (("impala-low", 100), ("impala-high", 1000)):
+            kube.apply(
+                {
+                    "apiVersion": "kueue.x-k8s.io/v1beta2",
+                    "kind": "WorkloadPriorityClass",
+                    "metadata": {"name": name},
+                    "value": value,
+                    "description": "e2e",
+                }
+            )
+        yield
+
+
+@pytest.fixture(scope="module")
+def ns(kube: Kube, kueue: None) -> Iterator[str]:
+    with kube.namespace("kueue") as name:
+        yield name
+
+
+@pytest.fixture(scope="module")
+def operator(kube: Kube, ns: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    kube.kubectl("apply", "-f", str(MANIFESTS))
+    identity = kube.sa_kubeconfig("impala-system", "impala-operator")
+    op = Operator(kube, identity, ns, tmp_path_factory.mktemp("operator"))
+    op.start()
+    try:
+        yield op
+    finally:
+        op.kill()
+        print(f"--- operator log tail\n{op.log_tail()}")
+
+
+def make_queue(kube: Kube, ns: str, name: str, quota: Mapping[str, str], **extra: Any) -> str:
+    """ClusterQueue `name` with `quota` on the kwok flavor and LocalQueue `name` in `ns`."""
+    kube.apply(kueue_harness.cluster_queue(name, FLAVOR, quota, **extra))
+    kube.apply(
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"clusterQueue": name},
+        }
+    )
+    return name
+
+
+def learner_pods(kube: Kube, ns: str, job: str) -> list[dict[str, Any]]:
+    selector = f"app.kubernetes.io/instance={job},app.kubernetes.io/component=learner"
+    return [p for p in kube.pods(ns, selector) if not p["metadata"].get("deletionTimestamp")]
+
+
+def workload(kube: Kube, ns: str, job: str) -> dict[str, Any]:
+    result: dict[str, Any] = kube.get(
+        "workloads.kueue.x-k8s.io", admission.workload_name(job), "-n", ns
+    )
+    return result
+
+
+def admitted(status: Mapping[str, Any]) -> bool:
+    cond = condition(dict(status), "Admitted")
+    return bool(cond) and cond.get("status") == "True"
+
+
+def wait_learner(kube: Kube, ns: str, job: str, timeout: float = 60) -> dict[str, Any]:
+    pods: dict[str, Any] = wait_for(
+        lambda: (learner_pods(kube, ns, job) or [None])[0], timeout=timeout, interval=0.5,
+        what=f"{job}'s learner pod",
+    )  # fmt: skip
+    return pods
+
+
+def test_a_full_queue_holds_the_second_job_until_the_first_finishes(
+    kube: Kube, ns: str, operator: Operator
+) -> None:
+    first, second = queued_job("q-first", "one-job"), queued_job("q-second", "one-job")
+    queue = make_queue(kube, ns, "one-job", quota_for(first))
+    started = time.monotonic()
+    OperatorSuite.create(kube, ns, first)
+    status = wait_status(kube, ns, "q-first", admitted, "admitted by Kueue")
+    assert status["admission"]["clusterQueue"] == queue
+    pod = wait_learner(kube, ns, "q-first")
+    # The flavor's node labels and tolerations reach the pods, as jobframework injects them.
+    assert pod["spec"]["nodeSelector"]["type"] == "kwok"
+    assert TOLERATION in pod["spec"]["tolerations"]
+    rollout = kube.get("deployment", "q-first-rollout", "-n", ns)["spec"]["template"]["spec"]
+    assert rollout["nodeSelector"]["type"] == "kwok"
+    first_admitted = kueue_harness.wait_seconds(started)
+
+    OperatorSuite.create(kube, ns, second)
+    held = wait_status(
+        kube, ns, "q-second", lambda s: condition(s, "Admitted").get("status") == "False",
+        "held by its queue",
+    )  # fmt: skip
+    assert held["phase"] == "Pending"
+    assert f"LocalQueue {queue}" in condition(held, "Admitted")["message"]
+    time.sleep(3)  # a few reconciles: still nothing runs
+    assert learner_pods(kube, ns, "q-second") == []
+    assert kube.get("deployment", "q-second-rollout", "-n", ns)["spec"]["replicas"] == 0
+    assert workload(kube, ns, "q-second")["spec"]["queueName"] == queue
+
+    ended = time.monotonic()
+    kube.end_pod(ns, pod["metadata"]["name"], exit_code=0)
+    wait_status(kube, ns, "q-first", lambda s: s.get("phase") == "Succeeded", "Succeeded")
+    finished = condition(workload(kube, ns, "q-first")["status"], "Finished")
+    assert finished.get("status") == "True", finished
+    wait_status(kube, ns, "q-second", admitted, "admitted once the first finished")
+    wait_learner(kube, ns, "q-second")
+    REAL_NODE_REPORT.append(
+        f"kueue: first job admitted {first_admitted}s after apply; second admitted and its "
+        f"learner created {kueue_harness.wait_seconds(ended)}s after the first ended"
+    )
+
+
+def test_a_higher_priority_job_preempts_and_the_preempted_one_resumes_unfailed(
+    kube: Kube, ns: str, operator: Operator
+) -> None:
+    low = queued_job("p-low", "preempt", priority="impala-low")
+    high = queued_job("p-high", "preempt", priority="impala-high")
+    make_queue(
+        kube, ns, "preempt", quota_for(low), preemption={"withinClusterQueue": "LowerPriority"}
+    )
+    OperatorSuite.create(kube, ns, low)
+    wait_status(kube, ns, "p-low", admitted, "admitted")
+    low_pod = wait_learner(kube, ns, "p-low")["metadata"]["name"]
+    assert workload(kube, ns, "p-low")["spec"]["priority"] == 100
+
+    started = time.monotonic()
+    OperatorSuite.create(kube, ns, high)
+    evicted = wait_status(
+        kube, ns, "p-low", lambda s: condition(s, "Admitted").get("reason") == "EvictedPreempted",
+        "evicted by the preemption",
+    )  # fmt: skip
+    wait_for(lambda: not learner_pods(kube, ns, "p-low"), timeout=60, what="p-low's pods gone")
+    wait_status(kube, ns, "p-high", admitted, "admitted after the preemption")
+    wait_learner(kube, ns, "p-high")
+    preempted_after = kueue_harness.wait_seconds(started)
+    # Stopped, not failed: no retry used, the same attempt resumes from its checkpoint later.
+    status = ij(kube, ns, "p-low")["status"]
+    assert status["phase"] == "Pending", status
+    assert status["learner"]["failures"] == 0 and status["learner"]["restarts"] == 0
+    assert "checkpoint is kept" in condition(evicted, "Admitted")["message"]
+    low_workload = workload(kube, ns, "p-low")["status"]
+    assert "admission" not in low_workload
+    assert condition(low_workload, "Requeued").get("status") == "True"
+
+    resumed = time.monotonic()
+    high_pod = learner_pods(kube, ns, "p-high")[0]["metadata"]["name"]
+    kube.end_pod(ns, high_pod, exit_code=0)
+    wait_status(kube, ns, "p-low", admitted, "readmitted once the high-priority job ended")
+    again = wait_learner(kube, ns, "p-low")
+    assert again["metadata"]["name"] == low_pod  # attempt 0 again: resumed, not retried
+    status = ij(kube, ns, "p-low")["status"]
+    assert status["learner"]["failures"] == 0
+    events = OperatorSuite.events(kube, ns, "p-low")
+    assert any("EvictedPreempted" in e for e in events) and any("Admitted" in e for e in events)
+    REAL_NODE_REPORT.append(
+        f"kueue: preemption stopped the low-priority job and started the high one in "
+        f"{preempted_after}s; readmitted {kueue_harness.wait_seconds(resumed)}s after it ended"
+    )
+
+
+def test_rollouts_are_admitted_partially_and_autoscale_within_the_admitted_count(
+    kube: Kube, ns: str, operator: Operator
+) -> None:
+    job = queued_job(
+        "partial", "partial", rollouts={"minReplicas": 1, "maxReplicas": 4, "replicas": 4}
+    )
+    make_queue(kube, ns, "partial", quota_for(job, rollouts=2))
+    OperatorSuite.create(kube, ns, job)
+    status = wait_status(kube, ns, "partial", admitted, "admitted")
+    counts = {s["name"]: s["count"] for s in status["admission"]["podSets"]}
+    assert counts == {"learner": 1, "rollout": 2}, counts
+    assert workload(kube, ns, "partial")["spec"]["podSets"][1]["minCount"] == 1
+    # The request is 4 rollouts; the quota admitted 2, which bounds them.
+    wait_for(
+        lambda: kube.get("deployment", "partial-rollout", "-n", ns)["spec"]["replicas"] == 2,
+        timeout=60, what="rollouts at the admitted count",
+    )  # fmt: skip
+    time.sleep(3)
+    assert kube.get("deployment", "partial-rollout", "-n", ns)["spec"]["replicas"] == 2
+    assert ij(kube, ns, "partial")["status"]["rollouts"]["desired"] == 2
+
+
+def test_a_missing_priority_class_is_named_and_nothing_is_queued(
+    kube: Kube, ns: str, operator: Operator
+) -> None:
+    job = queued_job("no-class", "one-job", priority="no-such-class")
+    OperatorSuite.create(kube, ns, job)
+    status = wait_status(
+        kube, ns, "no-class",
+        lambda s: "no-such-class" in condition(s, "Admitted").get("message", ""),
+        "the missing class named",
+    )  # fmt: skip
+    assert status["phase"] == "Pending"
+    assert "create it or change the label kueue.x-k8s.io/priority-class" in json.dumps(status)
+    assert learner_pods(kube, ns, "no-class") == []
