@@ -220,36 +220,9 @@ def _progress_schema() -> dict[str, Any]:
     )
 
 
-def status_schema() -> dict[str, Any]:
-    """`.status`: written only by the operator; every field is described (`kubectl explain`)."""
-    condition = _obj(
-        {
-            "type": _str(f"Condition type: {', '.join(names.CONDITION_TYPES)}."),
-            "status": _str("True, False or Unknown.", enum=["True", "False", "Unknown"]),
-            "reason": _str("One-word CamelCase reason."),
-            "message": _str("Human-readable detail."),
-            "lastTransitionTime": _time("When status last changed."),
-            "observedGeneration": _int("metadata.generation the condition describes."),
-        },
-        "A condition, as metav1.Condition.",
-        required=["type", "status", "reason", "message", "lastTransitionTime"],
-    )
-    progress = _progress_schema()
-    learner = _obj(
-        {
-            "ready": {"type": "boolean", "description": "The learner pod is Ready."},
-            "restarts": _int("Learner restarts so far (each resumes from the latest checkpoint)."),
-            "failures": _int("Restarts after the learner failed: what backoffLimit counts."),
-            "disruptions": _int(
-                "Restarts after the cluster ended the learner (eviction, preemption, node "
-                "shutdown or loss): retried without using backoffLimit."
-            ),
-            "podName": _str("Name of the current learner pod."),
-            "lastExitCode": _int("Exit code of the last learner container that ended."),
-        },
-        "The learner pod.",
-    )
-    admission = _obj(
+def _admission_schema() -> dict[str, Any]:
+    """`.status.admission`: where Kueue admitted a queued job."""
+    return _obj(
         {
             "clusterQueue": _str("The ClusterQueue that admitted the job."),
             "podSets": {
@@ -292,6 +265,38 @@ def status_schema() -> dict[str, Any]:
         "waits): its pods carry these node labels and tolerations.",
         nullable=True,
     )
+
+
+def status_schema() -> dict[str, Any]:
+    """`.status`: written only by the operator; every field is described (`kubectl explain`)."""
+    condition = _obj(
+        {
+            "type": _str(f"Condition type: {', '.join(names.CONDITION_TYPES)}."),
+            "status": _str("True, False or Unknown.", enum=["True", "False", "Unknown"]),
+            "reason": _str("One-word CamelCase reason."),
+            "message": _str("Human-readable detail."),
+            "lastTransitionTime": _time("When status last changed."),
+            "observedGeneration": _int("metadata.generation the condition describes."),
+        },
+        "A condition, as metav1.Condition.",
+        required=["type", "status", "reason", "message", "lastTransitionTime"],
+    )
+    progress = _progress_schema()
+    learner = _obj(
+        {
+            "ready": {"type": "boolean", "description": "The learner pod is Ready."},
+            "restarts": _int("Learner restarts so far (each resumes from the latest checkpoint)."),
+            "failures": _int("Restarts after the learner failed: what backoffLimit counts."),
+            "disruptions": _int(
+                "Restarts after the cluster ended the learner (eviction, preemption, node "
+                "shutdown or loss): retried without using backoffLimit."
+            ),
+            "podName": _str("Name of the current learner pod."),
+            "lastExitCode": _int("Exit code of the last learner container that ended."),
+        },
+        "The learner pod.",
+    )
+    admission = _admission_schema()
     return _obj(
         {
             "phase": _str("Lifecycle phase.", enum=PHASES),

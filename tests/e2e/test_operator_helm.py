@@ -10,6 +10,7 @@ after `kubectl apply -f manifests/`.
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections.abc import Iterator
@@ -78,6 +79,56 @@ class TestOperatorHelm(OperatorSuite):
         finally:
             for key in env:
                 OPERATOR_ENV.pop(key, None)
+            for op in replicas:
+                op.kill()
+            operator.start()
+
+    def test_sigterm_exits_zero_and_the_leader_hands_its_lease_over(
+        self, kube: Kube, ns: str, operator: Operator, operator_identity: Path,
+        tmp_path: Path,
+    ) -> None:  # fmt: skip
+        """A deleted operator pod (SIGTERM) exits 0 whether it stands by or leads, and a leader
+        releases its Lease: the standby leads at its next poll, not after the 15 s lease."""
+        operator.kill()
+        replicas = [Operator(kube, operator_identity, ns, tmp_path / f"r{i}") for i in (0, 1, 2)]
+
+        def holder() -> str:
+            got = kube.kubectl("get", "lease", "impala-operator", "-n", ns, "-o", "json",
+                               check=False)  # fmt: skip
+            if got.returncode != 0:
+                return ""
+            return str(json.loads(got.stdout)["spec"].get("holderIdentity") or "")
+
+        def leading(ops: list[Operator]) -> list[Operator]:
+            return [op for op in ops if op.proc is not None and str(op.proc.pid) in holder()]
+
+        def stop(op: Operator) -> int:
+            assert op.proc is not None
+            op.proc.send_signal(signal.SIGTERM)
+            code = op.proc.wait(timeout=60)
+            op.proc = None
+            return code
+
+        try:
+            for op in replicas[:2]:
+                op.logdir.mkdir()
+                op.start("--leader-elect")
+            (leader,) = wait_for(lambda: leading(replicas[:2]), timeout=60, what="a leader")
+            (standby,) = [op for op in replicas[:2] if op is not leader]
+            wait_for(lambda: "standing by" in standby.log_tail(200), timeout=30, what="standby")
+            assert stop(standby) == 0, standby.log_tail()
+            successor = replicas[2]
+            successor.logdir.mkdir()
+            successor.start("--leader-elect")
+            wait_for(lambda: "standing by" in successor.log_tail(200), timeout=30, what="standby")
+            t0 = time.monotonic()
+            assert stop(leader) == 0, leader.log_tail()
+            assert "released lease" in leader.log_tail(200)
+            wait_for(lambda: leading([successor]), timeout=30, what="the hand-over")
+            handover = time.monotonic() - t0
+            print(f"handover: the successor led {handover:.1f} s after the leader's SIGTERM")
+            assert handover < 12, handover  # the lease is 15 s: a release, not a lapse
+        finally:
             for op in replicas:
                 op.kill()
             operator.start()

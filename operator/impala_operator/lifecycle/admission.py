@@ -237,14 +237,21 @@ class Admission:
         if not status:
             return None
         sets = status.get("podSets") or []
+        cluster_queue = str(status.get("clusterQueue", ""))
         return cls(
             state="admitted",
             queue=queue,
-            cluster_queue=str(status.get("clusterQueue", "")),
+            cluster_queue=cluster_queue,
+            reason="Admitted",
+            message=_admitted_message(cluster_queue, queue),
             counts={s["name"]: int(s.get("count", 0)) for s in sets},
             placement={s["name"]: Placement.from_dict(s) for s in sets},
             reserved=True,
         )
+
+
+def _admitted_message(cluster_queue: str, queue: str) -> str:
+    return f"admitted by ClusterQueue {cluster_queue} (LocalQueue {queue})"
 
 
 def _condition(workload: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
@@ -315,7 +322,7 @@ def _admitted(
         queue,
         cluster_queue,
         "Admitted",
-        f"admitted by ClusterQueue {cluster_queue} (LocalQueue {queue})",
+        _admitted_message(cluster_queue, queue),
         counts,
         placement,
         reserved=True,

@@ -292,6 +292,69 @@ def _admission_status(
     return state
 
 
+def _workers(
+    plan: TickPlan,
+    job: ImpalaJob,
+    state: run_policy.JobState,
+    deployments: Mapping[str, job_status.DeploymentView | None],
+    samples: Sequence[autoscaler.MetricSample],
+    last_scale: float | None,
+    now: float,
+    settings: Settings,
+    decided: Admission | None,
+) -> tuple[int, int, float | None]:
+    """Rollout and aggregator replicas of a job whose workers run (autoscaled within what
+    Kueue admitted), recording the decision and its Events in `plan`; and the last scale time."""
+    cap = decided.cap(admission.ROLLOUT) if decided is not None else None
+    view = deployments.get("rollout")
+    decision = _rollouts(job, view, state, samples, last_scale, now, settings, cap)
+    plan.scale = decision
+    rollouts = decision.replicas
+    if decision.changed:
+        last_scale = now
+        plan.events.append(Event("Normal", decision.reason, decision.message))
+    aggregators = autoscaler.aggregator_replicas(
+        job.spec.aggregators,
+        rollout_replicas=rollouts,
+        workers_per_pod=job.spec.rollouts.workers_per_pod,
+        workers_per_aggregator=settings.rollout_workers_per_aggregator,
+    )
+    if decided is not None:
+        aggregators = min(aggregators, decided.cap(admission.AGGREGATOR) or 0)
+    aggregator_view = deployments.get("aggregator")
+    if (
+        aggregator_view is not None
+        and aggregator_view.replicas != aggregators
+        and (state.phase not in (None, "Suspended"))
+    ):
+        msg = f"aggregators {aggregator_view.replicas} -> {aggregators} for {rollouts} rollouts"
+        plan.events.append(Event("Normal", "AggregatorsScaled", msg))
+    return rollouts, aggregators, last_scale
+
+
+def _learner(
+    plan: TickPlan,
+    job: ImpalaJob,
+    uid: str,
+    attempt: int,
+    pods: Sequence[LearnerPod],
+    decided: Admission | None,
+) -> None:
+    """The learner pod of the attempt in force: created if absent, recreated if its spec
+    changed."""
+    current = next((p for p in pods if p.attempt == attempt and not p.deleting), None)
+    pod = learner_pod(job, uid, attempt, decided)
+    wanted_hash = pod["metadata"]["annotations"][job_status.SPEC_HASH_ANNOTATION]
+    if current is None:
+        plan.create.append(pod)
+    elif current.spec_hash not in (None, wanted_hash) and not current.finished:
+        # Pods are immutable: new learner resources/image/placement mean a new pod. The
+        # learner checkpoints on SIGTERM and the same attempt resumes from it.
+        plan.delete_pods.append(current.name)
+        msg = f"learner pod spec changed; recreating {current.name} from the checkpoint"
+        plan.events.append(Event("Normal", "LearnerSpecChanged", msg))
+
+
 def plan_tick(
     job: ImpalaJob,
     uid: str,
@@ -324,52 +387,19 @@ def plan_tick(
     )
     last_scale = run_policy.parse_time(status.get("lastScaleTime"))
     rollout_view, aggregator_view = deployments.get("rollout"), deployments.get("aggregator")
-
     rollouts = aggregators = 0
     if outcome.run_workers:
-        cap = decided.cap(admission.ROLLOUT) if decided is not None else None
-        decision = _rollouts(job, rollout_view, state, samples, last_scale, now, settings, cap)
-        plan.scale = decision
-        rollouts = decision.replicas
-        if decision.changed:
-            last_scale = now
-            plan.events.append(Event("Normal", decision.reason, decision.message))
-        aggregators = autoscaler.aggregator_replicas(
-            job.spec.aggregators,
-            rollout_replicas=rollouts,
-            workers_per_pod=job.spec.rollouts.workers_per_pod,
-            workers_per_aggregator=settings.rollout_workers_per_aggregator,
+        rollouts, aggregators, last_scale = _workers(
+            plan, job, state, deployments, samples, last_scale, now, settings, decided
         )
-        if decided is not None:
-            aggregators = min(aggregators, decided.cap(admission.AGGREGATOR) or 0)
-        if (
-            aggregator_view is not None
-            and aggregator_view.replicas != aggregators
-            and (state.phase not in (None, "Suspended"))
-        ):
-            msg = f"aggregators {aggregator_view.replicas} -> {aggregators} for {rollouts} rollouts"
-            plan.events.append(Event("Normal", "AggregatorsScaled", msg))
-
     for role, replicas in zip(ROLES, (rollouts, aggregators), strict=True):
         view, wanted = deployments.get(role), requested(job, role)
         if view is None and state.phase is None:
             continue  # first sight of the job: the create handler is applying it right now
         if view is None or view.replicas != replicas or view.requested != wanted:
             plan.apply.append(deployment(job, uid, role, replicas, wanted, decided))
-
-    restarts = outcome.state.restarts
-    current = next((p for p in pods if p.attempt == restarts and not p.deleting), None)
     if outcome.run_learner:
-        pod = learner_pod(job, uid, restarts, decided)
-        wanted_hash = pod["metadata"]["annotations"][job_status.SPEC_HASH_ANNOTATION]
-        if current is None:
-            plan.create.append(pod)
-        elif current.spec_hash not in (None, wanted_hash) and not current.finished:
-            # Pods are immutable: new learner resources/image/placement mean a new pod. The
-            # learner checkpoints on SIGTERM and the same attempt resumes from it.
-            plan.delete_pods.append(current.name)
-            msg = f"learner pod spec changed; recreating {current.name} from the checkpoint"
-            plan.events.append(Event("Normal", "LearnerSpecChanged", msg))
+        _learner(plan, job, uid, outcome.state.restarts, pods, decided)
     plan.delete_pods += list(outcome.delete_pods)
     plan.delete_job = outcome.delete_job
     plan.status = job_status.compute_status(

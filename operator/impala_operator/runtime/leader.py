@@ -132,6 +132,24 @@ class LeaderElection:
             time.sleep(self.retry_every)
         return False
 
+    def release(self) -> bool:
+        """Give the Lease up now (client-go's ReleaseOnCancel): an empty holder that a standby
+        takes at its next poll instead of waiting `duration` for it to lapse. True if released."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            record = self._read()
+            if record is None or record.holder != self.identity:
+                return False
+            body = self._body(time.time(), record.transitions, False, record.resource_version)
+            body["spec"].update(holderIdentity="", leaseDurationSeconds=1)
+            self._api.replace_namespaced_lease(self.name, self.namespace, body)
+        except (ApiException, OSError) as err:  # the API is gone: the Lease lapses instead
+            log.warning("releasing lease %s/%s: %s", self.namespace, self.name, err)
+            return False
+        log.info("released lease %s/%s", self.namespace, self.name)
+        return True
+
     def keep(self, on_lost: Callable[[], None], stop: threading.Event) -> threading.Thread:
         """Renew in a daemon thread; `on_lost()` once renewing has failed for `duration`."""
 

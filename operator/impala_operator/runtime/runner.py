@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,8 +41,15 @@ def current_namespace(kubeconfig: str | None) -> str:
     return "default"
 
 
-def _lead(config: Settings, api_client: object) -> None:
-    """Block until this replica holds the lease; exit the process if it ever loses it."""
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    # A standby (or a leader still starting) asked to stop has nothing to hand over: exit 0,
+    # as the kubelet expects of a pod it deletes, rather than die of the signal (exit 143).
+    raise SystemExit(0)
+
+
+def _lead(config: Settings, api_client: object) -> tuple[LeaderElection, threading.Event]:
+    """Block until this replica holds the lease; exit the process if it ever loses it. Returns
+    the election and the event that stops renewing (for the release at shutdown)."""
     identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
     election = LeaderElection(
         api_client,
@@ -69,7 +77,9 @@ def _lead(config: Settings, api_client: object) -> None:
         logging.shutdown()
         os._exit(1)
 
-    election.keep(lost, threading.Event())
+    stop = threading.Event()
+    election.keep(lost, stop)
+    return election, stop
 
 
 def _standby_health(port: int) -> ThreadingHTTPServer:
@@ -133,8 +143,11 @@ def serve(config: Settings, *, log_level: str = "info") -> None:
     handlers.register(registry, config)
     api_client = kube.load_api_client(config.kubeconfig, pool_size=config.api_concurrency)
     metrics.serve(config.metrics_port)
+    # kopf installs its own SIGTERM handling once it runs; until then a SIGTERM exits cleanly.
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    election = None
     if config.leader_elect:
-        _lead(config, api_client)
+        election = _lead(config, api_client)
     own_namespace = current_namespace(config.kubeconfig)
     memo = kopf.Memo(
         settings=config,
@@ -144,13 +157,20 @@ def serve(config: Settings, *, log_level: str = "info") -> None:
     )
     liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
     log.info("watching %s", "all namespaces" if config.all_namespaces else ", ".join(namespaces))
-    asyncio.run(
-        kopf.operator(
-            registry=registry,
-            standalone=True,
-            clusterwide=config.all_namespaces,
-            namespaces=namespaces,
-            liveness_endpoint=liveness,
-            memo=memo,
+    try:
+        asyncio.run(
+            kopf.operator(
+                registry=registry,
+                standalone=True,
+                clusterwide=config.all_namespaces,
+                namespaces=namespaces,
+                liveness_endpoint=liveness,
+                memo=memo,
+            )
         )
-    )
+    finally:
+        if election is not None:
+            # kopf has stopped every handler: hand the Lease over so a standby leads at once.
+            leader, renewing = election
+            renewing.set()
+            leader.release()

@@ -1,0 +1,67 @@
+"""Leader election's hand-over: a leader that stops releases its Lease, and a standby takes it
+at its next poll instead of after `duration` (client-go's ReleaseOnCancel)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from impala_operator.runtime.leader import LeaderElection
+
+
+class FakeLeases:
+    """CoordinationV1Api's three Lease calls over one stored Lease, with resourceVersion."""
+
+    def __init__(self) -> None:
+        self.lease: dict[str, Any] | None = None
+        self.version = 0
+
+    def read_namespaced_lease(self, name: str, namespace: str) -> Any:
+        if self.lease is None:
+            raise ApiException(status=404)
+        spec = self.lease["spec"]
+        return SimpleNamespace(
+            metadata=SimpleNamespace(resource_version=str(self.version)),
+            spec=SimpleNamespace(
+                holder_identity=spec.get("holderIdentity"),
+                renew_time=None,
+                lease_duration_seconds=spec.get("leaseDurationSeconds"),
+                lease_transitions=spec.get("leaseTransitions"),
+            ),
+        )
+
+    def create_namespaced_lease(self, namespace: str, body: dict[str, Any]) -> None:
+        self.lease, self.version = body, 1
+
+    def replace_namespaced_lease(self, name: str, namespace: str, body: dict[str, Any]) -> None:
+        if body["metadata"].get("resourceVersion") != str(self.version):
+            raise ApiException(status=409)
+        self.lease, self.version = body, self.version + 1
+
+
+def _election(leases: FakeLeases, identity: str) -> LeaderElection:
+    election = LeaderElection(None, "ns", "impala-operator", identity, duration=15.0)
+    election._api = leases  # type: ignore[assignment]
+    return election
+
+
+def test_a_released_lease_is_taken_at_once_by_a_standby() -> None:
+    leases = FakeLeases()
+    leader, standby = _election(leases, "a"), _election(leases, "b")
+    assert leader.try_acquire_or_renew()
+    assert not standby.try_acquire_or_renew()  # held and fresh: the standby waits
+    assert leader.release()
+    assert leases.lease is not None and leases.lease["spec"]["holderIdentity"] == ""
+    assert standby.try_acquire_or_renew()  # no 15 s wait for the lease to lapse
+    assert leases.lease["spec"]["holderIdentity"] == "b"
+
+
+def test_only_the_holder_releases() -> None:
+    leases = FakeLeases()
+    leader, standby = _election(leases, "a"), _election(leases, "b")
+    assert leader.try_acquire_or_renew()
+    assert not standby.release()
+    assert leases.lease is not None and leases.lease["spec"]["holderIdentity"] == "a"
+    assert not _election(FakeLeases(), "c").release()  # no Lease at all
