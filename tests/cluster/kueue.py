@@ -27,9 +27,8 @@ import os
 import signal
 import subprocess
 import threading
-import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -216,40 +215,3 @@ def tail(path: Path, lines: int = 60) -> str:
     if not path.exists():
         return ""
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
-def cluster_queue(
-    name: str,
-    flavor: str,
-    quota: Mapping[str, str],
-    *,
-    preemption: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A ClusterQueue with one flavor's nominal quota for `quota`'s resources."""
-    resources = sorted(quota)
-    spec: dict[str, Any] = {
-        "namespaceSelector": {},
-        "resourceGroups": [
-            {
-                "coveredResources": resources,
-                "flavors": [
-                    {
-                        "name": flavor,
-                        "resources": [{"name": r, "nominalQuota": quota[r]} for r in resources],
-                    }
-                ],
-            }
-        ],
-    }
-    if preemption:
-        spec["preemption"] = dict(preemption)
-    return {
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "ClusterQueue",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
-
-
-def wait_seconds(start: float) -> float:
-    return round(time.monotonic() - start, 1)

@@ -18,10 +18,11 @@ import pytest
 
 from cluster import Kube, build_binaries, wait_for
 from cluster import kueue as kueue_harness
-from impala_api.manifest import parse_manifest
 from impala_operator.lifecycle import admission
+from tests.support import queues
 from tests.support.jobs import job_manifest
 from tests.support.operator_suite import Operator, OperatorSuite
+from tests.support.queues import admitted
 
 from .conftest import REAL_NODE_REPORT
 
@@ -44,43 +45,14 @@ ij = OperatorSuite.ij
 condition = OperatorSuite.condition
 
 
-def _cpu_millis(value: str) -> int:
-    return int(value[:-1]) if value.endswith("m") else int(float(value) * 1000)
-
-
-def _mebibytes(value: str) -> int:
-    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
-    for suffix, factor in units.items():
-        if value.endswith(suffix):
-            return int(float(value[: -len(suffix)]) * factor)
-    return int(value) // 2**20
-
-
-def quota_for(manifest: Mapping[str, Any], rollouts: int | None = None) -> dict[str, str]:
-    """CPU and memory of one job's pods: its learner and `rollouts` rollout pods (default: its
-    maximum), as Kueue counts them (every container's requests, native sidecars included)."""
-    with_namespace = {**manifest, "metadata": {**manifest["metadata"], "namespace": "q"}}
-    job = parse_manifest(with_namespace, source="test")
-    cpu = mem = 0
-    for pod_set in admission.pod_sets(job, "uid", workers_per_aggregator=4):
-        count = pod_set["count"] if pod_set["name"] != "rollout" or rollouts is None else rollouts
-        spec = pod_set["template"]["spec"]
-        for c in [*spec.get("containers", []), *spec.get("initContainers", [])]:
-            requests = (c.get("resources") or {}).get("requests") or {}
-            cpu += count * _cpu_millis(str(requests.get("cpu", "0")))
-            mem += count * _mebibytes(str(requests.get("memory", "0")))
-    return {"cpu": f"{cpu}m", "memory": f"{mem}Mi"}
-
-
 def queued_job(
     name: str, queue: str, *, priority: str | None = None, **sections: Any
 ) -> dict[str, Any]:
-    manifest = job_manifest(name, JOB, **sections)
-    labels = {admission.QUEUE_LABEL: queue}
-    if priority:
-        labels[admission.PRIORITY_LABEL] = priority
-    manifest["metadata"]["labels"] = labels
-    return manifest
+    return queues.queued(job_manifest(name, JOB, **sections), queue, priority)
+
+
+def seconds_since(start: float) -> float:
+    return round(time.monotonic() - start, 1)
 
 
 @pytest.fixture(scope="module")
@@ -88,24 +60,9 @@ def kueue(kube: Kube) -> Iterator[None]:
     if not kube.is_local:
         pytest.skip("runs Kueue beside the local control plane")
     with kueue_harness.running(kube, build_binaries(), kube.workdir / "kueue"):
-        kube.apply(
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "ResourceFlavor",
-                "metadata": {"name": FLAVOR},
-                "spec": {"nodeLabels": {"type": "kwok"}, "tolerations": [TOLERATION]},
-            }
-        )
+        kube.apply(queues.resource_flavor(FLAVOR, {"type": "kwok"}, tolerations=[TOLERATION]))
         for name, value in (("impala-low", 100), ("impala-high", 1000)):
-            kube.apply(
-                {
-                    "apiVersion": "kueue.x-k8s.io/v1beta2",
-                    "kind": "WorkloadPriorityClass",
-                    "metadata": {"name": name},
-                    "value": value,
-                    "description": "e2e",
-                }
-            )
+            kube.apply(queues.priority_class(name, value))
         yield
 
 
@@ -130,15 +87,8 @@ def operator(kube: Kube, ns: str, tmp_path_factory: pytest.TempPathFactory) -> I
 
 def make_queue(kube: Kube, ns: str, name: str, quota: Mapping[str, str], **extra: Any) -> str:
     """ClusterQueue `name` with `quota` on the kwok flavor and LocalQueue `name` in `ns`."""
-    kube.apply(kueue_harness.cluster_queue(name, FLAVOR, quota, **extra))
-    kube.apply(
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "LocalQueue",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"clusterQueue": name},
-        }
-    )
+    kube.apply(queues.cluster_queue(name, FLAVOR, quota, **extra))
+    kube.apply(queues.local_queue(name, ns, name))
     return name
 
 
@@ -154,11 +104,6 @@ def workload(kube: Kube, ns: str, job: str) -> dict[str, Any]:
     return result
 
 
-def admitted(status: Mapping[str, Any]) -> bool:
-    cond = condition(dict(status), "Admitted")
-    return bool(cond) and cond.get("status") == "True"
-
-
 def wait_learner(kube: Kube, ns: str, job: str, timeout: float = 60) -> dict[str, Any]:
     pods: dict[str, Any] = wait_for(
         lambda: (learner_pods(kube, ns, job) or [None])[0], timeout=timeout, interval=0.5,
@@ -171,7 +116,7 @@ def test_a_full_queue_holds_the_second_job_until_the_first_finishes(
     kube: Kube, ns: str, operator: Operator
 ) -> None:
     first, second = queued_job("q-first", "one-job"), queued_job("q-second", "one-job")
-    queue = make_queue(kube, ns, "one-job", quota_for(first))
+    queue = make_queue(kube, ns, "one-job", queues.quota_for(first))
     started = time.monotonic()
     OperatorSuite.create(kube, ns, first)
     status = wait_status(kube, ns, "q-first", admitted, "admitted by Kueue")
@@ -182,7 +127,7 @@ def test_a_full_queue_holds_the_second_job_until_the_first_finishes(
     assert TOLERATION in pod["spec"]["tolerations"]
     rollout = kube.get("deployment", "q-first-rollout", "-n", ns)["spec"]["template"]["spec"]
     assert rollout["nodeSelector"]["type"] == "kwok"
-    first_admitted = kueue_harness.wait_seconds(started)
+    first_admitted = seconds_since(started)
 
     OperatorSuite.create(kube, ns, second)
     held = wait_status(
@@ -205,7 +150,7 @@ def test_a_full_queue_holds_the_second_job_until_the_first_finishes(
     wait_learner(kube, ns, "q-second")
     REAL_NODE_REPORT.append(
         f"kueue: first job admitted {first_admitted}s after apply; second admitted and its "
-        f"learner created {kueue_harness.wait_seconds(ended)}s after the first ended"
+        f"learner created {seconds_since(ended)}s after the first ended"
     )
 
 
@@ -215,7 +160,11 @@ def test_a_higher_priority_job_preempts_and_the_preempted_one_resumes_unfailed(
     low = queued_job("p-low", "preempt", priority="impala-low")
     high = queued_job("p-high", "preempt", priority="impala-high")
     make_queue(
-        kube, ns, "preempt", quota_for(low), preemption={"withinClusterQueue": "LowerPriority"}
+        kube,
+        ns,
+        "preempt",
+        queues.quota_for(low),
+        preemption={"withinClusterQueue": "LowerPriority"},
     )
     OperatorSuite.create(kube, ns, low)
     wait_status(kube, ns, "p-low", admitted, "admitted")
@@ -231,7 +180,7 @@ def test_a_higher_priority_job_preempts_and_the_preempted_one_resumes_unfailed(
     wait_for(lambda: not learner_pods(kube, ns, "p-low"), timeout=60, what="p-low's pods gone")
     wait_status(kube, ns, "p-high", admitted, "admitted after the preemption")
     wait_learner(kube, ns, "p-high")
-    preempted_after = kueue_harness.wait_seconds(started)
+    preempted_after = seconds_since(started)
     # Stopped, not failed: no retry used, the same attempt resumes from its checkpoint later.
     status = ij(kube, ns, "p-low")["status"]
     assert status["phase"] == "Pending", status
@@ -253,7 +202,7 @@ def test_a_higher_priority_job_preempts_and_the_preempted_one_resumes_unfailed(
     assert any("EvictedPreempted" in e for e in events) and any("Admitted" in e for e in events)
     REAL_NODE_REPORT.append(
         f"kueue: preemption stopped the low-priority job and started the high one in "
-        f"{preempted_after}s; readmitted {kueue_harness.wait_seconds(resumed)}s after it ended"
+        f"{preempted_after}s; readmitted {seconds_since(resumed)}s after it ended"
     )
 
 
@@ -263,7 +212,7 @@ def test_rollouts_are_admitted_partially_and_autoscale_within_the_admitted_count
     job = queued_job(
         "partial", "partial", rollouts={"minReplicas": 1, "maxReplicas": 4, "replicas": 4}
     )
-    make_queue(kube, ns, "partial", quota_for(job, rollouts=2))
+    make_queue(kube, ns, "partial", queues.quota_for(job, rollouts=2))
     OperatorSuite.create(kube, ns, job)
     status = wait_status(kube, ns, "partial", admitted, "admitted")
     counts = {s["name"]: s["count"] for s in status["admission"]["podSets"]}

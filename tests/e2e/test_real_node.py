@@ -21,12 +21,14 @@ from typing import Any
 
 import pytest
 
-from cluster import Kube, wait_for
+from cluster import Kube, build_binaries, wait_for
+from cluster import kueue as kueue_harness
 from cluster.controlplane import SERVICE_CIDR
 from cluster.node import HOST_IP, NODE_NAME, RealNode
 from cluster.s3 import S3Server
 from impala_api.names import STATUS_ACCESS_LABEL
 from impala_api.roles import STATUS_PORT, RayPorts
+from tests.support import queues
 from tests.support.jobs import EXAMPLES, example_manifest, static_volume
 
 from .conftest import REAL_NODE_REPORT
@@ -278,6 +280,12 @@ def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
         log(f"learner pod {phase} {time.monotonic() - t_done:.0f} s after the job")
         assert phase == "Succeeded"
         assert "reached after" in impalajob(kube, "logs", "cartpole", "-n", ns)
+        # cleanPodPolicy scaled the rollouts to 0: status says so once they are gone (it once kept
+        # `ready: 1` with desired 0, `kubectl get ij` ROLLOUTS 1/0).
+        wait_for(
+            lambda: job_status(kube, ns, "cartpole")["rollouts"]["summary"] == "0/0",
+            timeout=120, interval=2, what="ROLLOUTS 0/0 after the job",
+        )  # fmt: skip
 
         # The job still answers once it is over (its sidecar has gone with the learner's
         # containers): the final status from the CR, and the results on the claim.
@@ -779,3 +787,87 @@ def test_aggregator_variant_trains_and_resumes_from_the_store(
                                       "--json", env=creds, timeout=300))  # fmt: skip
         log(f"impalajob evaluate cartpole (from the store): {played['episode_return_mean']}")
         assert played["episode_return_mean"] >= 450, played
+
+
+@pytest.fixture
+def kueue_on_node(real_kube: Kube) -> Iterator[None]:
+    """Kueue beside the control plane (tests/cluster/kueue.py), its flavor the real node; only
+    for the test that needs it, so no other test's pods pass its webhooks."""
+    with kueue_harness.running(real_kube, build_binaries(), real_kube.workdir / "kueue"):
+        real_kube.apply(queues.resource_flavor("node", {"kubernetes.io/hostname": NODE_NAME}))
+        for name, value in (("low", 100), ("high", 1000)):
+            real_kube.apply(queues.priority_class(name, value))
+        yield
+
+
+def test_a_preempted_job_resumes_from_its_checkpoint_unfailed(
+    real_kube: Kube, operator: None, kueue_on_node: None
+) -> None:
+    """Kueue admits a job; a higher-priority one preempts it: its learner checkpoints on SIGTERM
+    and its pods go, the other trains to the end, then the first is readmitted and its same
+    attempt resumes from the checkpoint on its claim, with no failure or disruption counted."""
+    kube = real_kube
+    with kube.namespace("queued") as ns:
+        checkpoints = checkpoint_claim(kube, ns, "low-checkpoints")
+
+        def job(name: str, priority: str, **sections: Any) -> dict[str, Any]:
+            manifest = example_manifest(
+                "cartpole", name=name, namespace=ns,
+                learner={"resources": {"requests": {"cpu": "200m"}}},
+                rollouts={"minReplicas": 1, "maxReplicas": 1, "autoscaling": {"enabled": False},
+                          "resources": {"requests": {"cpu": "200m"}}},
+                **sections,
+            )  # fmt: skip
+            del manifest["spec"]["stop"]["episodeReturnMean"]
+            if name != "low":  # only the preempted job keeps a claim: its checkpoints
+                del manifest["spec"]["checkpoint"]
+            return queues.queued(manifest, "queued", priority)
+
+        low = job(
+            "low", "low",
+            checkpoint={"volumeClaim": "low-checkpoints", "intervalSeconds": CHECKPOINT_SECONDS},
+            stop={"timeLimitSeconds": 60},
+        )  # fmt: skip
+        high = job("high", "high", stop={"timeLimitSeconds": 15})
+        preempt = {"preemption": {"withinClusterQueue": "LowerPriority"}}
+        kube.apply(queues.cluster_queue("queued", "node", queues.quota_for(low), **preempt))
+        kube.apply(queues.local_queue("queued", ns, "queued"))
+        kube.apply(low)
+        with diagnosed(kube, ns):
+            wait_for(lambda: newest_checkpoint(checkpoints)[0] > 0, timeout=300, interval=2,
+                     what="the low-priority job's first checkpoint")  # fmt: skip
+            t0 = time.monotonic()
+            kube.apply(high)
+            wait_for(
+                lambda: queues.condition(job_status(kube, ns, "low"), "Admitted").get("reason")
+                == "EvictedPreempted",
+                timeout=60, interval=1, what="the preemption",
+            )  # fmt: skip
+            wait_for(lambda: not kube.pods(ns, "app.kubernetes.io/instance=low"), timeout=180,
+                     interval=2, what="the low-priority job's pods gone")  # fmt: skip
+            stopped = time.monotonic() - t0
+            at_stop = newest_checkpoint(checkpoints)[0]
+            log(f"kueue: low preempted and its pods gone {stopped:.0f} s after the high-priority "
+                f"job's apply; its newest checkpoint holds {at_stop} steps")  # fmt: skip
+            st = wait_finished(kube, ns, "high", timeout=400)
+            assert st["phase"] == "Succeeded", diagnose(kube, ns)
+            t1 = time.monotonic()
+            wait_for(lambda: queues.admitted(job_status(kube, ns, "low")), timeout=120,
+                     interval=1, what="the low-priority job readmitted")  # fmt: skip
+
+            def resumed() -> int:
+                if not running_pods(kube, ns, "learner"):
+                    return 0
+                counters = status_counters(kube, ns, "low")
+                return int(counters["num_env_steps_sampled"]) if counters else 0
+
+            first = wait_for(resumed, timeout=300, interval=3, what="low training again")
+            log(f"kueue: low readmitted and training {time.monotonic() - t1:.0f} s after high "
+                f"ended, from {first} steps")  # fmt: skip
+            assert first >= at_stop > 0
+            st = wait_finished(kube, ns, "low", timeout=400)
+        assert st["phase"] == "Succeeded", diagnose(kube, ns)
+        learner = st["learner"]
+        assert (learner["restarts"], learner["failures"], learner["disruptions"]) == (0, 0, 0)
+        workload = kube.get("workloads.kueue.x-k8s.io", "impalajob-low", "-n", ns)
+        assert queues.condition(workload["status"], "Finished").get("status") == "True"
