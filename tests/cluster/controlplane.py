@@ -159,6 +159,9 @@ class ControlPlane:
     kube: Kube | None = None
     node: RealNode | None = None
     """The real node, when started with `real_node=True`."""
+    audit: bool = False
+    """Write the API server's audit log (every request's user, verb and resource, no bodies) to
+    `<workdir>/audit.log`: how the operator benchmark counts a client's API calls."""
     _stopped: bool = False
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -175,6 +178,7 @@ class ControlPlane:
         real_node: bool = False,
         images: Sequence[Path] = (),
         taint_real_node: bool = True,
+        audit: bool = False,
     ) -> Iterator[Kube]:
         """Start everything, yield a `Kube` for it, and tear it all down afterwards.
 
@@ -187,7 +191,11 @@ class ControlPlane:
         if keep_workdir is None:
             keep_workdir = os.environ.get("IMPALA_E2E_KEEP", "") not in ("", "0")
         cp = cls(
-            bin_dir=bin_dir, workdir=workdir, nodes=nodes or NodeSpec(), keep_workdir=keep_workdir
+            bin_dir=bin_dir,
+            workdir=workdir,
+            nodes=nodes or NodeSpec(),
+            keep_workdir=keep_workdir,
+            audit=audit,
         )
         if real_node:
             problems = missing_prerequisites()
@@ -473,11 +481,27 @@ class ControlPlane:
                 f"--service-account-key-file={pki.sa_pub}",
                 f"--service-account-signing-key-file={pki.sa_key}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
+                *self._audit_flags(),
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",
             ],
         )
+
+    def _audit_flags(self) -> list[str]:
+        if not self.audit:
+            return []
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n"
+            "rules:\n- level: Metadata\n"
+        )
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.workdir / 'audit.log'}",
+            "--audit-log-format=json",
+            "--audit-log-maxsize=0",
+        ]
 
     def _start_controller_manager(self, pki: ClusterPKI, kubeconfig: Path) -> None:
         self._spawn(

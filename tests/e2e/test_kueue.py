@@ -241,3 +241,60 @@ def test_a_missing_priority_class_is_named_and_nothing_is_queued(
     assert status["phase"] == "Pending"
     assert "create it or change the label kueue.x-k8s.io/priority-class" in json.dumps(status)
     assert learner_pods(kube, ns, "no-class") == []
+
+
+def test_many_jobs_share_a_queue_and_none_starves(kube: Kube, ns: str, operator: Operator) -> None:
+    """24 jobs on a queue with room for 6 at a time: each runs when its turn comes (Kueue's FIFO
+    within a priority), finishes, and hands its quota on; all 24 succeed, none waits forever.
+    (200 jobs are the benchmark's: bench/operator_queue.py, docs/benchmarks.md "Operator".)"""
+    jobs = [queued_job(f"many-{i:02d}", "many") for i in range(24)]
+    make_queue(kube, ns, "many", {k: _times(v, 6) for k, v in queues.quota_for(jobs[0]).items()})
+    started = time.monotonic()
+    kube.kubectl(
+        "apply",
+        "-n",
+        ns,
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": jobs}),
+    )
+    names = [j["metadata"]["name"] for j in jobs]
+    admitted_at: dict[str, float] = {}
+    done: set[str] = set()
+    most_running = 0
+
+    def step() -> bool:
+        nonlocal most_running
+        running = 0
+        for item in kube.get("ij", "-n", ns)["items"]:
+            name, status = item["metadata"]["name"], item.get("status") or {}
+            if name not in names:
+                continue
+            if admitted(status) and name not in admitted_at:
+                admitted_at[name] = time.monotonic() - started
+            if status.get("phase") == "Succeeded":
+                done.add(name)
+            elif status.get("phase") == "Running":
+                running += 1
+                # A job that runs is ended at once (its learner exits 0): the queue turns over.
+                for pod in learner_pods(kube, ns, name):
+                    kube.end_pod(ns, pod["metadata"]["name"], exit_code=0)
+        most_running = max(most_running, running)
+        return len(done) == len(names)
+
+    wait_for(step, timeout=600, interval=1, what="all 24 jobs to succeed")
+    assert most_running <= 6, most_running  # never more than the quota holds
+    order = sorted(admitted_at, key=admitted_at.__getitem__)
+    # First come, first served: no job is overtaken by one created a wave (6 jobs) after it.
+    assert all(abs(order.index(n) - i) < 6 for i, n in enumerate(names)), order
+    REAL_NODE_REPORT.append(
+        f"kueue: 24 jobs through a 6-job quota in {seconds_since(started)}s; last admitted "
+        f"{max(admitted_at.values()):.1f}s after the apply"
+    )
+
+
+def _times(quantity: str, factor: int) -> str:
+    """A CPU (`NNNm`) or memory (`NNNMi`) quantity times `factor`."""
+    number = int(quantity.rstrip("miM").rstrip("M"))
+    unit = quantity[len(str(number)) :]
+    return f"{number * factor}{unit}"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from impala_api.snapshot import HistoryPoint, StatusSnapshot, Summary
@@ -14,9 +16,11 @@ from impala_trainer.learning.learner import Learner
 from impala_trainer.rollouts.worker import RolloutWorker
 from impala_trainer.rundir.checkpoint import (
     DriverState,
+    Restored,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    load_newest_readable,
     save_checkpoint,
 )
 from impala_trainer.rundir.writer import RunDir
@@ -122,3 +126,60 @@ def test_checkpoints_at_a_claims_root_are_adopted(tmp_path: Path) -> None:
     adopted = latest_checkpoint(run.checkpoints)
     assert adopted is not None and load_checkpoint(adopted)[1].iteration == 7
     assert run.adopt_root_checkpoints() == []  # once
+
+
+def _three_checkpoints(tmp_path: Path) -> tuple[Path, Learner]:
+    learner = _trained_learner()
+    ckpts = tmp_path / "checkpoints"
+    for steps in (100, 200, 300):
+        state = DriverState(counters={"num_env_steps_sampled": steps})
+        save_checkpoint(ckpts, learner.state_dict(), state, keep=5)
+    return ckpts, learner
+
+
+def test_a_truncated_newest_checkpoint_is_set_aside_and_the_one_before_it_used(
+    tmp_path: Path,
+) -> None:
+    ckpts, _ = _three_checkpoints(tmp_path)
+    newest = latest_checkpoint(ckpts)
+    assert newest is not None
+    data = (newest / "learner.pt").read_bytes()
+    (newest / "learner.pt").write_bytes(data[: len(data) // 2])  # the volume lost the tail
+    restored = load_newest_readable(ckpts)
+    assert isinstance(restored, Restored)
+    assert restored.path.name == "ckpt-000002"
+    assert restored.state.counters["num_env_steps_sampled"] == 200
+    assert len(restored.skipped) == 1 and restored.skipped[0].startswith("ckpt-000003 (")
+    # Set aside, not deleted, and never picked again; the next save does not collide with it.
+    assert (ckpts / ".corrupt-ckpt-000003").is_dir()
+    assert [p.name for p in list_checkpoints(ckpts)] == ["ckpt-000001", "ckpt-000002"]
+    save_checkpoint(ckpts, restored.learner_state, restored.state, keep=5)
+    assert latest_checkpoint(ckpts) == ckpts / "ckpt-000003"
+
+
+def test_no_readable_checkpoint_gives_the_reasons(tmp_path: Path) -> None:
+    ckpts, _ = _three_checkpoints(tmp_path)
+    for path in list_checkpoints(ckpts):
+        (path / "state.json").write_text('{"counters": ')  # cut mid-write
+    reasons = load_newest_readable(ckpts)
+    assert isinstance(reasons, tuple) and len(reasons) == 3
+    assert "JSONDecodeError" in reasons[0]
+    assert load_newest_readable(tmp_path / "none") is None
+
+
+def test_a_full_volume_fails_the_write_and_keeps_the_older_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ckpts, learner = _three_checkpoints(tmp_path)
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(ckpts, learner.state_dict(), DriverState(), keep=2)
+    # Nothing pruned, no half checkpoint left behind.
+    assert [p.name for p in list_checkpoints(ckpts)] == [
+        "ckpt-000001", "ckpt-000002", "ckpt-000003",
+    ]  # fmt: skip
+    assert not list(ckpts.glob(".tmp-ckpt-*"))

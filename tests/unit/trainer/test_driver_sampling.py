@@ -229,3 +229,51 @@ def test_a_whole_run_in_process_trains_and_writes_its_run_directory(tmp_path: Pa
     summary = json.loads(run_dir.summary_file.read_text())
     assert summary["phase"] == "Succeeded" and summary["timesteps"] >= 2_000
     assert list(run_dir.checkpoints.glob("*")), "the final checkpoint is written"
+
+
+def test_a_run_on_a_full_volume_trains_on_and_resumes_from_the_last_good_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Checkpoint writes fail with ENOSPC for a while: the run goes on and says so; then the
+    newest checkpoint is truncated on disk: the next run says so and resumes from the one
+    before it."""
+    import errno
+
+    import impala_trainer.driver.base as base_mod
+    from impala_trainer.rundir import checkpoint as ckpt_mod
+
+    job = _job(learnerQueueSize=4)
+    job.spec.stop.timesteps = 2_000
+    object.__setattr__(job.spec.checkpoint, "interval_seconds", 0)  # every iteration tries one
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.prepare(job)
+    real_save, failures = ckpt_mod.save_checkpoint, []
+
+    def flaky_save(*args: Any, **kwargs: Any) -> Path:
+        if len(failures) < 3:
+            failures.append(1)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(base_mod, "save_checkpoint", flaky_save)
+    driver = build_driver(job, run_dir, LocalBackend(rollout_units=2), Wiring(rollout_workers=2))
+    result = driver.run()
+    assert result.phase == "Succeeded", result.message
+    assert "checkpoint not written (No space left on device)" in caplog.text
+    saved = ckpt_mod.list_checkpoints(run_dir.checkpoints)
+    assert len(saved) >= 2
+
+    newest = saved[-1]
+    (newest / "learner.pt").write_bytes((newest / "learner.pt").read_bytes()[:100])
+    before = json.loads((saved[-2] / "state.json").read_text())["counters"]
+    job.spec.stop.timesteps = 4_000
+    again = build_driver(
+        job, run_dir, LocalBackend(rollout_units=2), Wiring(rollout_workers=2, resume=True)
+    )
+    caplog.clear()
+    lines = len(run_dir.history_file.read_text().splitlines())
+    assert again.run().phase == "Succeeded"
+    assert f"resumed from {saved[-2].name}, the newest readable checkpoint" in caplog.text
+    # The resumed run's first point is the older checkpoint's counters.
+    first = json.loads(run_dir.history_file.read_text().splitlines()[lines])
+    assert first["env_steps"] == before["num_env_steps_sampled"]

@@ -36,8 +36,8 @@ from impala_trainer.driver.membership import ElasticMembership
 from impala_trainer.learning.learner import Learner
 from impala_trainer.rollouts.envs import env_spaces
 from impala_trainer.rundir.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
+    Restored,
+    load_newest_readable,
     save_checkpoint,
     save_policy_checkpoint,
 )
@@ -100,6 +100,7 @@ class Driver:
         self._last_checkpoint = time.monotonic()
         self._last_nodes = float("-inf")
         self._started = False
+        self._write_failing = False
         # spec.evaluation: its schedule (made in _setup, from the resumed counters), actors and
         # the round in flight.
         self.evaluations: EvaluationSchedule | None = None
@@ -135,26 +136,38 @@ class Driver:
 
     def _setup(self) -> None:
         new_actors = self.manager.ensure_targets()
-        ckpt = latest_checkpoint(self.run_dir.checkpoints) if self.resume else None
-        if ckpt is not None:
-            learner_state, state = load_checkpoint(ckpt)
-            self.learner.load_state_dict(learner_state)
-            self.stats = RunStats(self.job.name, self.spec.stop, state)
-            self.stats.checkpoint = CheckpointInfo(
-                path=str(ckpt.relative_to(self.run_dir.path)),
-                time=ckpt.stat().st_mtime,
-                num_env_steps_sampled=self.stats.counters.num_env_steps_sampled,
-            )
+        restored = load_newest_readable(self.run_dir.checkpoints) if self.resume else None
+        message = ""
+        if isinstance(restored, tuple):
+            message = f"no checkpoint could be read ({'; '.join(restored)}): starting afresh"
+            logger.error(message)
+        elif restored is not None:
+            self._restore(restored)
+            if restored.skipped:
+                message = (
+                    f"resumed from {restored.path.name}, the newest readable checkpoint; set "
+                    f"aside: {'; '.join(restored.skipped)}"
+                )
+                logger.warning(message)
         if self.spec.evaluation is not None:
             self.evaluations = EvaluationSchedule(self.spec.evaluation, self.stats.evaluation)
         self.learner.global_timestep = self.stats.counters.num_env_steps_trained
         self.stats.counters.policy_version = self.learner.policy_version
         # The first snapshot shows the restored counters before anything new is sampled.
-        self._report(force=True, phase="Starting")
+        self._report(force=True, phase="Starting", message=message)
         self._started = True
         for actor in new_actors:
             self.on_new_actor(actor)
         self._begin()
+
+    def _restore(self, restored: Restored) -> None:
+        self.learner.load_state_dict(restored.learner_state)
+        self.stats = RunStats(self.job.name, self.spec.stop, restored.state)
+        self.stats.checkpoint = CheckpointInfo(
+            path=str(restored.path.relative_to(self.run_dir.path)),
+            time=restored.path.stat().st_mtime,
+            num_env_steps_sampled=self.stats.counters.num_env_steps_sampled,
+        )
 
     def _maintain(self) -> None:
         self.manager.poll()
@@ -172,12 +185,19 @@ class Driver:
         if now - self._last_checkpoint >= self.spec.checkpoint.interval_seconds:
             self._checkpoint()
 
-    def _report(self, force: bool = False, phase: RunPhase = "Running") -> None:
+    def _report(self, force: bool = False, phase: RunPhase = "Running", message: str = "") -> None:
         if not force and not self.run_dir.status_due():
             return
-        snap = self._snapshot(phase)
-        self.run_dir.write_status(snap, force=True)
-        self.run_dir.append_history(self.stats.history_point(), force=force)
+        snap = self._snapshot(phase, message or None)
+        try:
+            self.run_dir.write_status(snap, force=True)
+            self.run_dir.append_history(self.stats.history_point(), force=force)
+        except OSError as exc:  # a full volume: the sidecar serves the last status meanwhile
+            if not self._write_failing:
+                logger.error("status not written (%s); training goes on", exc.strerror or exc)
+            self._write_failing = True
+        else:
+            self._write_failing = False
         if self.on_report is not None:
             self.on_report(snap)
 
@@ -191,12 +211,21 @@ class Driver:
 
     def _checkpoint(self) -> None:
         self._last_checkpoint = time.monotonic()
-        path = save_checkpoint(
-            self.run_dir.checkpoints,
-            self.learner.state_dict(),
-            self.stats.driver_state(),
-            self.spec.checkpoint.keep,
-        )
+        try:
+            path = save_checkpoint(
+                self.run_dir.checkpoints,
+                self.learner.state_dict(),
+                self.stats.driver_state(),
+                self.spec.checkpoint.keep,
+            )
+        except OSError as exc:  # a full or failing volume: train on, try again next interval
+            kept = self.stats.checkpoint.path if self.stats.checkpoint else "none yet"
+            logger.error(
+                "checkpoint not written (%s) under %s; the last good one stays (%s); "
+                "training goes on and the next interval tries again",
+                exc.strerror or exc, self.run_dir.checkpoints, kept,
+            )  # fmt: skip
+            return
         self.stats.checkpoint = CheckpointInfo(
             path=str(path.relative_to(self.run_dir.path)),
             time=time.time(),

@@ -5,11 +5,16 @@ episode-return window, accumulated wall seconds). A checkpoint is written into a
 directory and renamed into place, so a crash mid-write never leaves a half checkpoint that
 `latest_checkpoint` would pick. No RNG state is saved: a resumed run continues the counters and
 the learning, not the exact random streams.
+
+A checkpoint that cannot be read back (a volume that lost its last writes, a truncated file) is
+moved aside as `.corrupt-ckpt-<seq>` and the next older one is used (`load_newest_readable`);
+a write that fails (a full volume) leaves the older checkpoints as they were.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -23,6 +28,8 @@ import torch
 LEARNER_FILE = "learner.pt"
 STATE_FILE = "state.json"
 _NAME = re.compile(r"^ckpt-(\d{6,})$")
+CORRUPT_PREFIX = ".corrupt-"
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -133,3 +140,32 @@ def load_checkpoint(path: Path) -> tuple[dict[str, Any], DriverState]:
     raw = json.loads((path / STATE_FILE).read_text())
     known = {k: v for k, v in raw.items() if k in DriverState.__dataclass_fields__}
     return learner_state, DriverState(**known)
+
+
+@dataclass
+class Restored:
+    """The newest checkpoint that could be read, and the newer ones that could not."""
+
+    path: Path
+    learner_state: dict[str, Any]
+    state: DriverState
+    skipped: list[str] = field(default_factory=list)
+    """"ckpt-000005 (why)" for each unreadable checkpoint set aside, newest first."""
+
+
+def load_newest_readable(checkpoint_dir: Path) -> Restored | tuple[str, ...] | None:
+    """The newest checkpoint that loads, newer unreadable ones moved aside (so nothing picks
+    them again, and they stay for a post-mortem); None when there was none, or the reasons when
+    none could be read."""
+    skipped: list[str] = []
+    for path in reversed(list_checkpoints(checkpoint_dir)):
+        try:
+            learner_state, state = load_checkpoint(path)
+        except Exception as exc:  # truncated zip, bad JSON, a short read: the next one, then
+            why = f"{path.name} ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+            skipped.append(why)
+            logger.warning("checkpoint %s cannot be read; trying the one before it", why)
+            os.rename(path, path.with_name(CORRUPT_PREFIX + path.name))
+            continue
+        return Restored(path, learner_state, state, skipped)
+    return tuple(skipped) if skipped else None
