@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ _TESTS = Path(__file__).resolve().parents[1]
 if str(_TESTS) not in sys.path:
     sys.path.insert(0, str(_TESTS))
 
+from cluster import wait_for  # noqa: E402
 from cluster.s3 import S3Server  # noqa: E402
 
 EXAMPLE = "manifests/examples/cartpole.yaml"
@@ -201,3 +203,31 @@ def test_train_resumes_on_another_machine_from_the_store(tmp_path: Path, s3_env:
     assert history[:first_lines] == _history(tmp_path / "a")  # the curve came down
     assert history[first_lines]["env_steps"] == summary["timesteps"]  # resumed, not restarted
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["timesteps"] >= 16000
+
+
+def test_a_store_that_goes_down_gets_everything_once_it_is_back(
+    tmp_path: Path, s3_env: dict, s3: S3Server
+) -> None:
+    """The store stops mid-run: pushes fail, the run goes on, and the mirror retries on its own
+    (no newer checkpoint needed) until the store answers again; nothing is lost."""
+    uri = f"s3://{BUCKET}/outage/run"
+    run = tmp_path / "run"
+    remote = open_remote(uri, "cp", run, resume=False, uid="uid-o")
+    mirror = Mirror(remote, run, keep=3)
+    _checkpoint(run, 100)
+    mirror.request()
+    wait_for(lambda: remote.checkpoints() == ["ckpt-000001"], timeout=30, what="first upload")
+    s3.stop()
+    try:
+        _checkpoint(run, 200)
+        mirror.request()
+        wait_for(lambda: mirror.last_error is not None, timeout=60, what="a failed push")
+        time.sleep(5)  # an outage of several retries
+    finally:
+        s3.start()
+    back = time.monotonic()
+    wait_for(lambda: remote.checkpoints() == ["ckpt-000001", "ckpt-000002"], timeout=60,
+             what="the retried upload")  # fmt: skip
+    print(f"outage: the pending checkpoint reached the store {time.monotonic() - back:.1f}s "
+          "after it came back")  # fmt: skip
+    assert mirror.close() and mirror.last_error is None

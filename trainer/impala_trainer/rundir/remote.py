@@ -265,8 +265,10 @@ class RemoteRun:
         have = self._keys(f"{folder}/")
         for path in sorted((run_dir / folder).rglob("*")):
             key = path.relative_to(run_dir).as_posix()
-            if path.is_file() and not path.name.startswith(".") and (
-                have.get(key) != path.stat().st_size
+            if (
+                path.is_file()
+                and not path.name.startswith(".")
+                and (have.get(key) != path.stat().st_size)
             ):
                 self._upload(path, key)
 
@@ -330,7 +332,9 @@ def open_remote(
 
 
 class Mirror:
-    """Runs `RemoteRun.push` on one background thread; a newer request replaces a pending one."""
+    """Runs `RemoteRun.push` on one background thread; a newer request replaces a pending one,
+    and a failed push is retried with backoff until it succeeds (a store down for a minute
+    loses nothing once it is back)."""
 
     def __init__(self, remote: RemoteRun, run_dir: Path, keep: int) -> None:
         self.remote = remote
@@ -361,17 +365,39 @@ class Mirror:
         return not self._thread.is_alive() and self.last_error is None
 
     def _loop(self) -> None:
+        failures = 0
         while True:
             with self._wake:
-                while not self._pending and not self._closing:
-                    self._wake.wait()
-                if not self._pending and self._closing:
-                    return
+                if failures:
+                    # A failed push is tried again after a backoff (the store may be restarting),
+                    # or at once when a newer checkpoint asks; closing waits for it to succeed.
+                    self._wake.wait_for(lambda: self._pending, timeout=retry_delay(failures))
+                else:
+                    while not self._pending and not self._closing:
+                        self._wake.wait()
+                    if not self._pending and self._closing:
+                        return
                 self._pending = False
             try:
                 self.remote.push(self.run_dir, self.keep)
-                self.pushes += 1
-                self.last_error = None
-            except Exception as exc:  # the next checkpoint tries again; the run goes on
+            except Exception as exc:  # the run goes on; the push is retried
+                failures += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"
-                logger.warning("uploading to %s failed: %s", self.remote.location, exc)
+                logger.warning(
+                    "uploading to %s failed (%d in a row, retrying in %.0fs): %s",
+                    self.remote.location, failures, retry_delay(failures), exc,
+                )  # fmt: skip
+                continue
+            if failures:
+                logger.info("uploading to %s works again", self.remote.location)
+            failures = 0
+            self.pushes += 1
+            self.last_error = None
+
+
+RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0)
+"""Seconds before the next try after 1, 2, ... failed pushes in a row (then 30 s each)."""
+
+
+def retry_delay(failures: int) -> float:
+    return RETRY_DELAYS[min(failures, len(RETRY_DELAYS)) - 1]
