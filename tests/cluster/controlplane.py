@@ -105,6 +105,7 @@ class _Process:
     popen: subprocess.Popen[bytes]
     log: Path
     _log_file: IO[bytes]
+    argv: Sequence[str] = ()
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -325,6 +326,7 @@ class ControlPlane:
             workdir=self.workdir,
             is_local=True,
             version=version,
+            restart=self.restart,
         )
         self.kube = kube
         return kube
@@ -375,9 +377,35 @@ class ControlPlane:
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )
-        proc = _Process(name=name, popen=popen, log=log, _log_file=log_file)
+        proc = _Process(name=name, popen=popen, log=log, _log_file=log_file, argv=argv)
         self.processes.append(proc)
         return proc
+
+    def restart(self, *names: str, down: float = 0.0) -> None:
+        """Stop the named components (SIGTERM, then SIGKILL after 10 s), keep them down for
+        `down` seconds, and start them again with the same arguments, ports and data (etcd's
+        data dir, the kubelet's root dir): what a node or control-plane restart does. Started
+        in the order given."""
+        found = {p.name: p for p in self.processes if p.name in names and p.alive()}
+        missing = [n for n in names if n not in found]
+        if missing:
+            raise ValueError(f"no running component named {missing}")
+        for name in reversed(names):
+            found[name].terminate()
+            found[name].kill(time.monotonic() + 10.0)
+            self.processes.remove(found[name])
+        time.sleep(down)
+        for name in names:
+            old = found[name]
+            log_file = old.log.open("ab")
+            log_file.write(f"\n--- restarted at {time.time():.0f}\n\n".encode())
+            log_file.flush()
+            popen = subprocess.Popen(
+                list(old.argv), stdin=subprocess.DEVNULL, stdout=log_file,
+                stderr=subprocess.STDOUT, cwd=self.workdir, start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )  # fmt: skip
+            self.processes.append(_Process(name, popen, old.log, log_file, old.argv))
 
     def _start_etcd(self) -> None:
         client = f"http://127.0.0.1:{self.ports['etcd']}"

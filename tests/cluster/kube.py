@@ -91,6 +91,9 @@ class Kube:
     IMPALA_E2E_EXISTING_CLUSTER."""
     version: str = ""
     """Server gitVersion, e.g. v1.37.2."""
+    restart: Callable[..., None] | None = None
+    """`ControlPlane.restart(*components, down=seconds)` on the local control plane (None on
+    an existing cluster): the fault tests restart etcd, the API server, the kubelet."""
     _namespaces: list[str] = field(default_factory=list)
 
     @property

@@ -368,7 +368,7 @@ def newest_checkpoint(path: Path) -> tuple[int, float]:
 
 @pytest.fixture(scope="module")
 def faulty_job(real_kube: Kube, operator: None) -> Iterator[tuple[str, Path]]:
-    """A CartPole job that trains for a fixed 200 s of training time (faults do not shorten it),
+    """A CartPole job that trains for a fixed 320 s of training time (faults do not shorten it),
     checkpointing every 5 s to a claim, with exactly two rollout pods."""
     kube = real_kube
     with kube.namespace("faults") as ns:
@@ -379,7 +379,7 @@ def faulty_job(real_kube: Kube, operator: None) -> Iterator[tuple[str, Path]]:
             namespace=ns,
             rollouts={"minReplicas": 2, "maxReplicas": 2, "autoscaling": {"enabled": False}},
             checkpoint={"volumeClaim": "faulty-checkpoints", "intervalSeconds": CHECKPOINT_SECONDS},
-            stop={"timeLimitSeconds": 200},
+            stop={"timeLimitSeconds": 320},
         )
         del manifest["spec"]["stop"]["episodeReturnMean"]
         kube.apply(manifest)
@@ -621,6 +621,85 @@ def test_deleted_operator_pod_converges(real_kube: Kube, faulty_job: tuple[str, 
     ]
     assert len(running_pods(kube, ns, "rollout")) == 2
     assert job_status(kube, ns, FAULT_JOB)["phase"] == "Running"
+
+
+def _learner_container(kube: Kube, ns: str) -> tuple[str, str, int]:
+    """(pod uid, learner container id, restart count) of the fault job's learner pod."""
+    pod = kube.get("pod", f"{FAULT_JOB}-learner-0", "-n", ns)
+    (learner,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "learner"]
+    return pod["metadata"]["uid"], learner["containerID"], learner["restartCount"]
+
+
+def _api_ready(kube: Kube) -> bool:
+    return kube.kubectl("get", "--raw", "/readyz", check=False).returncode == 0
+
+
+def test_api_server_and_etcd_restart_mid_run(real_kube: Kube, faulty_job: tuple[str, Path]) -> None:
+    """etcd and the API server stop for 10 s and start again: the pods train on meanwhile, the
+    operator reconnects and publishes progress again, nothing is restarted or created twice."""
+    kube, (ns, _) = real_kube, faulty_job
+    assert kube.restart is not None
+    learner_before = _learner_container(kube, ns)
+    rollouts_before = sorted(p["metadata"]["uid"] for p in running_pods(kube, ns, "rollout"))
+    steps_before = progress_steps(kube, ns, FAULT_JOB)
+    t0 = time.monotonic()
+    kube.restart("etcd", "kube-apiserver", down=10)
+    wait_for(lambda: _api_ready(kube), timeout=180, interval=1, what="the API server back")
+    back = time.monotonic() - t0
+    progress_moves(kube, ns, timeout=180, what="progress published after the restart")
+    reported = time.monotonic() - t0
+    steps_after = progress_steps(kube, ns, FAULT_JOB)
+    log(f"API server + etcd down 10 s: serving again after {back:.0f} s, operator reporting "
+        f"progress after {reported:.0f} s; {steps_before} -> {steps_after} steps")  # fmt: skip
+    REAL_NODE_REPORT.append(
+        f"fault: API server + etcd restart: progress published {reported:.0f} s after the stop, "
+        f"{steps_after - steps_before} steps trained across it, no pod restarted"
+    )
+    assert _learner_container(kube, ns) == learner_before  # the same container trained on
+    after = sorted(p["metadata"]["uid"] for p in running_pods(kube, ns, "rollout"))
+    assert after == rollouts_before
+    st = job_status(kube, ns, FAULT_JOB)
+    assert st["phase"] == "Running" and st["learner"]["restarts"] == 0, st
+
+
+def test_kubelet_restart_keeps_the_pods_running(
+    real_kube: Kube, faulty_job: tuple[str, Path]
+) -> None:
+    """The kubelet stops for 5 s and starts again (an upgrade, a crash): containers run on
+    under containerd, the kubelet adopts them, the job goes on with no pod restarted."""
+    kube, (ns, _) = real_kube, faulty_job
+    assert kube.restart is not None
+    learner_before = _learner_container(kube, ns)
+    rollouts_before = sorted(p["metadata"]["uid"] for p in running_pods(kube, ns, "rollout"))
+    steps_before = progress_steps(kube, ns, FAULT_JOB)
+    t0 = time.monotonic()
+    kube.restart("kubelet", down=5)
+
+    def node_ready() -> bool:
+        node = kube.get("node", NODE_NAME)
+        ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+        heartbeat = ready[0].get("lastHeartbeatTime", "") if ready else ""
+        return bool(ready) and ready[0]["status"] == "True" and heartbeat > _utc(t0)
+
+    wait_for(node_ready, timeout=180, interval=2, what="the node Ready on a new heartbeat")
+    progress_moves(kube, ns, timeout=120, what="progress after the kubelet restart")
+    steps_after = progress_steps(kube, ns, FAULT_JOB)
+    log(f"kubelet down 5 s: node Ready again and progress moving after "
+        f"{time.monotonic() - t0:.0f} s; {steps_before} -> {steps_after} steps")  # fmt: skip
+    REAL_NODE_REPORT.append(
+        f"fault: kubelet restart: node Ready and progress moving {time.monotonic() - t0:.0f} s "
+        f"after the stop, {steps_after - steps_before} steps trained across it"
+    )
+    assert _learner_container(kube, ns) == learner_before
+    after = sorted(p["metadata"]["uid"] for p in running_pods(kube, ns, "rollout"))
+    assert after == rollouts_before
+    assert job_status(kube, ns, FAULT_JOB)["learner"]["restarts"] == 0
+
+
+def _utc(monotonic_then: float) -> str:
+    """The RFC 3339 time (UTC, seconds) of a past `time.monotonic()` reading."""
+    wall = time.time() - (time.monotonic() - monotonic_then)
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
 
 
 def test_killed_learner_resumes_from_checkpoint(
