@@ -2,8 +2,9 @@
 
 Plain: the control plane with three kwok nodes. `--real-node`: the control plane with one real
 node and no kwok nodes, with the product image (hack/build-image.sh, or `--image ARCHIVE`)
-imported, so `helm install charts/impala-operator` and `kubectl apply -f manifests/examples/...`
-run for real, unchanged (as root; see tests/cluster/node.py).
+imported and a default StorageClass (the local-path provisioner, provisioner.py), so `helm install
+charts/impala-operator` and `kubectl apply -f manifests/examples/...` run for real, unchanged,
+their claims included (as root; see tests/cluster/node.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ def main() -> None:
     """Start a cluster, print how to reach it, wait for Ctrl-C, tear it down."""
     parser = argparse.ArgumentParser(prog="python -m cluster", description=__doc__)
     parser.add_argument("--real-node", action="store_true", help="one real node, no kwok nodes")
+    parser.add_argument(
+        "--storage-image",
+        default="impalajob:0.1.0",
+        help="image (imported on the node, with a shell) for the local-path provisioner's helper "
+        "pods; claims then bind on their own, through the default StorageClass `local-path`",
+    )
     parser.add_argument(
         "--image",
         type=Path,
@@ -58,6 +65,8 @@ def main() -> None:
         images=images,
         taint_real_node=False,
         timeout=900,
+        # The product image (built above, or the first --image) runs the provisioner's helpers.
+        storage_image=args.storage_image if args.real_node else None,
     ) as kube:
         print(f"cluster {kube.version} ready in {time.monotonic() - t0:.1f}s", flush=True)
         print(f"export KUBECONFIG={kube.kubeconfig} PATH={bin_dir}:$PATH", flush=True)

@@ -2,15 +2,15 @@
 # Build (once) and cache the binaries of a real Kubernetes cluster for the e2e tests: the control
 # plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), kubectl, kwok and helm,
 # the real node's own parts (kubelet, kube-proxy, CoreDNS, kube-router's NetworkPolicy
-# controller, and the pod sandbox's `pause`), and Kueue (its manager, and its Helm chart rendered
-# to kueue-<version>.yaml: CRDs, webhooks, Service).
+# controller, the pod sandbox's `pause`, the local-path volume provisioner), and Kueue (its
+# manager, and its Helm chart rendered to kueue-<version>.yaml: CRDs, webhooks, Service).
 #
 # Everything is compiled from Go modules (no Docker, no GitHub release downloads) into
 #   ${IMPALA_TEST_CACHE:-$HOME/.cache/impalajob}/k8s-<k8s version>-<go version>/bin
 # Idempotent: a binary that is already cached is skipped. Prints the bin dir on the last line.
 #
 # Knobs (environment): K8S_VERSION, KWOK_VERSION, HELM_VERSION, COREDNS_VERSION, KUBE_ROUTER_VERSION,
-# KUEUE_VERSION,
+# KUEUE_VERSION, LOCAL_PATH_VERSION,
 # IMPALA_TEST_CACHE, BUILD_PARALLELISM (go build -p, default 2: the CI machines are small and shared).
 set -euo pipefail
 
@@ -20,6 +20,7 @@ HELM_VERSION="${HELM_VERSION:-v4.3.1}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
 KUBE_ROUTER_VERSION="${KUBE_ROUTER_VERSION:-v2.1.0}"
 KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
+LOCAL_PATH_VERSION="${LOCAL_PATH_VERSION:-v0.0.30}"
 BUILD_PARALLELISM="${BUILD_PARALLELISM:-2}"
 
 # Never reach for a newer toolchain: the cache key is the local Go version.
@@ -42,7 +43,7 @@ fi
 
 need=()
 for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm \
-         kubelet kube-proxy coredns kube-router pause kueue; do
+         kubelet kube-proxy coredns kube-router pause kueue local-path-provisioner; do
   [[ -x "$BIN/$b" ]] || need+=("$b")
 done
 [[ -f "$ROOT/kueue-$KUEUE_VERSION.yaml" ]] || need+=(kueue-manifests)
@@ -162,6 +163,9 @@ has kube-router && install_tool kube-router github.com/cloudnativelabs/kube-rout
 # version-stamped as its release builds are.
 has kueue && install_tool kueue sigs.k8s.io/kueue/cmd/kueue "$KUEUE_VERSION" \
   "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
+# The real node's dynamic volumes: Rancher's local-path provisioner (tests/cluster/provisioner.py).
+has local-path-provisioner && install_tool local-path-provisioner \
+  github.com/rancher/local-path-provisioner "$LOCAL_PATH_VERSION"
 # Kueue's own Helm chart, from the same module, rendered once: the harness applies its CRDs,
 # webhook configurations and webhook Service (tests/cluster/kueue.py) and runs the manager above.
 if has kueue-manifests; then
@@ -188,6 +192,7 @@ HELM_VERSION=$HELM_VERSION
 COREDNS_VERSION=$COREDNS_VERSION
 KUBE_ROUTER_VERSION=$KUBE_ROUTER_VERSION
 KUEUE_VERSION=$KUEUE_VERSION
+LOCAL_PATH_VERSION=$LOCAL_PATH_VERSION
 GO_VERSION=$GO_VERSION
 VERS
 log "done: $(ls "$BIN" | tr '\n' ' ')"

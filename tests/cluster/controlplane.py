@@ -31,11 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import yaml
+
 # tests/ is this package's import root, under pytest (tests/e2e/conftest.py puts it on sys.path)
 # and standalone (`cd tests && python -m cluster`), so the shared helper is `support.net` here;
 # a relative `..support` would climb above the top-level package `cluster`.
 from support.net import free_port
 
+from . import provisioner
 from .kube import KWOK_NODE_ANNOTATION, Kube, b64file, wait_for, write_kubeconfig
 from .node import HOST_IP, NODE_NAME, RealNode, missing_prerequisites
 from .pki import ClusterPKI, KeyPair, make_pki
@@ -160,6 +163,9 @@ class ControlPlane:
     kube: Kube | None = None
     node: RealNode | None = None
     """The real node, when started with `real_node=True`."""
+    storage_image: str | None = None
+    """With the real node: the image the local-path provisioner's helper pods run (None: no
+    provisioner, claims bind only to volumes made by hand)."""
     audit: bool = False
     """Write the API server's audit log (every request's user, verb and resource, no bodies) to
     `<workdir>/audit.log`: how the operator benchmark counts a client's API calls."""
@@ -180,12 +186,15 @@ class ControlPlane:
         images: Sequence[Path] = (),
         taint_real_node: bool = True,
         audit: bool = False,
+        storage_image: str | None = None,
     ) -> Iterator[Kube]:
         """Start everything, yield a `Kube` for it, and tear it all down afterwards.
 
         `real_node` adds the real node (root only; see node.py), with the OCI archives in
         `images` imported into its containerd; `taint_real_node` keeps pods that do not tolerate
-        it (every kwok test's) off it."""
+        it (every kwok test's) off it; `storage_image` (one of `images`, with a shell) runs the
+        local-path provisioner's helper pods, making `local-path` the default StorageClass
+        (provisioner.py)."""
         _sweep_stale_workdirs()
         workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         (workdir / "owner.pid").write_text(str(os.getpid()))
@@ -197,6 +206,7 @@ class ControlPlane:
             nodes=nodes or NodeSpec(),
             keep_workdir=keep_workdir,
             audit=audit,
+            storage_image=storage_image if real_node else None,
         )
         if real_node:
             problems = missing_prerequisites()
@@ -329,6 +339,15 @@ class ControlPlane:
             restart=self.restart,
         )
         self.kube = kube
+        if self.node is not None and self.storage_image:
+            provisioner.start(
+                lambda name, argv: self._spawn(name, argv[1:], argv0=argv[0]),
+                lambda docs: kube.apply(yaml.safe_dump_all(docs)),
+                bin_dir=self.bin_dir,
+                workdir=self.workdir,
+                kubeconfig=admin,
+                image=self.storage_image,
+            )
         return kube
 
     def _wait(self, check: Callable[[], object], deadline: float, what: str) -> None:

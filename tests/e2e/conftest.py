@@ -105,6 +105,10 @@ def build_image() -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
+PRODUCT_IMAGE = "impalajob:0.1.0"
+"""The image hack/build-image.sh builds (its default `IMAGE`); on the real node it also runs the
+local-path provisioner's helper pods."""
+
 JOB_IMAGE = "my-impala:0.1.0"
 """The image manifests/examples/custom.yaml runs: the product image with examples/custom added."""
 
@@ -121,8 +125,9 @@ def build_job_image() -> Path:
 
 @pytest.fixture(scope="module")
 def real_kube() -> Iterator[Kube]:
-    """A control plane with one real node and no kwok nodes, with the product image imported:
-    pods run for real, and manifests apply unchanged. Per module, so its containers do not
+    """A control plane with one real node and no kwok nodes, with the product image imported
+    and a default StorageClass (the local-path provisioner): pods run for real, and manifests
+    apply unchanged. Per module, so its containers do not
     compete with the rest of the session for the CPU."""
     if os.environ.get("IMPALA_E2E_EXISTING_CLUSTER", "") not in ("", "0"):
         pytest.skip("the real-node tests start their own cluster")
@@ -141,6 +146,7 @@ def real_kube() -> Iterator[Kube]:
             images=archives,
             taint_real_node=False,
             timeout=900,
+            storage_image=PRODUCT_IMAGE,
         ) as k:
             workdir = k.workdir
             yield k

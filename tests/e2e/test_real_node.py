@@ -120,6 +120,15 @@ def operator(real_kube: Kube) -> Iterator[None]:
     real_kube.helm("uninstall", "impala", "-n", OPERATOR_NS, "--wait", check=False)
 
 
+def provisioned_path(kube: Kube, namespace: str, claim: str) -> Path:
+    """The host directory of the volume the default StorageClass provisioned for a claim."""
+    pvc = kube.get("pvc", claim, "-n", namespace)
+    assert pvc["status"]["phase"] == "Bound", pvc["status"]
+    pv = kube.get("pv", pvc["spec"]["volumeName"])
+    log(f"claim {claim}: {pvc['spec'].get('storageClassName')} volume {pv['metadata']['name']}")
+    return Path(pv["spec"]["hostPath"]["path"])
+
+
 def volume_for(kube: Kube, namespace: str, claim: str, size: str = "1Gi") -> Path:
     """A static hostPath PersistentVolume on the real node reserved for `namespace/claim`; its
     directory on the host. hostPath volumes ignore fsGroup, so the directory is made the pods'
@@ -222,9 +231,8 @@ def status_counters(kube: Kube, namespace: str, name: str) -> dict[str, Any] | N
 def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
     kube = real_kube
     with kube.namespace("cartpole") as ns:
-        # The example as a user applies it: the job and its results claim, which binds here to
-        # a static volume (this cluster has no provisioner).
-        results = volume_for(kube, ns, "cartpole-results")
+        # The example as a user applies it: the job and its results claim, which the cluster's
+        # default StorageClass provisions (the local-path provisioner, on the job's node).
         t0 = time.monotonic()
         kube.kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "cartpole.yaml"))
         log(f"applied manifests/examples/cartpole.yaml in {ns}")
@@ -248,6 +256,7 @@ def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
 
             st = wait_for(watch, timeout=900, interval=3, what="cartpole to finish")
         elapsed = time.monotonic() - t0
+        results = provisioned_path(kube, ns, "cartpole-results")
         pods = kube.pods(ns)
         progress = st.get("progress") or {}
         ret, steps = progress.get("episodeReturnMean"), progress.get("timesteps")
@@ -368,7 +377,7 @@ def newest_checkpoint(path: Path) -> tuple[int, float]:
 
 @pytest.fixture(scope="module")
 def faulty_job(real_kube: Kube, operator: None) -> Iterator[tuple[str, Path]]:
-    """A CartPole job that trains for a fixed 320 s of training time (faults do not shorten it),
+    """A CartPole job that trains for a fixed 260 s of training time (faults do not shorten it),
     checkpointing every 5 s to a claim, with exactly two rollout pods."""
     kube = real_kube
     with kube.namespace("faults") as ns:
@@ -379,7 +388,7 @@ def faulty_job(real_kube: Kube, operator: None) -> Iterator[tuple[str, Path]]:
             namespace=ns,
             rollouts={"minReplicas": 2, "maxReplicas": 2, "autoscaling": {"enabled": False}},
             checkpoint={"volumeClaim": "faulty-checkpoints", "intervalSeconds": CHECKPOINT_SECONDS},
-            stop={"timeLimitSeconds": 320},
+            stop={"timeLimitSeconds": 260},
         )
         del manifest["spec"]["stop"]["episodeReturnMean"]
         kube.apply(manifest)
@@ -866,6 +875,12 @@ def test_aggregator_variant_trains_and_resumes_from_the_store(
                                       "--json", env=creds, timeout=300))  # fmt: skip
         log(f"impalajob evaluate cartpole (from the store): {played['episode_return_mean']}")
         assert played["episode_return_mean"] >= 450, played
+        # Both worker groups scaled to 0 by cleanPodPolicy, and the status says so.
+        wait_for(
+            lambda: [job_status(kube, ns, "cartpole")[g]["summary"]
+                     for g in ("rollouts", "aggregators")] == ["0/0", "0/0"],
+            timeout=120, interval=2, what="ROLLOUTS and AGGREGATORS 0/0 after the job",
+        )  # fmt: skip
 
 
 @pytest.fixture
