@@ -344,8 +344,8 @@ def read(
         )
     reserved = _true(workload, "QuotaReserved")
     if _true(workload, "Finished"):
-        message = "its Workload was marked Finished before the job ended"
-        return Admission("finished", queue, reason="WorkloadFinished", message=message)
+        message = "its Workload is Finished: the quota it held is released"
+        return Admission("finished", queue, reason="Finished", message=message)
     evicted = _condition(workload, "Evicted")
     if evicted is not None and evicted.get("status") == "True":
         why = str(evicted.get("reason", "Evicted"))

@@ -117,16 +117,13 @@ async def _priority(api: kube.Api, job: ImpalaJob) -> admission.Priority | str:
     if wanted is None:
         return ""
     name, kind = wanted
-    api_version = (
-        admission.WORKLOAD_API_VERSION
-        if kind == "WorkloadPriorityClass"
-        else ("scheduling.k8s.io/v1")
-    )
+    workload_class = kind == "WorkloadPriorityClass"
+    api_version = admission.WORKLOAD_API_VERSION if workload_class else "scheduling.k8s.io/v1"
     found = await api.get(kube.cluster_object_path(api_version, kind, name))
     if found is None:
         source = (
             f"label {admission.PRIORITY_LABEL}"
-            if kind == "WorkloadPriorityClass"
+            if workload_class
             else "spec.learner.pod.priorityClassName"
         )
         return f"{kind} {name!r} (from {source}) does not exist: create it or change the {source}"

@@ -293,6 +293,9 @@ def test_the_job_ending_finishes_its_workload_once() -> None:
     finished = _workload(job, _cond("Finished", "True", "Succeeded"))
     again = _plan(job, Queueing(finished), status=plan.status, pods=[done])
     assert again.workload is None
+    cond = next(c for c in again.status["conditions"] if c["type"] == "Admitted")
+    assert (cond["status"], cond["reason"]) == ("False", "Finished")
+    assert "quota it held is released" in cond["message"]
 
 
 def test_changed_pod_sets_replace_the_workload() -> None:

@@ -423,3 +423,76 @@ def test_parse_job_names_the_bad_field() -> None:
     assert any("spec.rollouts" in p and "minReplicas" in p for p in err.value.problems)
     body["spec"] = {"rollouts": {"minReplicas": 1, "maxReplicas": 2}, "stop": {"timesteps": 10}}
     assert handlers.parse_job(body).spec.rollouts.max_replicas == 2
+
+
+class QueueApi(FakeApi):
+    """FakeApi plus the reads a queued job's tick makes (`kube.Api.get`, `replace_status`)."""
+
+    def __init__(self, objects: dict[str, dict[str, Any]]) -> None:
+        super().__init__()
+        self.objects = objects
+        self.reads: list[str] = []
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        self.reads.append(path)
+        return self.objects.get(path)
+
+    async def replace_status(self, manifest: dict[str, Any]) -> bool:
+        self._record("status", f"{manifest['kind']}/{manifest['metadata']['name']}")
+        return True
+
+
+QUEUED = {"labels": {"kueue.x-k8s.io/queue-name": "team-a", "kueue.x-k8s.io/priority-class": "hi"}}
+KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
+WORKLOAD_PATH = f"{KUEUE}/namespaces/ns/workloads/impalajob-cp"
+
+
+def _queued_body(**status: Any) -> kopf.Body:
+    body = _body(**status)
+    body["metadata"].update(QUEUED)  # type: ignore[index]
+    return body
+
+
+def test_a_queued_job_on_a_cluster_without_kueue_waits_and_says_why() -> None:
+    api = QueueApi({})
+    status = _tick(_queued_body(phase="Pending"), _memo(api))
+    assert [c for c in api.calls if c[0] == "create"] == []  # no Workload, no learner pod
+    cond = next(c for c in status["conditions"] if c["type"] == "Admitted")
+    assert (
+        "serves no kueue.x-k8s.io/v1beta2 Workloads: install Kueue or remove the label"
+        in (cond["message"])
+    )
+    assert not any(w.startswith("Pod/") for w in api.written)
+
+
+def test_a_queued_job_gets_its_workload_with_the_classes_priority() -> None:
+    api = QueueApi({KUEUE: {}, f"{KUEUE}/workloadpriorityclasses/hi": {"value": 1000}})
+    _tick(_queued_body(phase="Pending"), _memo(api))
+    workload = api.written["Workload/impalajob-cp"]
+    assert workload["spec"]["priority"] == 1000
+    assert workload["spec"]["queueName"] == "team-a"
+    assert not any(w.startswith("Pod/") for w in api.written)  # nothing runs before admission
+
+
+def test_an_admitted_job_reads_its_flavors_once() -> None:
+    wl = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": "impalajob-cp", "namespace": "ns"},
+        "spec": {"podSets": [{"name": "learner", "count": 1}]},
+        "status": {
+            "conditions": [{"type": "Admitted", "status": "True"}],
+            "admission": {
+                "clusterQueue": "cq",
+                "podSetAssignments": [{"name": "learner", "count": 1, "flavors": {"cpu": "a"}}],
+            },
+        },
+    }
+    flavor = {"spec": {"nodeLabels": {"pool": "a"}}}
+    api = QueueApi({WORKLOAD_PATH: wl, f"{KUEUE}/resourceflavors/a": flavor})
+    memo = _memo(api)
+    _tick(_queued_body(phase="Pending"), memo)
+    _tick(_queued_body(phase="Pending"), memo)
+    assert api.reads.count(f"{KUEUE}/resourceflavors/a") == 1
+    pod = api.written["Pod/cp-learner-0"]
+    assert pod["spec"]["nodeSelector"]["pool"] == "a"
