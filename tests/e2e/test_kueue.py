@@ -78,13 +78,8 @@ def ns(kube: Kube, kueue: None) -> Iterator[str]:
 def operator(kube: Kube, ns: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     kube.kubectl("apply", "-f", str(MANIFESTS))
     identity = kube.sa_kubeconfig("impala-system", "impala-operator")
-    op = Operator(kube, identity, ns, tmp_path_factory.mktemp("operator"))
-    op.start()
-    try:
+    with Operator.running(kube, identity, ns, tmp_path_factory.mktemp("operator")) as op:
         yield op
-    finally:
-        op.kill()
-        print(f"--- operator log tail\n{op.log_tail()}")
 
 
 def make_queue(kube: Kube, ns: str, name: str, quota: Mapping[str, str], **extra: Any) -> str:
@@ -253,14 +248,7 @@ def test_many_jobs_share_a_queue_and_none_starves(kube: Kube, ns: str, operator:
     jobs = [queued_job(f"many-{i:02d}", "many") for i in range(24)]
     make_queue(kube, ns, "many", {k: _times(v, 6) for k, v in queues.quota_for(jobs[0]).items()})
     started = time.monotonic()
-    kube.kubectl(
-        "apply",
-        "-n",
-        ns,
-        "-f",
-        "-",
-        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": jobs}),
-    )
+    kube.apply({"apiVersion": "v1", "kind": "List", "items": jobs}, "-n", ns)
     names = [j["metadata"]["name"] for j in jobs]
     admitted_at: dict[str, float] = {}
     done: set[str] = set()

@@ -106,6 +106,20 @@ class Operator:
         text = (self.logdir / f"operator-{self.starts}.log").read_text(errors="replace")
         return "\n".join(text.splitlines()[-lines:])
 
+    @classmethod
+    @contextlib.contextmanager
+    def running(
+        cls, kube: Kube, kubeconfig: Path, namespace: str, logdir: Path
+    ) -> Iterator[Operator]:
+        """An operator started for the block, stopped after it (its log tail printed)."""
+        op = cls(kube, kubeconfig, namespace, logdir)
+        op.start()
+        try:
+            yield op
+        finally:
+            op.kill()
+            print(f"--- operator log tail\n{op.log_tail()}")
+
 
 class Sidecar:
     """A real status sidecar (`impalajob status-server`) over a run directory the test writes."""
@@ -175,13 +189,10 @@ class OperatorSuite:
     def operator(
         self, kube: Kube, ns: str, operator_identity: Path, tmp_path_factory: pytest.TempPathFactory
     ) -> Iterator[Operator]:
-        op = Operator(kube, operator_identity, ns, tmp_path_factory.mktemp("operator"))
-        op.start()
-        try:
+        with Operator.running(
+            kube, operator_identity, ns, tmp_path_factory.mktemp("operator")
+        ) as op:
             yield op
-        finally:
-            op.kill()
-            print(f"--- operator log tail\n{op.log_tail()}")
 
     @pytest.fixture
     def sidecar(self, tmp_path: Path) -> Iterator[Sidecar]:

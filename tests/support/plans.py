@@ -22,3 +22,24 @@ SPEC: dict[str, Any] = {
     "stop": {"timesteps": 1_000_000},
 }
 """The job of the operator's planner and handler tests."""
+
+T0 = 1_700_000_000.0
+"""The planner tests' clock."""
+
+
+def tick(job: Any, **overrides: Any) -> Any:
+    """`plan_tick` of `job` (an ImpalaJob) with a fresh job's inputs, `overrides` replacing them:
+    no status, pods, Deployments, samples or snapshot, at T0, with SETTINGS."""
+    from impala_operator.lifecycle.plan import plan_tick
+
+    args: dict[str, Any] = {
+        "status": {},
+        "pods": [],
+        "deployments": {"rollout": None, "aggregator": None},
+        "samples": [],
+        "snapshot": None,
+        "now": T0,
+        "settings": SETTINGS,
+        **overrides,
+    }
+    return plan_tick(job, UID, **args)

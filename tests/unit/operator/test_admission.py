@@ -11,12 +11,11 @@ import pytest
 
 from impala_api.spec import ImpalaJob
 from impala_operator.lifecycle import admission, job_status
-from impala_operator.lifecycle.plan import Queueing, TickPlan, plan_children, plan_tick
+from impala_operator.lifecycle.plan import Queueing, TickPlan, plan_children
 from impala_operator.lifecycle.run_policy import LearnerPod
 from tests.support.jobs import operator_access
-from tests.support.plans import SETTINGS, SPEC, UID
+from tests.support.plans import SETTINGS, SPEC, T0, UID, tick
 
-T0 = 1_700_000_000.0
 QUEUE = "team-a"
 
 
@@ -76,18 +75,8 @@ def _evicted(job: ImpalaJob, reason: str = "Preempted") -> dict[str, Any]:
 
 
 def _plan(job: ImpalaJob, queueing: Queueing | None, **kw: Any) -> TickPlan:
-    args: dict[str, Any] = {
-        "status": {},
-        "pods": [],
-        "deployments": {"rollout": None, "aggregator": None},
-        "samples": [],
-        "snapshot": None,
-        "now": T0,
-        "settings": SETTINGS,
-        "queueing": queueing,
-    }
-    args.update(kw)
-    return plan_tick(job, UID, **args)
+    plan: TickPlan = tick(job, queueing=queueing, **kw)
+    return plan
 
 
 def _held_status() -> dict[str, Any]:

@@ -11,15 +11,12 @@ from impala_operator.lifecycle.plan import (
     durability_warning,
     learner_pod,
     plan_children,
-    plan_tick,
     removed_children,
 )
 from impala_operator.lifecycle.run_policy import LearnerPod
 from impala_operator.scale.autoscaler import MetricSample
 from tests.support.jobs import operator_access
-from tests.support.plans import SETTINGS, SPEC, UID
-
-T0 = 1_700_000_000.0
+from tests.support.plans import SPEC, T0, UID, tick
 
 
 def _job(**spec: Any) -> ImpalaJob:
@@ -32,17 +29,8 @@ def _dep(replicas: int, requested: str = "", ready: int | None = None) -> job_st
 
 
 def _plan(job: ImpalaJob, **kw: Any) -> TickPlan:
-    args: dict[str, Any] = {
-        "status": {},
-        "pods": [],
-        "deployments": {"rollout": None, "aggregator": None},
-        "samples": [],
-        "snapshot": None,
-        "now": T0,
-        "settings": SETTINGS,
-    }
-    args.update(kw)
-    return plan_tick(job, UID, **args)
+    plan: TickPlan = tick(job, **kw)
+    return plan
 
 
 def _replicas(plan: TickPlan) -> dict[str, int]:
