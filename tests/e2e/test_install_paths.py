@@ -68,23 +68,17 @@ def _rules(
     """The rules of the one `kind` object (the Role in the operator's own namespace apart, or
     only it)."""
     (role,) = [
-        d
-        for d in docs
-        if d["kind"] == kind and d["metadata"]["name"].endswith("-self") == own
+        d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith("-self") == own
     ]
     return list(role["rules"])
 
 
-def _can(
-    kube: Kube, sa: str, verb: str, resource: str, ns: str, name: str | None = None
-) -> bool:
+def _can(kube: Kube, sa: str, verb: str, resource: str, ns: str, name: str | None = None) -> bool:
     # `can-i VERB a/b` would read b as an object name; subresources need --subresource.
     resource, _, sub = resource.partition("/")
     extra = [f"--subresource={sub}"] if sub else []
     target = f"{resource}/{name}" if name else resource
-    proc = kube.kubectl(
-        "auth", "can-i", verb, target, *extra, "-n", ns, f"--as={sa}", check=False
-    )
+    proc = kube.kubectl("auth", "can-i", verb, target, *extra, "-n", ns, f"--as={sa}", check=False)
     return proc.stdout.strip() == "yes"
 
 
@@ -136,18 +130,23 @@ def test_chart_and_manifests_grant_the_same_least_privilege(kube: Kube) -> None:
         for rule in rules:
             for key in ("apiGroups", "resources", "verbs"):
                 assert "*" not in rule[key], rule
-    # namespaced mode: only kopf's CRD discovery stays cluster-wide
+    # namespaced mode: only kopf's CRD discovery and reads of the cluster-scoped objects a
+    # Kueue admission names (flavors, priority classes) stay cluster-wide
     assert _rules(namespaced) == [
         {
             "apiGroups": ["apiextensions.k8s.io"],
             "resources": ["customresourcedefinitions"],
             "verbs": ["list", "watch"],
-        }
+        },
+        {
+            "apiGroups": ["kueue.x-k8s.io"],
+            "resources": ["resourceflavors", "workloadpriorityclasses"],
+            "verbs": ["get"],
+        },
+        {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": ["get"]},
     ]
     (role,) = [
-        d
-        for d in namespaced
-        if d["kind"] == "Role" and not d["metadata"]["name"].endswith("-self")
+        d for d in namespaced if d["kind"] == "Role" and not d["metadata"]["name"].endswith("-self")
     ]
     assert role["metadata"]["namespace"] == "team-a"
 
