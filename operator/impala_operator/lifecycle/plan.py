@@ -119,10 +119,11 @@ def plan_children(
     """Children that follow the spec (auth Secret, config, Services, NetworkPolicy,
     Deployments), for the create/update/resume handlers; the Secret first, as the pods mount it.
     Existing Deployments keep their replicas and request marker: replica decisions are the
-    timer's, which sees the request change and acts on it. A queued job's pods go where its
-    recorded admission (`status.admission`) put them; a new one starts with none (the timer
-    scales it up once Kueue admits it)."""
-    suspended = job.spec.run_policy.suspend or (
+    timer's, which sees the request change and acts on it. A job that may not run (suspended,
+    or queued and not admitted) gets none, whatever the index last saw: re-applying the count
+    from before a suspend would race the timer that just scaled the pods to 0. A queued job's
+    pods go where its recorded admission (`status.admission`) put them."""
+    stopped = job.spec.run_policy.suspend or (
         admission.queue_name(job) is not None and admitted is None
     )
     manifests = [
@@ -137,10 +138,11 @@ def plan_children(
     for role in ROLES:
         view = deployments.get(role)
         if view is not None and view.requested is not None:
-            manifests.append(deployment(job, uid, role, view.replicas, view.requested, admitted))
+            replicas = 0 if stopped else view.replicas
+            manifests.append(deployment(job, uid, role, replicas, view.requested, admitted))
         else:
             group = job.spec.rollouts if role == "rollout" else job.spec.aggregators
-            start = 0 if suspended else group.initial_replicas
+            start = 0 if stopped else group.initial_replicas
             manifests.append(deployment(job, uid, role, start, requested(job, role), admitted))
     return manifests
 

@@ -135,6 +135,22 @@ def test_suspend_scales_to_zero_and_resume_restores() -> None:
     assert resumed.status["phase"] == "Pending"
 
 
+def test_the_children_handler_of_a_suspend_never_restores_the_old_replicas() -> None:
+    """The suspend edge handler runs beside the timer: the index may still show the replicas
+    from before the suspend, and re-applying them would undo the timer's scale-down."""
+    job = _job(runPolicy={"suspend": True})
+    stale = {"rollout": _dep(3, "3"), "aggregator": _dep(2, "")}
+    manifests = plan_children(job, UID, stale, **operator_access(UID))
+    deployments = {m["metadata"]["name"]: m for m in manifests if m["kind"] == "Deployment"}
+    assert {n: d["spec"]["replicas"] for n, d in deployments.items()} == {
+        "cp-rollout": 0,
+        "cp-aggregator": 0,
+    }
+    # The request marker is kept: the timer still sees what the user asked for.
+    annotation = job_status.REQUESTED_ANNOTATION
+    assert deployments["cp-rollout"]["metadata"]["annotations"][annotation] == "3"
+
+
 def test_learner_failure_creates_the_next_attempt() -> None:
     job = _job()
     deps = {"rollout": _dep(1), "aggregator": _dep(1)}
