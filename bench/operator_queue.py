@@ -69,14 +69,6 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def scaled(quota: dict[str, str], factor: int) -> dict[str, str]:
-    out = {}
-    for key, value in quota.items():
-        number = int(value.rstrip("Mim"))
-        out[key] = f"{number * factor}{value[len(str(number)) :]}"
-    return out
-
-
 def drive(kube: Kube, names: list[str], run_seconds: float, timeout: float) -> dict[str, Any]:
     """Apply the jobs, end each `run_seconds` after it runs, until all have Succeeded."""
     started = time.monotonic()
@@ -175,7 +167,7 @@ def main(argv: list[str]) -> int:
         kube.kubectl("wait", "--for=condition=Established", "crd/impalajobs.impala.dev")
         kube.kubectl("create", "namespace", NS)
         kube.apply(queues.resource_flavor("kwok", {"type": "kwok"}))
-        quota = scaled(queues.quota_for(job_manifest("x")), args.room)
+        quota = queues.quota_for(job_manifest("x"), jobs=args.room)
         kube.apply(queues.cluster_queue("bench", "kwok", quota))
         kube.apply(queues.local_queue("bench", NS, "bench"))
         identity = kube.sa_kubeconfig("impala-system", "impala-operator")

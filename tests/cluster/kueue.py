@@ -133,7 +133,9 @@ def _project_secret(kube: Kube, cert_dir: Path, stop: threading.Event) -> None:
     """Keep `cert_dir` holding the webhook Secret's files, as a Secret volume does."""
     cert_dir.mkdir(parents=True, exist_ok=True)
     seen: dict[str, str] = {}
-    while not stop.wait(1.0):
+    # Each second until the certificates are there (the manager waits for them), then every
+    # 30 s for a rotation: a kubectl process a second would cost the tests CPU for nothing.
+    while not stop.wait(30.0 if seen else 1.0):
         try:
             data = kube.get("secret", SECRET, "-n", NAMESPACE).get("data") or {}
         except Exception:  # the API server is busy or restarting: try again next second

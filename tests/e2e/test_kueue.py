@@ -246,7 +246,7 @@ def test_many_jobs_share_a_queue_and_none_starves(kube: Kube, ns: str, operator:
     within seconds of its admission (the operator starves none).
     (200 jobs are the benchmark's: bench/operator_queue.py, docs/benchmarks.md "Operator".)"""
     jobs = [queued_job(f"many-{i:02d}", "many") for i in range(24)]
-    make_queue(kube, ns, "many", {k: _times(v, 6) for k, v in queues.quota_for(jobs[0]).items()})
+    make_queue(kube, ns, "many", queues.quota_for(jobs[0], jobs=6))
     started = time.monotonic()
     kube.apply({"apiVersion": "v1", "kind": "List", "items": jobs}, "-n", ns)
     names = [j["metadata"]["name"] for j in jobs]
@@ -299,10 +299,3 @@ def test_many_jobs_share_a_queue_and_none_starves(kube: Kube, ns: str, operator:
 
 def _seconds(stamp: str) -> float:
     return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
-def _times(quantity: str, factor: int) -> str:
-    """A CPU (`NNNm`) or memory (`NNNMi`) quantity times `factor`."""
-    number = int(quantity.rstrip("miM").rstrip("M"))
-    unit = quantity[len(str(number)) :]
-    return f"{number * factor}{unit}"

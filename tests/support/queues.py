@@ -24,10 +24,12 @@ def _mebibytes(value: str) -> int:
     return int(value) // 2**20
 
 
-def quota_for(manifest: Mapping[str, Any], rollouts: int | None = None) -> dict[str, str]:
-    """CPU and memory of one job's pods: its learner, `rollouts` rollout pods (default: its
-    maximum) and its aggregators, as Kueue counts them (every container's requests, native
-    sidecars included)."""
+def quota_for(
+    manifest: Mapping[str, Any], rollouts: int | None = None, jobs: int = 1
+) -> dict[str, str]:
+    """CPU and memory of `jobs` such jobs' pods: each one's learner, `rollouts` rollout pods
+    (default: its maximum) and its aggregators, as Kueue counts them (every container's
+    requests, native sidecars included)."""
     meta = {**manifest["metadata"], "namespace": manifest["metadata"].get("namespace") or "q"}
     job = parse_manifest({**manifest, "metadata": meta}, source="test")
     cpu = mem = 0
@@ -38,7 +40,7 @@ def quota_for(manifest: Mapping[str, Any], rollouts: int | None = None) -> dict[
             requests = (c.get("resources") or {}).get("requests") or {}
             cpu += count * _cpu_millis(str(requests.get("cpu", "0")))
             mem += count * _mebibytes(str(requests.get("memory", "0")))
-    return {"cpu": f"{cpu}m", "memory": f"{mem}Mi"}
+    return {"cpu": f"{cpu * jobs}m", "memory": f"{mem * jobs}Mi"}
 
 
 def queued(manifest: dict[str, Any], queue: str, priority: str | None = None) -> dict[str, Any]:
