@@ -82,6 +82,31 @@ def test_placed_actors_are_never_cancelled_and_unplaced_wait_for_capacity() -> N
     assert p.cancel == []
 
 
+def test_starting_actors_queued_on_a_node_whose_units_are_held_are_cancelled() -> None:
+    # After a network cut: the replacements of the cut nodes' actors were queued on a node
+    # before the GCS declared the old nodes dead; the nodes rejoined under new ids and got actors
+    # of their own. The GCS keeps the queued actor on r1, whose one unit rollout-2 holds.
+    nodes = [node("r1", rollout=1), node("r2", rollout=1), node("old", rollout=1, alive=False)]
+    actors = [
+        actor("rollout-2", "r1"),
+        actor("rollout-3", "r2"),
+        actor("rollout-4", "r1", state="starting"),
+    ]
+    p = plan(nodes, actors)
+    assert p.cancel == ["rollout-4"] and p.lost == []
+    # A starting actor that holds its node's free unit (its constructor running) stays.
+    p = plan(nodes, [actor("rollout-2", "r1"), actor("rollout-3", "r2", state="starting")])
+    assert p.cancel == []
+    # Two queued on a 2-unit node beside one healthy: the newest goes.
+    nodes = [node("r1", rollout=2)]
+    actors = [
+        actor("rollout-0", "r1"),
+        actor("rollout-1", "r1", state="starting"),
+        actor("rollout-2", "r1", state="starting"),
+    ]
+    assert plan(nodes, actors).cancel == ["rollout-2"]
+
+
 def test_dead_actors_are_ignored_and_draining_ones_do_not_count_toward_targets() -> None:
     nodes = [node("r1", rollout=1, draining=True), node("r2", rollout=1)]
     actors = [

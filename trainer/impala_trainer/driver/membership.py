@@ -13,7 +13,8 @@ node table and drain list and:
   released, which lets the node's raylet go idle and exit;
 * retires the actors of nodes that vanished (no drain: a killed pod), without stopping training,
   as RLlib's FaultTolerantActorManager does for unhealthy actors;
-* cancels actors that wait for capacity no node offers any more.
+* cancels actors that wait for capacity no node offers any more, or for a unit of a node that
+  other actors hold.
 
 `plan()` holds the decisions as a pure function; `ElasticMembership` does the I/O, through the
 driver's `Backend`.
@@ -84,11 +85,31 @@ def plan(nodes: list[NodeView], actors: list[ActorView]) -> Plan:
             and a.actor_id not in gone
             and a.actor_id not in out.drain
         ]
+        left = [a for a in actors if a.actor_id not in gone]
+        oversubscribed = [a for a in _oversubscribed(role, alive, left) if a not in out.drain]
+        out.cancel.extend(oversubscribed)
+        staying = [a for a in staying if a.actor_id not in oversubscribed]
         excess = len(staying) - targets[role]
-        # Only unplaced actors can be in excess (a placed one holds a unit of a live node);
-        # newest first, since they are the least likely to be about to start.
+        # Beyond that, only unplaced actors can be in excess (a placed one holds a unit of a
+        # live node); newest first, since they are the least likely to be about to start.
         unplaced = [a for a in staying if not a.node_id]
         out.cancel.extend(a.actor_id for a in reversed(unplaced[-excess:] if excess > 0 else []))
+    return out
+
+
+def _oversubscribed(role: Role, alive: dict[str, NodeView], actors: list[ActorView]) -> list[str]:
+    """Starting actors the GCS queued on a node whose units other actors already hold, newest
+    first: they would wait there for good. Seen after a network cut, where failures and rejoins
+    overlap: a replacement made for an actor that failed before the GCS declared its node dead
+    was queued on a rejoined node whose unit another new actor then took."""
+    out: list[str] = []
+    for node_id, node in alive.items():
+        on_node = [
+            a for a in actors if a.role == role and a.node_id == node_id and a.state != "dead"
+        ]
+        over = len(on_node) - node.units.get(role, 0)
+        starting = [a.actor_id for a in on_node if a.state == "starting"]
+        out.extend(reversed(starting[-over:]) if over > 0 else [])
     return out
 
 
@@ -136,11 +157,7 @@ class ElasticActorManager(ActorManager):
         and must not fail the run after a few repetitions.
         """
         actor = self.actors.get(actor_id)
-        if (
-            actor is not None
-            and actor.state == "starting"
-            and not self.backend.init_failed(error)
-        ):
+        if actor is not None and actor.state == "starting" and not self.backend.init_failed(error):
             actor.state = "healthy"
         return super().on_failure(actor_id, error)
 
