@@ -8,6 +8,7 @@ free of torch/ray imports.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -266,7 +267,27 @@ def write_json_atomic(path: Path, model: BaseModel) -> None:
         raise
 
 
+def append_whole(path: Path, data: bytes) -> None:
+    """Append `data` to `path` entirely or not at all: a write that fails part-way (a full
+    volume) is cut back off, so the next append does not land in the middle of a line or a
+    record (truncating frees space, so it works on a full volume too)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
+
+
 def append_history(path: Path, point: HistoryPoint) -> None:
-    """Append one JSON line; a reader may see a partial last line and must skip it."""
-    with path.open("a") as f:
-        f.write(json.dumps(point.model_dump(mode="json"), separators=(",", ":")) + "\n")
+    """Append one JSON line, whole or not at all; a reader may still see a partial last line
+    while it is being written, and must skip it."""
+    line = json.dumps(point.model_dump(mode="json"), separators=(",", ":")) + "\n"
+    append_whole(path, line.encode())

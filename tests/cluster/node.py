@@ -169,6 +169,24 @@ def pause_image_archive(pause_binary: Path, out: Path) -> Path:
     return out
 
 
+def without_blobs(archive: Path, present: set[str], out: Path) -> Path | None:
+    """A copy of an OCI archive without the blobs containerd already holds (`present`:
+    `sha256:...` digests), or None when it holds none of them. A job image built FROM the
+    product image shares its 3.5 GB layer: importing the copy reads kilobytes, not the layer
+    again (containerd takes an image's layers from its content store when the archive lacks them).
+    """
+    with tarfile.open(archive) as src:  # uncompressed: members are seeked over, not read
+        members = src.getmembers()
+        skip = {m.name for m in members if "sha256:" + m.name.rsplit("/", 1)[-1] in present}
+        if not any(m.name in skip for m in members if m.isfile()):
+            return None
+        with tarfile.open(out, "w") as dst:
+            for m in members:
+                if m.name not in skip:
+                    dst.addfile(m, src.extractfile(m) if m.isfile() else None)
+    return out
+
+
 def docker_reference(name: str) -> str:
     """The fully qualified name the CRI looks an image up by (`impalajob:0.1.0` ->
     `docker.io/library/impalajob:0.1.0`)."""
@@ -471,9 +489,11 @@ disabled_plugins = [
 
     def _import_images(self) -> None:
         archives = [pause_image_archive(self.bin_dir / "pause", self.dir / "pause.oci.tar")]
-        for archive in [*archives, *self.images]:
+        for i, archive in enumerate([*archives, *self.images]):
             before = {line.split()[0] for line in self._ctr("images", "ls", "-q").stdout.split()}
-            self._ctr("images", "import", str(archive))
+            present = set(self._ctr("content", "ls", "-q").stdout.split())
+            thin = without_blobs(archive, present, self.dir / f"image-{i}.oci.tar")
+            self._ctr("images", "import", str(thin or archive))
             # buildah names the image by its short reference ("impalajob:0.1.0"); the CRI finds
             # images by their full one, so each new name is tagged as that too.
             for name in self._ctr("images", "ls", "-q").stdout.split():

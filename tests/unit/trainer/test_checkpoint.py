@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -183,3 +184,31 @@ def test_a_full_volume_fails_the_write_and_keeps_the_older_checkpoints(
         "ckpt-000001", "ckpt-000002", "ckpt-000003",
     ]  # fmt: skip
     assert not list(ckpts.glob(".tmp-ckpt-*"))
+
+
+def test_an_append_that_fills_the_volume_part_way_is_cut_back_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """history.jsonl and the TensorBoard event file take whole lines and records or nothing: a
+    write that stops part-way (ENOSPC after some bytes) would otherwise leave half a line that
+    the next append joins into garbage."""
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    point = HistoryPoint(time=1.0, wall_seconds=1.0, env_steps=10, episodes=1)
+    run.append_history(point, force=True)
+    sizes = {p: p.stat().st_size for p in [run.history_file, *run.tensorboard_dir.iterdir()]}
+    real_write = os.write
+
+    def half_then_full(fd: int, data: bytes | memoryview) -> int:
+        if len(data) > 1:
+            return real_write(fd, bytes(data)[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(OSError, match="No space left"):
+        run.append_history(point.model_copy(update={"env_steps": 20}), force=True)
+    assert {p: p.stat().st_size for p in sizes} == sizes
+    monkeypatch.setattr(os, "write", real_write)
+    run.append_history(point.model_copy(update={"env_steps": 30}), force=True)
+    lines = run.history_file.read_text().splitlines()
+    assert [json.loads(line)["env_steps"] for line in lines] == [10, 30]

@@ -16,6 +16,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from impala_api.snapshot import append_whole
+
 TENSORBOARD_DIR = "tensorboard"
 
 
@@ -118,8 +120,7 @@ class EventFileWriter:
         now = time.time()
         name = f"events.out.tfevents.{int(now)}.{socket.gethostname()}"
         self.path = directory / name
-        with self.path.open("ab") as f:
-            f.write(_record(_event(now, 0, file_version="brain.Event:2")))
+        append_whole(self.path, _record(_event(now, 0, file_version="brain.Event:2")))
 
     def add_scalars(
         self, step: int, scalars: Mapping[str, float | None], wall_time: float | None = None
@@ -133,8 +134,7 @@ class EventFileWriter:
             step,
             summary=_scalar_summary(present),
         )
-        with self.path.open("ab") as f:
-            f.write(_record(event))
+        append_whole(self.path, _record(event))
 
     def add_image(
         self, step: int, tag: str, encoded: bytes, height: int, width: int,
@@ -143,5 +143,4 @@ class EventFileWriter:
         """One image (PNG, or an animated GIF) at `step`."""
         summary = _image_summary(tag, encoded, height, width)
         event = _event(time.time() if wall_time is None else wall_time, step, summary=summary)
-        with self.path.open("ab") as f:
-            f.write(_record(event))
+        append_whole(self.path, _record(event))
