@@ -171,9 +171,20 @@ def store_checkpoints(server: S3Server, prefix: str) -> list[str]:
     return sorted(o["Key"] for o in listed.get("Contents", ()) if o["Key"].endswith("/state.json"))
 
 
-def checkpoint_claim(kube: Kube, namespace: str, name: str, size: str = "1Gi") -> Path:
-    """A PersistentVolumeClaim bound to a static volume on the real node; its host directory."""
+def checkpoint_claim(
+    kube: Kube, namespace: str, name: str, size: str = "1Gi", *, tmpfs: bool = False
+) -> Path:
+    """A PersistentVolumeClaim bound to a static volume on the real node; its host directory.
+    `tmpfs`: the volume is a filesystem of exactly `size` of its own (a tmpfs under the work
+    dir, unmounted with the node), so it can really fill up."""
     path = volume_for(kube, namespace, name, size)
+    if tmpfs:
+        mib = int(size.removesuffix("Mi"))
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={mib}m,uid={RUN_AS},gid={RUN_AS},mode=0755",
+             f"impala-{name}", str(path)],
+            check=True, capture_output=True, timeout=30,
+        )  # fmt: skip
     kube.apply(
         {
             "apiVersion": "v1",
@@ -228,12 +239,48 @@ def status_counters(kube: Kube, namespace: str, name: str) -> dict[str, Any] | N
     return dict(json.loads(proc.stdout)["counters"]) if proc.returncode == 0 else None
 
 
+TEAMS = ("team-a", "team-b", "team-c")
+"""Namespaces of the three small jobs that share the node with the CartPole example."""
+
+
+def small_job(kube: Kube, namespace: str) -> None:
+    """A small CartPole job (one rollout pod, results on an emptyDir) in `namespace`."""
+    manifest = example_manifest(
+        "cartpole", name="small", namespace=namespace, rollouts={"minReplicas": 1, "maxReplicas": 1}
+    )
+    del manifest["spec"]["checkpoint"]["volumeClaim"]
+    kube.apply(manifest)
+
+
+def small_jobs_finish(kube: Kube, namespaces: list[str], since: float) -> None:
+    """Every small job Succeeded (none starved); each one's time from the apply."""
+    done: dict[str, float] = {}
+
+    def finished() -> bool:
+        for ns in namespaces:
+            if ns not in done and job_status(kube, ns, "small").get("phase") == "Succeeded":
+                done[ns] = time.monotonic() - since
+            assert job_status(kube, ns, "small").get("phase") != "Failed", diagnose(kube, ns)
+        return len(done) == len(namespaces)
+
+    wait_for(finished, timeout=600, interval=3, what="the small jobs to succeed",
+             fatal=(AssertionError,))  # fmt: skip
+    times = ", ".join(f"{t:.0f} s" for t in sorted(done.values()))
+    log(f"3 small jobs beside the example: Succeeded {times} after the apply")
+    REAL_NODE_REPORT.append(f"4 jobs on the node at once: the small ones Succeeded after {times}")
+
+
 def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
+    """The example, applied beside three small jobs of other namespaces (four learners and five
+    rollout pods on the node at once): every one of them trains to Succeeded."""
     kube = real_kube
-    with kube.namespace("cartpole") as ns:
+    with contextlib.ExitStack() as teams, kube.namespace("cartpole") as ns:
         # The example as a user applies it: the job and its results claim, which the cluster's
         # default StorageClass provisions (the local-path provisioner, on the job's node).
         t0 = time.monotonic()
+        others = [teams.enter_context(kube.namespace(team)) for team in TEAMS]
+        for other in others:
+            small_job(kube, other)
         kube.kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "cartpole.yaml"))
         log(f"applied manifests/examples/cartpole.yaml in {ns}")
         seen: list[int] = []
@@ -312,6 +359,7 @@ def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
         newest = sorted(p.name for p in (results / "checkpoints").glob("ckpt-*"))[-1]
         assert played["checkpoint"] == newest, played
         assert not [p for p in kube.pods(ns) if "results" in p["metadata"]["name"]]  # cleaned up
+        small_jobs_finish(kube, others, t0)
 
 
 def test_a_job_image_built_from_the_product_image_trains(real_kube: Kube, operator: None) -> None:
@@ -339,6 +387,10 @@ def test_a_job_image_built_from_the_product_image_trains(real_kube: Kube, operat
 
 FAULT_JOB = "faulty"
 CHECKPOINT_SECONDS = 5
+FAULT_VOLUME = "64Mi"
+"""The fault job's claim: a tmpfs of this size, so that a test can fill it."""
+LEARNER_MEMORY = "3Gi"
+"""The fault job's learner limit (~1.3 GiB used): what the OOM test exceeds."""
 
 
 def progress_steps(kube: Kube, namespace: str, name: str) -> int:
@@ -377,18 +429,20 @@ def newest_checkpoint(path: Path) -> tuple[int, float]:
 
 @pytest.fixture(scope="module")
 def faulty_job(real_kube: Kube, operator: None) -> Iterator[tuple[str, Path]]:
-    """A CartPole job that trains for a fixed 260 s of training time (faults do not shorten it),
-    checkpointing every 5 s to a claim, with exactly two rollout pods."""
+    """A CartPole job that trains for a fixed 330 s of training time (faults do not shorten it),
+    checkpointing every 5 s to a claim on a 64 MiB filesystem of its own, with exactly two
+    rollout pods and a learner memory limit."""
     kube = real_kube
     with kube.namespace("faults") as ns:
-        checkpoints = checkpoint_claim(kube, ns, "faulty-checkpoints")
+        checkpoints = checkpoint_claim(kube, ns, "faulty-checkpoints", FAULT_VOLUME, tmpfs=True)
         manifest = example_manifest(
             "cartpole",
             name=FAULT_JOB,
             namespace=ns,
             rollouts={"minReplicas": 2, "maxReplicas": 2, "autoscaling": {"enabled": False}},
+            learner={"resources": {"limits": {"memory": LEARNER_MEMORY}}},
             checkpoint={"volumeClaim": "faulty-checkpoints", "intervalSeconds": CHECKPOINT_SECONDS},
-            stop={"timeLimitSeconds": 260},
+            stop={"timeLimitSeconds": 330},
         )
         del manifest["spec"]["stop"]["episodeReturnMean"]
         kube.apply(manifest)
@@ -705,29 +759,205 @@ def _utc(monotonic_then: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
 
 
-def test_killed_learner_resumes_from_checkpoint(
+def _ctr(kube: Kube, *args: str) -> str:
+    """`ctr` against the real node's containerd, in the CRI's namespace."""
+    socket = RealNode(Path("."), kube.workdir).containerd_socket
+    return subprocess.run(
+        ["ctr", "--address", str(socket), "-n", "k8s.io", *args],
+        check=True, capture_output=True, text=True, timeout=60,
+    ).stdout  # fmt: skip
+
+
+def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    (status,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == name]
+    return dict(status)
+
+
+def _task_pid(kube: Kube, container_id: str) -> int:
+    """The host PID of a running container's init process."""
+    for line in _ctr(kube, "tasks", "ls").splitlines()[1:]:
+        task, pid, *_ = line.split()
+        if task == container_id.removeprefix("containerd://"):
+            return int(pid)
+    raise AssertionError(f"no task for {container_id}")
+
+
+CUT_SECONDS = 30
+
+
+def _iptables(netns_fd: int, script: str) -> None:
+    """A shell script of iptables commands in the network namespace `netns_fd` refers to (held
+    open, so it outlives a container restart: the namespace is the pod sandbox's)."""
+    subprocess.run(
+        ["nsenter", f"--net=/proc/self/fd/{netns_fd}", "--", "sh", "-ec", script],
+        check=True, capture_output=True, timeout=30, pass_fds=(netns_fd,),
+    )  # fmt: skip
+
+
+def test_network_cut_between_rollouts_and_learner_heals(
     real_kube: Kube, faulty_job: tuple[str, Path]
 ) -> None:
+    """For 30 s every packet between the rollout pods and the learner pod is dropped (iptables
+    in each rollout pod's network namespace; the learner's Service is headless, so that is all
+    of their traffic), then the rules go. The GCS declares the rollout nodes dead, their actors
+    fail, the rollout pods rejoin and get new actors, training goes on: no pod restarted, no
+    actor left waiting, every env step counted once."""
+    kube, (ns, _) = real_kube, faulty_job
+    learner_before, _ = _pods(kube, ns)
+    learner_ip = kube.get("pod", f"{FAULT_JOB}-learner-0", "-n", ns)["status"]["podIP"]
+    rollouts = running_pods(kube, ns, "rollout")
+    restarts = {p["metadata"]["name"]: _container(p, "rollout")["restartCount"] for p in rollouts}
+    fds = [
+        os.open(f"/proc/{_task_pid(kube, _container(p, 'rollout')['containerID'])}/ns/net",
+                os.O_RDONLY)
+        for p in rollouts
+    ]  # fmt: skip
+    steps_before = progress_steps(kube, ns, FAULT_JOB)
+    try:
+        cut = (
+            f"iptables -N IMPALA-CUT; iptables -A IMPALA-CUT -s {learner_ip} -j DROP; "
+            f"iptables -A IMPALA-CUT -d {learner_ip} -j DROP; "
+            "iptables -I INPUT -j IMPALA-CUT; iptables -I OUTPUT -j IMPALA-CUT"
+        )
+        for fd in fds:
+            _iptables(fd, cut)
+        log(f"network cut between {sorted(restarts)} and the learner ({learner_ip})")
+        time.sleep(CUT_SECONDS)
+        steps_cut = progress_steps(kube, ns, FAULT_JOB)
+    finally:
+        for fd in fds:
+            _iptables(fd, "iptables -D INPUT -j IMPALA-CUT; iptables -D OUTPUT -j IMPALA-CUT; "
+                          "iptables -F IMPALA-CUT; iptables -X IMPALA-CUT")  # fmt: skip
+            os.close(fd)
+    healed = time.monotonic()
+    progress_moves(kube, ns, timeout=180, what="progress after the network came back")
+    moving = time.monotonic() - healed
+
+    def rejoined() -> dict[str, Any] | None:
+        live = impalajob_status(kube, ns, FAULT_JOB)
+        ips = {p["status"]["podIP"] for p in running_pods(kube, ns, "rollout")}
+        current = [m for m in live["membership"]["members"] if m["state"] != "dead"]
+        sampling = {m["node_ip"] for m in current if m["state"] == "healthy" and m["env_steps"]}
+        return live if len(current) == 2 and len(ips) == 2 and ips == sampling else None
+
+    live = wait_for(rejoined, timeout=180, interval=3, what="one sampling actor per rollout pod")
+    members_ = live["membership"]["members"]
+    dead = [m["actor_id"] for m in members_ if m["state"] == "dead"]
+    log(f"network healed: progress moving {moving:.0f} s later, actors {dead} replaced; steps "
+        f"{steps_before} before, {steps_cut} at the heal")  # fmt: skip
+    REAL_NODE_REPORT.append(
+        f"fault: network cut {CUT_SECONDS} s: progress moving {moving:.0f} s after the heal, "
+        f"{len(dead)} actors replaced on the rejoined rollout nodes, no pod restarted"
+    )
+    # Every env step the job counts came from exactly one actor's delivered fragments.
+    assert sum(m["env_steps"] for m in members_) == live["counters"]["num_env_steps_sampled"]
+    assert _pods(kube, ns)[0] == learner_before  # the learner trained on, unrestarted
+    after = {p["metadata"]["name"]: _container(p, "rollout")["restartCount"]
+             for p in running_pods(kube, ns, "rollout")}  # fmt: skip
+    assert after == restarts  # the rollout pods rejoined in place
+    assert job_status(kube, ns, FAULT_JOB)["phase"] == "Running"
+
+
+def _fill(path: Path) -> int:
+    """Write `path` until its filesystem is full; the bytes written."""
+    written = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for chunk in (1 << 20, 4096):
+            with contextlib.suppress(OSError):
+                while True:
+                    written += os.write(fd, b"\0" * chunk)
+    finally:
+        os.close(fd)
+    return written
+
+
+def test_a_full_checkpoint_volume_trains_on(real_kube: Kube, faulty_job: tuple[str, Path]) -> None:
+    """The claim's filesystem fills up for three checkpoint intervals: the learner says so and
+    trains on (nothing restarted, no checkpoint pruned), and checkpoints again once there is
+    room."""
+    kube, (ns, checkpoints) = real_kube, faulty_job
+    pods_before = _pods(kube, ns)
+    kept = sorted(p.name for p in checkpoints.glob("checkpoints/ckpt-*"))
+    filler = checkpoints / "filler"
+    filled = _fill(filler)
+    full_at = time.time()
+    try:
+        time.sleep(3 * CHECKPOINT_SECONDS)
+        newest_during = newest_checkpoint(checkpoints)[1]
+        still = sorted(p.name for p in checkpoints.glob("checkpoints/ckpt-*"))
+    finally:
+        filler.unlink()
+    freed_at = time.time()
+    wait_for(
+        lambda: newest_checkpoint(checkpoints)[1] > freed_at,
+        timeout=6 * CHECKPOINT_SECONDS,
+        what="a checkpoint once there is room",
+    )
+    recovered = time.time() - freed_at
+    pod = f"{FAULT_JOB}-learner-0"
+    learner_log = kube.kubectl("logs", pod, "-n", ns, "-c", "learner", "--since=2m").stdout
+    log(f"volume full ({filled >> 20} MiB written) for {freed_at - full_at:.0f} s; a checkpoint "
+        f"{recovered:.1f} s after it was freed")  # fmt: skip
+    REAL_NODE_REPORT.append(
+        f"fault: checkpoint volume full {freed_at - full_at:.0f} s: trained on, checkpointing "
+        f"again {recovered:.1f} s after the space came back"
+    )
+    # A checkpoint that was being written as the volume filled may have landed; none after.
+    assert newest_during <= full_at + 1
+    assert set(kept) - set(still) <= set(kept[:1])  # pruning waits for new checkpoints
+    assert "checkpoint not written (No space left on device)" in learner_log, learner_log[-2000:]
+    assert _pods(kube, ns) == pods_before
+    assert job_status(kube, ns, FAULT_JOB)["phase"] == "Running"
+
+
+def test_oom_killed_learner_resumes_from_the_last_good_checkpoint(
+    real_kube: Kube, faulty_job: tuple[str, Path]
+) -> None:
+    """The learner container goes over its memory limit (a process in it fills /dev/shm, where
+    Ray keeps its object store, as a runaway object store would) and the kernel's OOM killer
+    ends it: no final checkpoint. The newest checkpoint is then found truncated on the claim.
+    The failure is counted and named (OOMKilled); attempt 1 sets the truncated checkpoint aside,
+    says so, and resumes from the one before it."""
     kube, (ns, checkpoints) = real_kube, faulty_job
     wait_for(lambda: newest_checkpoint(checkpoints)[0] > 0, timeout=60, what="a first checkpoint")
-    pod = kube.get("pod", f"{FAULT_JOB}-learner-0", "-n", ns)
-    (learner,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "learner"]
-    container = learner["containerID"].removeprefix("containerd://")
-    at_kill = progress_steps(kube, ns, FAULT_JOB)
-    # SIGKILL through containerd, as the kernel's OOM killer or a crash would end it: no final
-    # checkpoint, the pod fails, and the operator starts attempt 1.
-    socket = RealNode(Path("."), kube.workdir).containerd_socket
-    subprocess.run(
-        ["ctr", "--address", str(socket), "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL",
-         container],
-        check=True, capture_output=True, timeout=30,
+    pod_name = f"{FAULT_JOB}-learner-0"
+    container = _container(kube.get("pod", pod_name, "-n", ns), "learner")["containerID"]
+    at_fill = progress_steps(kube, ns, FAULT_JOB)
+    hog = (
+        "import time\n"
+        "with open('/dev/shm/oom', 'wb') as f:\n"
+        "    for _ in range(1024):\n"
+        "        f.write(b'x' * (16 << 20)); f.flush(); time.sleep(0.01)\n"
+    )
+    exec_ = subprocess.run(
+        ["ctr", "--address", str(RealNode(Path("."), kube.workdir).containerd_socket),
+         "-n", "k8s.io", "tasks", "exec", "--exec-id", "oom",
+         container.removeprefix("containerd://"), "/opt/impalajob/bin/python3", "-c", hog],
+        capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     killed_at = time.time()
-    ckpt_steps, ckpt_mtime = newest_checkpoint(checkpoints)
-    log(f"killed learner container at {at_kill} steps; newest checkpoint {ckpt_steps} steps, "
-        f"{killed_at - ckpt_mtime:.1f} s old")  # fmt: skip
-    # Nothing older than one checkpoint interval (plus one driver iteration) is lost.
-    assert killed_at - ckpt_mtime <= CHECKPOINT_SECONDS + 5
+    assert exec_.returncode != 0, "the container's memory limit was not reached"
+
+    def terminated() -> dict[str, Any] | None:
+        state = _container(kube.get("pod", pod_name, "-n", ns), "learner")["state"]
+        return state.get("terminated")
+
+    ended = wait_for(terminated, timeout=60, interval=0.5, what="the learner container to end")
+    # The learner is gone, so nothing writes the claim: the newest checkpoint is cut in half,
+    # as a volume that lost its last writes leaves it.
+    ckpts = sorted(checkpoints.glob("checkpoints/ckpt-*"))
+    assert len(ckpts) >= 2, ckpts
+    newest, good = ckpts[-1], ckpts[-2]
+    weights = newest / "learner.pt"
+    with weights.open("r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    good_steps = json.loads((good / "state.json").read_text())["counters"]
+    good_steps = int(good_steps["num_env_steps_sampled"])
+    log(f"learner container {ended['reason']} (exit {ended['exitCode']}) at ~{at_fill} steps, "
+        f"{killed_at - good.stat().st_mtime:.1f} s after {good.name} ({good_steps} steps); "
+        f"{newest.name} truncated")  # fmt: skip
+    assert (ended["reason"], ended["exitCode"]) == ("OOMKilled", 137), ended
 
     def resumed() -> int:
         st = job_status(kube, ns, FAULT_JOB)
@@ -741,12 +971,23 @@ def test_killed_learner_resumes_from_checkpoint(
         return impalajob_status(kube, ns, FAULT_JOB)["counters"]["num_env_steps_sampled"]
 
     first = wait_for(resumed, timeout=300, interval=3, what="the learner's attempt 1 to train")
+    attempt1 = kube.kubectl("logs", f"{FAULT_JOB}-learner-1", "-n", ns, "-c", "learner").stdout
     log(f"attempt 1 reports {first} steps")
-    # The new attempt continued from the checkpoint on the claim, not from zero.
-    assert first >= ckpt_steps > 0
+    REAL_NODE_REPORT.append(
+        f"fault: learner OOM-killed by its {LEARNER_MEMORY} limit, newest checkpoint truncated: "
+        f"resumed from {good.name} ({good_steps} steps, "
+        f"{killed_at - good.stat().st_mtime:.0f} s of learning lost at most)"
+    )
+    # The newer, truncated checkpoint was set aside (kept for a post-mortem) and said so.
+    said = f"resumed from {good.name}, the newest readable checkpoint; set aside: {newest.name}"
+    assert said in attempt1, attempt1[-3000:]
+    assert (checkpoints / "checkpoints" / f".corrupt-{newest.name}").is_dir()
+    assert first >= good_steps > 0
+    events = kube.kubectl("get", "events", "-n", ns, "-o", "json").stdout
+    assert "learner attempt 0 exited with code 137 (OOMKilled)" in events
     st = wait_finished(kube, ns, FAULT_JOB, timeout=400)
     assert st["phase"] == "Succeeded", diagnose(kube, ns)
-    # SIGKILL is the container's end, not the cluster's: a failure, counted against backoffLimit.
+    # An OOM kill is the container's own failure: counted against backoffLimit.
     learner = st["learner"]
     assert (learner["restarts"], learner["failures"], learner["disruptions"]) == (1, 1, 0)
 

@@ -173,10 +173,15 @@ def test_a_full_volume_fails_the_write_and_keeps_the_older_checkpoints(
 ) -> None:
     ckpts, learner = _three_checkpoints(tmp_path)
 
-    def full(*args: object, **kwargs: object) -> None:
+    real_write_bytes = Path.write_bytes
+
+    def full(path: Path, data: bytes | memoryview) -> int:
+        # What a full volume does: some bytes land, then ENOSPC. (torch.save's own file writer
+        # would raise a RuntimeError here instead; the weights are written as plain bytes.)
+        real_write_bytes(path, bytes(data)[:64])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr(Path, "write_bytes", full)
     with pytest.raises(OSError, match="No space left"):
         save_checkpoint(ckpts, learner.state_dict(), DriverState(), keep=2)
     # Nothing pruned, no half checkpoint left behind.

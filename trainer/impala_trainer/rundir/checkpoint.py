@@ -13,6 +13,7 @@ a write that fails (a full volume) leaves the older checkpoints as they were.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -79,9 +80,14 @@ def _write_checkpoint_dir(
     checkpoint_dir: Path, learner_state: dict[str, Any], state: DriverState
 ) -> Path:
     """Both files in a new hidden directory of `checkpoint_dir`, synced; its path."""
+    # Serialised in memory, then written as plain bytes: torch's own file writer reports a full
+    # volume as a RuntimeError from its zip writer ("unexpected pos"), which the caller, which
+    # trains on through write failures (OSError), would take for a crash.
+    weights = io.BytesIO()
+    torch.save(learner_state, weights)
     tmp = Path(tempfile.mkdtemp(dir=checkpoint_dir, prefix=".tmp-ckpt-"))
     try:
-        torch.save(learner_state, tmp / LEARNER_FILE)
+        (tmp / LEARNER_FILE).write_bytes(weights.getbuffer())
         (tmp / STATE_FILE).write_text(json.dumps(asdict(state), separators=(",", ":")))
         for name in (LEARNER_FILE, STATE_FILE):
             with open(tmp / name, "rb") as f:
