@@ -244,11 +244,14 @@ TEAMS = ("team-a", "team-b", "team-c")
 
 
 def small_job(kube: Kube, namespace: str) -> None:
-    """A small CartPole job (one rollout pod, results on an emptyDir) in `namespace`."""
+    """A small CartPole job (one rollout pod, 30,000 env steps, results on an emptyDir) in
+    `namespace`."""
     manifest = example_manifest(
-        "cartpole", name="small", namespace=namespace, rollouts={"minReplicas": 1, "maxReplicas": 1}
-    )
+        "cartpole", name="small", namespace=namespace,
+        rollouts={"minReplicas": 1, "maxReplicas": 1}, stop={"timesteps": 30_000},
+    )  # fmt: skip
     del manifest["spec"]["checkpoint"]["volumeClaim"]
+    del manifest["spec"]["stop"]["episodeReturnMean"]
     kube.apply(manifest)
 
 
@@ -384,6 +387,8 @@ def test_a_job_image_built_from_the_product_image_trains(real_kube: Kube, operat
 
 
 # ---- faults on the real node --------------------------------------------------------------------
+
+STORE_DOWN_SECONDS = 60
 
 FAULT_JOB = "faulty"
 CHECKPOINT_SECONDS = 5
@@ -705,17 +710,35 @@ def test_api_server_and_etcd_restart_mid_run(real_kube: Kube, faulty_job: tuple[
     kube, (ns, _) = real_kube, faulty_job
     assert kube.restart is not None
     pods_before, steps_before = _pods(kube, ns), progress_steps(kube, ns, FAULT_JOB)
+    leader_before = operator_leader(kube)
     t0 = time.monotonic()
     kube.restart("etcd", "kube-apiserver", down=10)
     wait_for(lambda: _api_ready(kube), timeout=180, interval=1, what="the API server back")
     back = time.monotonic() - t0
+    # Where the rest goes: a leader that could not renew its 15 s Lease while the API was away
+    # stops leading (it exits, as client-go's leaders do) and the standby takes the Lease over.
+    api_back = _utc(time.monotonic())
+
+    def renewed() -> str | None:
+        lease = kube.get("lease", "impala-operator", "-n", OPERATOR_NS)["spec"]
+        fresh = str(lease.get("renewTime") or "") > api_back
+        return str(lease.get("holderIdentity") or "") if fresh else None
+
+    leading = wait_for(renewed, timeout=120, interval=1, what="the Lease renewed after the restart")
+    led = time.monotonic() - t0
     progress_moves(kube, ns, timeout=180, what="progress published after the restart")
     reported = time.monotonic() - t0
     steps_after = progress_steps(kube, ns, FAULT_JOB)
-    log(f"API server + etcd down 10 s: serving again after {back:.0f} s, operator reporting "
-        f"progress after {reported:.0f} s; {steps_before} -> {steps_after} steps")  # fmt: skip
+    restarts = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"]
+                for p in kube.pods(OPERATOR_NS)}  # fmt: skip
+    log(f"API server + etcd down 10 s: serving again after {back:.0f} s, Lease held by "
+        f"{leading} (before: {leader_before}) at {led:.0f} s, operator container restarts "
+        f"{restarts}, progress published after {reported:.0f} s; {steps_before} -> "
+        f"{steps_after} steps")  # fmt: skip
     REAL_NODE_REPORT.append(
-        f"fault: API server + etcd restart: progress published {reported:.0f} s after the stop, "
+        f"fault: API server + etcd restart: API back {back:.0f} s, a leader {led:.0f} s "
+        f"({'the same' if leading == leader_before else 'the standby'}), "
+        f"progress published {reported:.0f} s after the stop, "
         f"{steps_after - steps_before} steps trained across it, no pod restarted"
     )
     assert _pods(kube, ns) == pods_before  # the same containers trained on
@@ -1085,7 +1108,32 @@ def test_aggregator_variant_trains_and_resumes_from_the_store(
             log(f"aggregated: {new['metadata']['name']} on an empty run directory reports "
                 f"{resumed['num_env_steps_sampled']} steps")  # fmt: skip
             assert resumed["num_env_steps_sampled"] >= saved, (resumed, saved)
+            # The store goes away for 60 s: training goes on (to its end, if it gets there),
+            # uploads fail and are retried, and the learner does not exit before its results
+            # are in the store.
+            down_from = progress_steps(kube, ns, "cartpole")
+            s3_store.stop()
+            t_down = time.monotonic()
+            try:
+                wait_for(
+                    lambda: progress_steps(kube, ns, "cartpole") > down_from,
+                    timeout=STORE_DOWN_SECONDS, interval=2, what="training without the store",
+                )  # fmt: skip
+                time.sleep(max(0.0, STORE_DOWN_SECONDS - (time.monotonic() - t_down)))
+                down_to = progress_steps(kube, ns, "cartpole")
+                phase_down = job_status(kube, ns, "cartpole").get("phase")
+            finally:
+                s3_store.start()
+            t_back = time.monotonic()
             st = wait_for(watch, timeout=900, interval=3, what="the aggregated job to finish")
+            after = time.monotonic() - t_back
+            log(f"aggregated: store down {t_back - t_down:.0f} s, trained {down_from} -> "
+                f"{down_to} steps meanwhile (phase then {phase_down}); the job "
+                f"{st['phase']} {after:.0f} s after the store was back")  # fmt: skip
+            REAL_NODE_REPORT.append(
+                f"fault: S3 store down {t_back - t_down:.0f} s: {down_to - down_from} steps "
+                f"trained meanwhile, every upload in the store once it was back"
+            )
         log(f"aggregated: {membership.get('aggregator_workers')} aggregator and "
             f"{membership.get('rollout_workers')} rollout actors mid-run")  # fmt: skip
         # The aggregator pod's actor was in the data path, not just scheduled.
@@ -1098,7 +1146,11 @@ def test_aggregator_variant_trains_and_resumes_from_the_store(
         # The deletion was a disruption, not a failure; the results are in the store.
         assert st["learner"]["failures"] == 0, st["learner"]
         summary = store_json(s3_store, "aggregated/summary.json")
-        assert summary["phase"] == "Succeeded" and summary["timesteps"] >= saved
+        assert summary["phase"] == "Succeeded" and summary["timesteps"] >= down_to > down_from
+        # Nothing trained during the outage is missing from the store: its newest checkpoint
+        # holds the run's final count.
+        final = store_json(s3_store, store_checkpoints(s3_store, "aggregated")[-1])
+        assert final["counters"]["num_env_steps_sampled"] == summary["timesteps"], final
         owner = store_json(s3_store, "aggregated/run.json")
         uid = kube.get("ij", "cartpole", "-n", ns)["metadata"]["uid"]
         assert owner == {"job": "cartpole", "uid": uid}
