@@ -700,6 +700,14 @@ def _pods(kube: Kube, ns: str) -> tuple[tuple[str, str, int], list[str]]:
     return (pod["metadata"]["uid"], learner["containerID"], learner["restartCount"]), rollouts
 
 
+def operator_restarts(kube: Kube) -> dict[str, int]:
+    """Container restarts of each operator pod."""
+    return {
+        p["metadata"]["name"]: int(p["status"]["containerStatuses"][0]["restartCount"])
+        for p in kube.pods(OPERATOR_NS)
+    }
+
+
 def _api_ready(kube: Kube) -> bool:
     return kube.kubectl("get", "--raw", "/readyz", check=False).returncode == 0
 
@@ -711,6 +719,7 @@ def test_api_server_and_etcd_restart_mid_run(real_kube: Kube, faulty_job: tuple[
     assert kube.restart is not None
     pods_before, steps_before = _pods(kube, ns), progress_steps(kube, ns, FAULT_JOB)
     leader_before = operator_leader(kube)
+    restarts_before = operator_restarts(kube)
     t0 = time.monotonic()
     kube.restart("etcd", "kube-apiserver", down=10)
     wait_for(lambda: _api_ready(kube), timeout=180, interval=1, what="the API server back")
@@ -729,8 +738,7 @@ def test_api_server_and_etcd_restart_mid_run(real_kube: Kube, faulty_job: tuple[
     progress_moves(kube, ns, timeout=180, what="progress published after the restart")
     reported = time.monotonic() - t0
     steps_after = progress_steps(kube, ns, FAULT_JOB)
-    restarts = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"]
-                for p in kube.pods(OPERATOR_NS)}  # fmt: skip
+    restarts = operator_restarts(kube)
     log(f"API server + etcd down 10 s: serving again after {back:.0f} s, Lease held by "
         f"{leading} (before: {leader_before}) at {led:.0f} s, operator container restarts "
         f"{restarts}, progress published after {reported:.0f} s; {steps_before} -> "
@@ -744,6 +752,9 @@ def test_api_server_and_etcd_restart_mid_run(real_kube: Kube, faulty_job: tuple[
     assert _pods(kube, ns) == pods_before  # the same containers trained on
     st = job_status(kube, ns, FAULT_JOB)
     assert st["phase"] == "Running" and st["learner"]["restarts"] == 0, st
+    # The leader may exit (its Lease could not be renewed); the standby waits the outage out.
+    standbys = [name for name in restarts_before if name != leader_before]
+    assert all(restarts[n] == restarts_before[n] for n in standbys), (restarts_before, restarts)
 
 
 def test_kubelet_restart_keeps_the_pods_running(
@@ -1111,7 +1122,11 @@ def test_aggregator_variant_trains_and_resumes_from_the_store(
             # The store goes away for 60 s: training goes on (to its end, if it gets there),
             # uploads fail and are retried, and the learner does not exit before its results
             # are in the store.
-            down_from = progress_steps(kube, ns, "cartpole")
+            # (Once the new learner trains: its rollout pods rejoin its Ray head first.)
+            down_from = wait_for(
+                lambda: max(0, progress_steps(kube, ns, "cartpole") - saved),
+                timeout=300, interval=2, what="the new learner to train",
+            ) + saved  # fmt: skip
             s3_store.stop()
             t_down = time.monotonic()
             try:

@@ -3,7 +3,7 @@
 Several operator replicas may run; only the one holding the Lease reconciles. A standby polls the
 Lease and takes it over once its record has not changed for `duration` seconds of the standby's
 own clock (so clocks need not agree). The holder renews every `renew_every` seconds; if it cannot
-renew for `duration` seconds it stops leading: the process exits and the kubelet restarts it as a
+renew for 2/3 of `duration` it stops leading: the process exits and the kubelet restarts it as a
 standby, which is client-go's convention too (half-done work is safe: every reconcile is
 level-based and idempotent). Takeover after a crash therefore takes about `duration` seconds.
 """
@@ -120,9 +120,20 @@ class LeaderElection:
 
     def acquire(self, stop: threading.Event | None = None) -> bool:
         """Block until this identity leads (True), or `stop` is set (False)."""
-        waiting_logged = False
+        waiting_logged = failing = False
         while stop is None or not stop.is_set():
-            if self.try_acquire_or_renew():
+            try:
+                acquired = self.try_acquire_or_renew()
+            except Exception as err:  # an API outage: a standby waits it out
+                # It once let the exception end the process: both replicas restarted on every
+                # API server restart. client-go's standby keeps polling too.
+                if not failing:
+                    log.warning("lease %s/%s unreadable (%s); retrying", self.namespace,
+                                self.name, err)  # fmt: skip
+                failing, acquired = True, False
+            else:
+                failing = False
+            if acquired:
                 log.info("leading as %s (lease %s/%s)", self.identity, self.namespace, self.name)
                 return True
             if not waiting_logged and self._observed is not None:
@@ -151,7 +162,10 @@ class LeaderElection:
         return True
 
     def keep(self, on_lost: Callable[[], None], stop: threading.Event) -> threading.Thread:
-        """Renew in a daemon thread; `on_lost()` once renewing has failed for `duration`."""
+        """Renew in a daemon thread; `on_lost()` once renewing has failed for the renew deadline
+        (2/3 of `duration`, client-go's 10 of 15 s): the leader stops before a standby, which
+        waits the whole `duration`, can take over, so two never lead at once."""
+        deadline = self.duration * 2 / 3
 
         def loop() -> None:
             last_ok = time.monotonic()
@@ -162,7 +176,7 @@ class LeaderElection:
                         continue
                 except Exception:  # an API outage: keep trying until the lease would lapse
                     log.exception("renewing lease %s/%s", self.namespace, self.name)
-                if time.monotonic() - last_ok >= self.duration:
+                if time.monotonic() - last_ok >= deadline:
                     log.error("lost lease %s/%s", self.namespace, self.name)
                     on_lost()
                     return

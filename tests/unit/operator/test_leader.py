@@ -3,6 +3,8 @@ at its next poll instead of after `duration` (client-go's ReleaseOnCancel)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -65,3 +67,41 @@ def test_only_the_holder_releases() -> None:
     assert not standby.release()
     assert leases.lease is not None and leases.lease["spec"]["holderIdentity"] == "a"
     assert not _election(FakeLeases(), "c").release()  # no Lease at all
+
+
+class Outage(FakeLeases):
+    """The API server unreachable for the first `failures` calls (what urllib3 raises)."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def read_namespaced_lease(self, name: str, namespace: str) -> Any:
+        if self.failures > 0:
+            self.failures -= 1
+            raise OSError("Connection refused")
+        return super().read_namespaced_lease(name, namespace)
+
+
+def test_a_standby_waits_out_an_api_outage_instead_of_exiting() -> None:
+    # Both replicas once restarted on every API server restart: the standby's poll raised.
+    leases = Outage(failures=3)
+    standby = _election(leases, "b")
+    standby.retry_every = 0.01
+    assert standby.acquire()
+    assert leases.lease is not None and leases.lease["spec"]["holderIdentity"] == "b"
+
+
+def test_a_leader_stops_at_the_renew_deadline_before_a_standby_may_take_over() -> None:
+    leases = Outage(failures=0)
+    leader = _election(leases, "a")
+    leader.duration, leader.renew_every = 3.0, 0.05
+    assert leader.acquire()
+    leases.failures = 10**6  # the API goes away for good
+    lost = threading.Event()
+    start = time.monotonic()
+    leader.keep(lost.set, threading.Event())
+    assert lost.wait(10)
+    # client-go's 10 of 15 s: the leader gives up at 2/3 of the Lease's duration, so a standby
+    # (which waits the whole duration from the last renewal it saw) never overlaps it.
+    assert 2.0 <= time.monotonic() - start < 3.0
