@@ -1051,6 +1051,8 @@ def test_aggregator_variant_trains_and_resumes_from_the_store(
                 "cartpole",
                 namespace=ns,
                 aggregators={"minReplicas": 1, "maxReplicas": 1},
+                # The example's 280 s of training would end it mid-fault on a busy node.
+                stop={"timeLimitSeconds": 900},
                 checkpoint={
                     "volumeClaim": None,
                     "storageUri": "s3://results/aggregated",
