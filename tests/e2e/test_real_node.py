@@ -261,9 +261,10 @@ def small_jobs_finish(kube: Kube, namespaces: list[str], since: float) -> None:
 
     def finished() -> bool:
         for ns in namespaces:
-            if ns not in done and job_status(kube, ns, "small").get("phase") == "Succeeded":
+            phase = job_status(kube, ns, "small").get("phase")
+            if ns not in done and phase == "Succeeded":
                 done[ns] = time.monotonic() - since
-            assert job_status(kube, ns, "small").get("phase") != "Failed", diagnose(kube, ns)
+            assert phase != "Failed", diagnose(kube, ns)
         return len(done) == len(namespaces)
 
     wait_for(finished, timeout=600, interval=3, what="the small jobs to succeed",
@@ -793,13 +794,15 @@ def _utc(monotonic_then: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
 
 
-def _ctr(kube: Kube, *args: str) -> str:
+def _ctr(
+    kube: Kube, *args: str, check: bool = True, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """`ctr` against the real node's containerd, in the CRI's namespace."""
     socket = RealNode(Path("."), kube.workdir).containerd_socket
     return subprocess.run(
         ["ctr", "--address", str(socket), "-n", "k8s.io", *args],
-        check=True, capture_output=True, text=True, timeout=60,
-    ).stdout  # fmt: skip
+        check=check, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
 
 
 def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
@@ -809,7 +812,7 @@ def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
 
 def _task_pid(kube: Kube, container_id: str) -> int:
     """The host PID of a running container's init process."""
-    for line in _ctr(kube, "tasks", "ls").splitlines()[1:]:
+    for line in _ctr(kube, "tasks", "ls").stdout.splitlines()[1:]:
         task, pid, *_ = line.split()
         if task == container_id.removeprefix("containerd://"):
             return int(pid)
@@ -964,12 +967,8 @@ def test_oom_killed_learner_resumes_from_the_last_good_checkpoint(
         "    for _ in range(1024):\n"
         "        f.write(b'x' * (16 << 20)); f.flush(); time.sleep(0.01)\n"
     )
-    exec_ = subprocess.run(
-        ["ctr", "--address", str(RealNode(Path("."), kube.workdir).containerd_socket),
-         "-n", "k8s.io", "tasks", "exec", "--exec-id", "oom",
-         container.removeprefix("containerd://"), "/opt/impalajob/bin/python3", "-c", hog],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    exec_ = _ctr(kube, "tasks", "exec", "--exec-id", "oom", container.removeprefix("containerd://"),
+                 "/opt/impalajob/bin/python3", "-c", hog, check=False, timeout=120)  # fmt: skip
     killed_at = time.time()
     assert exec_.returncode != 0, "the container's memory limit was not reached"
 

@@ -3,13 +3,16 @@ at its next poll instead of after `duration` (client-go's ReleaseOnCancel)."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from kubernetes.client.exceptions import ApiException
 
+from impala_operator.runtime import leader as leader_module
 from impala_operator.runtime.leader import LeaderElection
 
 
@@ -92,16 +95,24 @@ def test_a_standby_waits_out_an_api_outage_instead_of_exiting() -> None:
     assert leases.lease is not None and leases.lease["spec"]["holderIdentity"] == "b"
 
 
-def test_a_leader_stops_at_the_renew_deadline_before_a_standby_may_take_over() -> None:
+def test_a_leader_stops_at_the_renew_deadline_before_a_standby_may_take_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     leases = Outage(failures=0)
     leader = _election(leases, "a")
-    leader.duration, leader.renew_every = 3.0, 0.05
+    leader.renew_every = 0.001
     assert leader.acquire()
     leases.failures = 10**6  # the API goes away for good
-    lost = threading.Event()
-    start = time.monotonic()
-    leader.keep(lost.set, threading.Event())
-    assert lost.wait(10)
+    # The leader's clock, one second per reading: the deadline is checked without wall time.
+    ticks = itertools.count()
+    monkeypatch.setattr(
+        leader_module, "time", SimpleNamespace(monotonic=lambda: float(next(ticks)), time=time.time)
+    )
+    lost_at: list[float] = []
+    done = threading.Event()
+    leader.keep(lambda: (lost_at.append(leader_module.time.monotonic()), done.set()),
+                threading.Event())  # fmt: skip
+    assert done.wait(10)
     # client-go's 10 of 15 s: the leader gives up at 2/3 of the Lease's duration, so a standby
     # (which waits the whole duration from the last renewal it saw) never overlaps it.
-    assert 2.0 <= time.monotonic() - start < 3.0
+    assert 10 <= lost_at[0] < 15

@@ -75,6 +75,7 @@ def plan(nodes: list[NodeView], actors: list[ActorView]) -> Plan:
         elif node.draining and a.state != "draining":
             out.drain.append(a.actor_id)
     gone = set(out.lost)
+    left = [a for a in actors if a.actor_id not in gone]
     for role in ROLES:
         # Actors that still count toward the role: not lost, not leaving with a draining node.
         staying = [
@@ -85,7 +86,6 @@ def plan(nodes: list[NodeView], actors: list[ActorView]) -> Plan:
             and a.actor_id not in gone
             and a.actor_id not in out.drain
         ]
-        left = [a for a in actors if a.actor_id not in gone]
         oversubscribed = [a for a in _oversubscribed(role, alive, left) if a not in out.drain]
         out.cancel.extend(oversubscribed)
         staying = [a for a in staying if a.actor_id not in oversubscribed]
