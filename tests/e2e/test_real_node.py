@@ -1003,8 +1003,22 @@ def test_oom_killed_learner_resumes_from_the_last_good_checkpoint(
             return 0
         return impalajob_status(kube, ns, FAULT_JOB)["counters"]["num_env_steps_sampled"]
 
-    first = wait_for(resumed, timeout=300, interval=3, what="the learner's attempt 1 to train")
-    attempt1 = kube.kubectl("logs", f"{FAULT_JOB}-learner-1", "-n", ns, "-c", "learner").stdout
+    wait_for(resumed, timeout=300, interval=3, what="the learner's attempt 1 pod to run")
+    # The sidecar serves the run directory's status, which attempt 0 last wrote: attempt 1 has
+    # resumed only once its own log says so (it may still be importing torch on a busy node).
+    said = f"resumed from {good.name}, the newest readable checkpoint; set aside: {newest.name}"
+
+    def resumed_log() -> str | None:
+        text = kube.kubectl("logs", f"{FAULT_JOB}-learner-1", "-n", ns, "-c", "learner").stdout
+        return text if "resumed from" in text else None
+
+    attempt1 = wait_for(
+        resumed_log,
+        timeout=120,
+        interval=2,
+        what="attempt 1 to say which checkpoint it resumed from",
+    )
+    first = resumed()
     log(f"attempt 1 reports {first} steps")
     REAL_NODE_REPORT.append(
         f"fault: learner OOM-killed by its {LEARNER_MEMORY} limit, newest checkpoint truncated: "
@@ -1012,7 +1026,6 @@ def test_oom_killed_learner_resumes_from_the_last_good_checkpoint(
         f"{killed_at - good.stat().st_mtime:.0f} s of learning lost at most)"
     )
     # The newer, truncated checkpoint was set aside (kept for a post-mortem) and said so.
-    said = f"resumed from {good.name}, the newest readable checkpoint; set aside: {newest.name}"
     assert said in attempt1, attempt1[-3000:]
     assert (checkpoints / "checkpoints" / f".corrupt-{newest.name}").is_dir()
     assert first >= good_steps > 0
