@@ -10,6 +10,7 @@ and CoreDNS (tests/cluster/node.py), from the image `hack/build-image.sh` builds
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import subprocess
@@ -239,52 +240,14 @@ def status_counters(kube: Kube, namespace: str, name: str) -> dict[str, Any] | N
     return dict(json.loads(proc.stdout)["counters"]) if proc.returncode == 0 else None
 
 
-TEAMS = ("team-a", "team-b", "team-c")
-"""Namespaces of the three small jobs that share the node with the CartPole example."""
-
-
-def small_job(kube: Kube, namespace: str) -> None:
-    """A small CartPole job (one rollout pod, 30,000 env steps, results on an emptyDir) in
-    `namespace`."""
-    manifest = example_manifest(
-        "cartpole", name="small", namespace=namespace,
-        rollouts={"minReplicas": 1, "maxReplicas": 1}, stop={"timesteps": 30_000},
-    )  # fmt: skip
-    del manifest["spec"]["checkpoint"]["volumeClaim"]
-    del manifest["spec"]["stop"]["episodeReturnMean"]
-    kube.apply(manifest)
-
-
-def small_jobs_finish(kube: Kube, namespaces: list[str], since: float) -> None:
-    """Every small job Succeeded (none starved); each one's time from the apply."""
-    done: dict[str, float] = {}
-
-    def finished() -> bool:
-        for ns in namespaces:
-            phase = job_status(kube, ns, "small").get("phase")
-            if ns not in done and phase == "Succeeded":
-                done[ns] = time.monotonic() - since
-            assert phase != "Failed", diagnose(kube, ns)
-        return len(done) == len(namespaces)
-
-    wait_for(finished, timeout=600, interval=3, what="the small jobs to succeed",
-             fatal=(AssertionError,))  # fmt: skip
-    times = ", ".join(f"{t:.0f} s" for t in sorted(done.values()))
-    log(f"3 small jobs beside the example: Succeeded {times} after the apply")
-    REAL_NODE_REPORT.append(f"4 jobs on the node at once: the small ones Succeeded after {times}")
-
-
 def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
-    """The example, applied beside three small jobs of other namespaces (four learners and five
-    rollout pods on the node at once): every one of them trains to Succeeded."""
+    """The example as a user applies it trains to Succeeded in real pods, and its policy comes
+    back out of the claim."""
     kube = real_kube
-    with contextlib.ExitStack() as teams, kube.namespace("cartpole") as ns:
+    with kube.namespace("cartpole") as ns:
         # The example as a user applies it: the job and its results claim, which the cluster's
         # default StorageClass provisions (the local-path provisioner, on the job's node).
         t0 = time.monotonic()
-        others = [teams.enter_context(kube.namespace(team)) for team in TEAMS]
-        for other in others:
-            small_job(kube, other)
         kube.kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "cartpole.yaml"))
         log(f"applied manifests/examples/cartpole.yaml in {ns}")
         seen: list[int] = []
@@ -363,7 +326,6 @@ def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
         newest = sorted(p.name for p in (results / "checkpoints").glob("ckpt-*"))[-1]
         assert played["checkpoint"] == newest, played
         assert not [p for p in kube.pods(ns) if "results" in p["metadata"]["name"]]  # cleaned up
-        small_jobs_finish(kube, others, t0)
 
 
 def test_a_job_image_built_from_the_product_image_trains(real_kube: Kube, operator: None) -> None:
@@ -465,8 +427,37 @@ def faulty_job(real_kube: Kube, operator: None) -> Iterator[tuple[str, Path]]:
         yield ns, checkpoints
 
 
+TEAMS = ("team-a", "team-b", "team-c")
+"""Namespaces of the three small jobs that share the node with the fault job."""
+
+
+def small_job(kube: Kube, namespace: str) -> None:
+    """A small CartPole job (one rollout pod, 30,000 env steps, results on an emptyDir) in
+    `namespace`."""
+    manifest = example_manifest(
+        "cartpole", name="small", namespace=namespace,
+        rollouts={"minReplicas": 1, "maxReplicas": 1}, stop={"timesteps": 30_000},
+    )  # fmt: skip
+    del manifest["spec"]["checkpoint"]["volumeClaim"]
+    del manifest["spec"]["stop"]["episodeReturnMean"]
+    kube.apply(manifest)
+
+
+@pytest.fixture(scope="module")
+def team_jobs(real_kube: Kube, faulty_job: tuple[str, Path]) -> Iterator[list[str]]:
+    """Three small jobs of other teams, applied once the fault job trains: four learners and five
+    rollout pods share the 2-core node, through the faults that follow (the API server and the
+    kubelet restart under all four)."""
+    with contextlib.ExitStack() as teams:
+        namespaces = [teams.enter_context(real_kube.namespace(team)) for team in TEAMS]
+        for ns in namespaces:
+            small_job(real_kube, ns)
+        log(f"applied 3 small jobs beside {FAULT_JOB}: {namespaces}")
+        yield namespaces
+
+
 def test_progress_rises_and_reads_live(
-    real_kube: Kube, faulty_job: tuple[str, Path], tmp_path: Path
+    real_kube: Kube, faulty_job: tuple[str, Path], team_jobs: list[str], tmp_path: Path
 ) -> None:
     """`kubectl get ij` shows steps rising; `impalajob status` reads the sidecar mid-run (the
     token from the job's Secret, through a port-forward), ahead of or equal to what the operator
@@ -1036,6 +1027,36 @@ def test_oom_killed_learner_resumes_from_the_last_good_checkpoint(
     # An OOM kill is the container's own failure: counted against backoffLimit.
     learner = st["learner"]
     assert (learner["restarts"], learner["failures"], learner["disruptions"]) == (1, 1, 0)
+
+
+def test_the_other_teams_jobs_all_succeed(real_kube: Kube, team_jobs: list[str]) -> None:
+    """The three small jobs that shared the node with the fault job (and its faults) all
+    Succeeded: none starved. Each one's time from its creation to its completion."""
+    kube = real_kube
+
+    def finished() -> list[float] | None:
+        statuses = [kube.get("ij", "small", "-n", ns) for ns in team_jobs]
+        for ns, job in zip(team_jobs, statuses, strict=True):
+            assert job["status"].get("phase") != "Failed", diagnose(kube, ns)
+        if any(job["status"].get("phase") != "Succeeded" for job in statuses):
+            return None
+        return sorted(
+            (_time(job["status"]["completionTime"]) - _time(job["metadata"]["creationTimestamp"]))
+            for job in statuses
+        )
+
+    took = wait_for(finished, timeout=600, interval=3, what="the small jobs to succeed",
+                    fatal=(AssertionError,))  # fmt: skip
+    times = ", ".join(f"{t:.0f} s" for t in took)
+    log(f"3 small jobs beside {FAULT_JOB}: Succeeded {times} after their creation")
+    REAL_NODE_REPORT.append(
+        f"4 jobs on the node at once (3 small beside the fault job): the small ones Succeeded "
+        f"{times} after their creation"
+    )
+
+
+def _time(stamp: str) -> float:
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def test_aggregator_variant_trains_and_resumes_from_the_store(
