@@ -102,10 +102,11 @@ every namespace, namespaces coming and going). */}}
   resources: [events]
   verbs: [create, patch]
 # Kueue: the Workload of each queued job (created, replaced when its pod sets change), its
-# status updated as jobframework does (quota handed back after an eviction, Finished).
+# status updated as jobframework does (quota handed back after an eviction, Finished), and
+# watched (list, watch) for the operator's index of them instead of a GET per tick.
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads]
-  verbs: [create, get, delete]
+  verbs: [create, get, list, watch, delete]
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads/status]
   verbs: [update]

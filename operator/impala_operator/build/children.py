@@ -34,6 +34,7 @@ RUN_DIR = "/var/lib/impalajob/run"
 AUTH_DIR = "/etc/impalajob-auth"
 """The sidecar's token file lives here (the job's auth Secret, one key): re-read on rotation."""
 
+
 def _namespace(job: ImpalaJob) -> str:
     if not job.metadata.namespace:
         raise ValueError(f"ImpalaJob {job.name} has no namespace (read it from the cluster)")

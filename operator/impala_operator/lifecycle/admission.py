@@ -476,7 +476,8 @@ def place(pod_meta: dict[str, Any], pod_spec: dict[str, Any], placement: Placeme
 
 def pods_gone(learner_phases: Sequence[str], deployment_pods: Sequence[int]) -> bool:
     """No learner pod is pending or running (terminating ones included: the learner is still
-    writing its checkpoint) and the rollout/aggregator Deployments report no pods."""
+    writing its checkpoint) and the rollout/aggregator Deployments report no pods, terminating
+    ones included: Kueue may give the quota to another job only once the nodes are free."""
     return all(p not in ("Pending", "Running", "Unknown") for p in learner_phases) and not any(
         deployment_pods
     )

@@ -45,7 +45,11 @@ class DeploymentView:
     requested: str | None
     """REQUESTED_ANNOTATION's value ("" for no request), None if the annotation is absent."""
     observed: int = 0
-    """status.replicas: pods that exist (what the scale subresource reports)."""
+    """status.replicas: pods that exist and are not being deleted (what the scale subresource
+    reports)."""
+    terminating: int = 0
+    """status.terminatingReplicas: pods being deleted that have not ended yet (a rollout worker
+    draining its last fragment). Beta and on since Kubernetes 1.35; absent before, read as 0."""
 
 
 def _learner_container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -111,6 +115,7 @@ def deployment_view(deployment: Mapping[str, Any]) -> DeploymentView:
         replicas=int(deployment.get("spec", {}).get("replicas") or 0),
         ready=int(deployment.get("status", {}).get("readyReplicas") or 0),
         observed=int(deployment.get("status", {}).get("replicas") or 0),
+        terminating=int(deployment.get("status", {}).get("terminatingReplicas") or 0),
         requested=(meta.get("annotations") or {}).get(REQUESTED_ANNOTATION),
     )
 

@@ -262,7 +262,8 @@ def _workload_write(
     if admission.stale(workload, job, uid, workers_per_aggregator=per_aggregator):
         return WorkloadWrite("delete", dict(workload))
     gone = admission.pods_gone(
-        [p.phase for p in pods], [v.observed for v in deployments.values() if v is not None]
+        [p.phase for p in pods],
+        [v.observed + v.terminating for v in deployments.values() if v is not None],
     )
     if decided.state == "evicted" and decided.reserved and gone:
         return WorkloadWrite("status", admission.released(workload, now))

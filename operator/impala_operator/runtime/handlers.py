@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -148,13 +148,25 @@ async def _flavors(
 
 
 async def read_queueing(
-    api: kube.Api, memo: kopf.Memo, job: ImpalaJob, terminal: bool
+    api: kube.Api,
+    memo: kopf.Memo,
+    job: ImpalaJob,
+    terminal: bool,
+    indexed: Iterable[Mapping[str, Any]] = (),
 ) -> plan.Queueing:
-    """What the tick needs of a queued job's Workload (`plan.Queueing`)."""
+    """What the tick needs of a queued job's Workload (`plan.Queueing`).
+
+    The Workload comes from the `workloads` index (a watch, as jobframework's informer) when it
+    is there, else from one GET: a Workload made moments ago may not have reached the index,
+    and a namespaced operator started before Kueue was installed never watches them. A stale
+    copy is safe: its status writes carry its resourceVersion, and a conflict waits a tick.
+    """
     namespace = job.metadata.namespace or ""
     name = admission.workload_name(job.name)
-    path = kube.object_path(admission.WORKLOAD_API_VERSION, "Workload", namespace, name)
-    workload = await api.get(path)
+    workload = next((w for w in indexed if w["metadata"]["name"] == name), None)
+    if workload is None:
+        path = kube.object_path(admission.WORKLOAD_API_VERSION, "Workload", namespace, name)
+        workload = await api.get(path)
     if workload is not None:
         return plan.Queueing(workload, await _flavors(api, memo, workload))
     if terminal:
@@ -240,6 +252,12 @@ def index_node_deployment(body: kopf.Body, meta: kopf.Meta, **_: Any) -> dict[st
     return {owner: (role, job_status.deployment_view(body))}
 
 
+def index_workload(body: kopf.Body, meta: kopf.Meta, **_: Any) -> dict[str, Any] | None:
+    """Index `workloads`: job uid -> its Kueue Workload (the whole object, status included)."""
+    owner = _owner(meta)
+    return {owner: dict(body)} if owner else None
+
+
 def track_phase(event: kopf.RawEvent, uid: str, status: kopf.Status, **_: Any) -> None:
     """Keep the jobs-per-phase gauge current."""
     if event["type"] == "DELETED":
@@ -308,6 +326,7 @@ async def tick(
     memo: kopf.Memo,
     learner_pods: kopf.Index,
     node_deployments: kopf.Index,
+    workloads: kopf.Index,
     **_: Any,
 ) -> None:
     """Level-based: recompute everything from the children and the sidecar."""
@@ -332,7 +351,8 @@ async def tick(
     queueing = None
     if admission.queue_name(job) is not None:
         try:
-            queueing = await read_queueing(memo.api, memo, job, status.get("phase") in TERMINAL)
+            terminal = status.get("phase") in TERMINAL
+            queueing = await read_queueing(memo.api, memo, job, terminal, workloads.get(uid, []))
         except kube.ApiError as exc:
             metrics.ERRORS.labels("tick").inc()
             raise kopf.TemporaryError(f"reading the Workload: {exc}", delay=5) from exc
@@ -370,6 +390,16 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
     kopf.index("apps", "v1", "deployments", id="node_deployments", labels=OURS, registry=registry)(
         index_node_deployment
     )
+    # Ours carry the app label (a server-side selector: other frameworks' Workloads are not
+    # sent). Where Kueue is not installed kopf leaves the index empty and logs that once.
+    kopf.index(
+        admission.GROUP,
+        admission.WORKLOAD_API_VERSION.split("/")[1],
+        "workloads",
+        id="workloads",
+        labels={names.NAME: names.APP_NAME},
+        registry=registry,
+    )(index_workload)
     kopf.on.event(*RESOURCE, id="phase", registry=registry)(track_phase)
     kopf.on.update(*RESOURCE, id="children", backoff=5, registry=registry)(apply_children)
     kopf.on.create(*RESOURCE, id="children", backoff=5, registry=registry)(apply_children)

@@ -267,6 +267,13 @@ def test_evicted_the_pods_stop_and_the_quota_waits_for_them_to_go() -> None:
     assert plan.status["phase"] == "Pending"
     assert plan.status["learner"]["failures"] == 0
     assert any(e.reason == "EvictedPreempted" for e in plan.events)
+    # The rollout pod is being deleted (status.replicas 0) but still draining: not yet.
+    draining = job_status.DeploymentView("cp-rollout", 0, 0, "", observed=0, terminating=1)
+    drained = {"rollout": draining, "aggregator": None}
+    assert (
+        _plan(job, Queueing(_evicted(job)), status=plan.status, deployments=drained).workload
+        is None
+    )
     gone = _plan(job, Queueing(_evicted(job)), status=plan.status)
     assert gone.workload is not None and gone.workload.action == "status"
     assert "admission" not in gone.workload.body["status"]

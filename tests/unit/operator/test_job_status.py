@@ -94,12 +94,14 @@ def test_deployment_view() -> None:
         {
             "metadata": {"name": "cp-rollout", "annotations": {REQUESTED_ANNOTATION: "3"}},
             "spec": {"replicas": 3},
-            "status": {"readyReplicas": 2},
+            "status": {"readyReplicas": 2, "replicas": 2, "terminatingReplicas": 1},
         }
     )
     assert (d.name, d.replicas, d.ready, d.requested) == ("cp-rollout", 3, 2, "3")
+    assert (d.observed, d.terminating) == (2, 1)
     bare = deployment_view({"metadata": {"name": "n"}, "spec": {"replicas": 0}, "status": {}})
     assert (bare.replicas, bare.ready, bare.requested) == (0, 0, None)
+    assert (bare.observed, bare.terminating) == (0, 0)  # a cluster before 1.35: no field
 
 
 def test_sidecar_url_default_and_annotation() -> None:
