@@ -40,6 +40,16 @@ from impala_operator.settings import Settings
 
 RESOURCE = (API_GROUP, API_VERSION, PLURAL)
 OURS = {names.MANAGED_BY_KEY: names.MANAGED_BY}
+LEARNER_PODS = ("v1", "pods")
+NODE_DEPLOYMENTS = ("apps", "v1", "deployments")
+WORKLOADS = (admission.GROUP, admission.WORKLOAD_API_VERSION.split("/")[1], "workloads")
+INDEXED: dict[tuple[str, ...], dict[str, str]] = {
+    LEARNER_PODS: {**OURS, names.COMPONENT: "learner"},
+    NODE_DEPLOYMENTS: OURS,
+    # The app label, which every Workload the operator made carries (it has no managed-by).
+    WORKLOADS: {names.NAME: names.APP_NAME},
+}
+"""The labels of what each index holds: its handlers' filter and its watch's labelSelector."""
 TERMINAL = ("Succeeded", "Failed")
 log = logging.getLogger(__name__)
 
@@ -218,6 +228,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     )
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
+    # The indexes' watches ask the API server for our objects only: on a shared cluster the
+    # operator is not sent every pod, Deployment and Workload (kopf filters handlers' labels on
+    # its side, after the whole stream has been sent).
+    for resource, labels in INDEXED.items():
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        settings.watching.label_selectors[resource] = selector
     # Watching listed namespaces: serve exactly those, without listing all namespaces (which
     # a namespaced Role cannot, and kopf retries ~1 min before it gives up and falls back).
     settings.scanning.disabled = not memo.settings.all_namespaces
@@ -383,23 +399,15 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
     kopf.on.login(id="login", registry=registry)(login)
     kopf.on.startup(id="startup", registry=registry)(startup)
     kopf.on.cleanup(id="cleanup", registry=registry)(cleanup)
-    learner_labels = {**OURS, names.COMPONENT: "learner"}
-    kopf.index("pods", id="learner_pods", labels=learner_labels, registry=registry)(
-        index_learner_pod
+    indexes = (
+        (LEARNER_PODS, "learner_pods", index_learner_pod),
+        (NODE_DEPLOYMENTS, "node_deployments", index_node_deployment),
+        # Where Kueue is not installed kopf leaves this one empty and says so once.
+        (WORKLOADS, "workloads", index_workload),
     )
-    kopf.index("apps", "v1", "deployments", id="node_deployments", labels=OURS, registry=registry)(
-        index_node_deployment
-    )
-    # Ours carry the app label (a server-side selector: other frameworks' Workloads are not
-    # sent). Where Kueue is not installed kopf leaves the index empty and logs that once.
-    kopf.index(
-        admission.GROUP,
-        admission.WORKLOAD_API_VERSION.split("/")[1],
-        "workloads",
-        id="workloads",
-        labels={names.NAME: names.APP_NAME},
-        registry=registry,
-    )(index_workload)
+    for resource, index_id, fn in indexes:
+        labels = INDEXED[resource]
+        kopf.index(*resource, id=index_id, labels=labels, registry=registry)(fn)
     kopf.on.event(*RESOURCE, id="phase", registry=registry)(track_phase)
     kopf.on.update(*RESOURCE, id="children", backoff=5, registry=registry)(apply_children)
     kopf.on.create(*RESOURCE, id="children", backoff=5, registry=registry)(apply_children)

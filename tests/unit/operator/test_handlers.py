@@ -530,3 +530,25 @@ def test_the_workload_index_keys_a_jobs_workload_by_its_uid() -> None:
     ours, foreign = workload(_owned()), workload(_owned("Job"))
     assert handlers.index_workload(body=ours, meta=ours.meta) == {UID: dict(ours)}
     assert handlers.index_workload(body=foreign, meta=foreign.meta) is None
+
+
+def test_the_indexes_watch_only_our_objects_server_side() -> None:
+    settings = kopf.OperatorSettings()
+    memo = kopf.Memo(settings=Settings())
+
+    async def start() -> None:
+        await handlers.startup(settings=settings, memo=memo)
+        await memo.sidecar.aclose()
+
+    asyncio.run(start())
+    selectors = settings.watching.label_selectors
+
+    def of(group: str, version: str, plural: str) -> list[str]:
+        return selectors.collect(kopf.Resource(group, version, plural, namespaced=True))
+
+    managed = "app.kubernetes.io/managed-by=impala-operator"
+    assert of("", "v1", "pods") == [f"app.kubernetes.io/component=learner,{managed}"]
+    assert of("apps", "v1", "deployments") == [managed]
+    assert of("kueue.x-k8s.io", "v1beta2", "workloads") == ["app.kubernetes.io/name=impalajob"]
+    assert of("impala.dev", "v1alpha1", "impalajobs") == []  # every user's job is ours
+    assert of("metrics.k8s.io", "v1beta1", "pods") == []
