@@ -1257,7 +1257,7 @@ def test_a_preempted_job_resumes_from_its_checkpoint_unfailed(
         low = job(
             "low", "low",
             checkpoint={"volumeClaim": "low-checkpoints", "intervalSeconds": CHECKPOINT_SECONDS},
-            stop={"timeLimitSeconds": 60},
+            stop={"timeLimitSeconds": 40},
         )  # fmt: skip
         high = job("high", "high", stop={"timeLimitSeconds": 15})
         preempt = {"preemption": {"withinClusterQueue": "LowerPriority"}}
