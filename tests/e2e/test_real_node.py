@@ -355,6 +355,7 @@ STORE_DOWN_SECONDS = 60
 
 FAULT_JOB = "faulty"
 CHECKPOINT_SECONDS = 5
+FAULT_JOB_SECONDS = 450
 FAULT_VOLUME = "64Mi"
 """The fault job's claim: a tmpfs of this size, so that a test can fill it."""
 LEARNER_MEMORY = "3Gi"
@@ -397,7 +398,8 @@ def newest_checkpoint(path: Path) -> tuple[int, float]:
 
 @pytest.fixture(scope="module")
 def faulty_job(real_kube: Kube, operator: None) -> Iterator[tuple[str, Path]]:
-    """A CartPole job that trains for a fixed 330 s of training time (faults do not shorten it),
+    """A CartPole job that trains for a fixed 450 s of training time (faults do not shorten it;
+    in CI, under the three small jobs, the faults before the OOM kill took ~380 s of it),
     checkpointing every 5 s to a claim on a 64 MiB filesystem of its own, with exactly two
     rollout pods and a learner memory limit."""
     kube = real_kube
@@ -410,7 +412,7 @@ def faulty_job(real_kube: Kube, operator: None) -> Iterator[tuple[str, Path]]:
             rollouts={"minReplicas": 2, "maxReplicas": 2, "autoscaling": {"enabled": False}},
             learner={"resources": {"limits": {"memory": LEARNER_MEMORY}}},
             checkpoint={"volumeClaim": "faulty-checkpoints", "intervalSeconds": CHECKPOINT_SECONDS},
-            stop={"timeLimitSeconds": 330},
+            stop={"timeLimitSeconds": FAULT_JOB_SECONDS},
         )
         del manifest["spec"]["stop"]["episodeReturnMean"]
         kube.apply(manifest)
@@ -905,6 +907,8 @@ def test_a_full_checkpoint_volume_trains_on(real_kube: Kube, faulty_job: tuple[s
     trains on (nothing restarted, no checkpoint pruned), and checkpoints again once there is
     room."""
     kube, (ns, checkpoints) = real_kube, faulty_job
+    phase = job_status(kube, ns, FAULT_JOB)["phase"]
+    assert phase == "Running", f"the fault job is {phase}: {FAULT_JOB_SECONDS} s was too short"
     pods_before = _pods(kube, ns)
     kept = sorted(p.name for p in checkpoints.glob("checkpoints/ckpt-*"))
     filler = checkpoints / "filler"

@@ -277,3 +277,38 @@ def test_a_run_on_a_full_volume_trains_on_and_resumes_from_the_last_good_checkpo
     # The resumed run's first point is the older checkpoint's counters.
     first = json.loads(run_dir.history_file.read_text().splitlines()[lines])
     assert first["env_steps"] == before["num_env_steps_sampled"]
+
+
+def test_a_run_whose_volume_is_full_to_its_end_keeps_its_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every write to the run directory fails with ENOSPC, the final ones included: the run
+    trains to its stop and returns Succeeded (a learner that raised here exited 1 on the real
+    node, a finished run counted as a failure), saying what was not written."""
+    import errno
+
+    import impala_trainer.driver.base as base_mod
+    from impala_trainer.rundir import writer as writer_mod
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    job = _job(learnerQueueSize=4)
+    job.spec.stop.timesteps = 2_000
+    object.__setattr__(job.spec.checkpoint, "interval_seconds", 0)
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.prepare(job)
+    for module, name in (
+        (base_mod, "save_checkpoint"),
+        (writer_mod, "write_json_atomic"),
+        (writer_mod, "append_history"),
+    ):
+        monkeypatch.setattr(module, name, full)
+    driver = build_driver(job, run_dir, LocalBackend(rollout_units=2), Wiring(rollout_workers=2))
+    result = driver.run()
+    assert result.phase == "Succeeded", result.message
+    assert "status not written (No space left on device)" in caplog.text
+    assert "the run ended (Succeeded) but its final status and summary were not written" in (
+        caplog.text
+    )
+    assert not run_dir.summary_file.exists()

@@ -245,11 +245,21 @@ class Driver:
             self._checkpoint()
         snap = self._snapshot(result.phase, result.message, result.stopped_by)
         self.manager.shutdown()
-        self.run_dir.write_status(snap, force=True)
-        self.run_dir.append_history(self.stats.history_point(), force=True)
-        self.run_dir.write_summary(
-            self.stats.summary(result.phase, result.stopped_by, result.message)
-        )
+        try:
+            self.run_dir.write_status(snap, force=True)
+            self.run_dir.append_history(self.stats.history_point(), force=True)
+            self.run_dir.write_summary(
+                self.stats.summary(result.phase, result.stopped_by, result.message)
+            )
+        except OSError as exc:
+            # A full volume as the run ends: its result stands (an exit 1 here would count a
+            # finished run as a failure and start it again on the same full volume).
+            kept = self.stats.checkpoint.path if self.stats.checkpoint else "none"
+            logger.error(
+                "the run ended (%s) but its final status and summary were not written (%s); "
+                "the newest checkpoint written is %s",
+                result.phase, exc.strerror or exc, kept,
+            )  # fmt: skip
         if self.mirror is not None and not self.mirror.close():
             logger.error(
                 "the run's files did not all reach %s: %s",
