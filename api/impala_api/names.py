@@ -98,9 +98,14 @@ def selector_labels(job_name: str, component: Component | None = None) -> dict[s
     return labels
 
 
+def label_selector(labels: Mapping[str, str]) -> str:
+    """Equality labels as a `labelSelector`'s `k=v,k=v` text, keys sorted."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
 def selector_string(job_name: str, component: Component) -> str:
     """The same selector as `k=v,k=v` text: `status.rollouts.selector` for the scale subresource."""
-    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(job_name, component).items()))
+    return label_selector(selector_labels(job_name, component))
 
 
 def child_labels(

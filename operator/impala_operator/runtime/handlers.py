@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -40,16 +40,6 @@ from impala_operator.settings import Settings
 
 RESOURCE = (API_GROUP, API_VERSION, PLURAL)
 OURS = {names.MANAGED_BY_KEY: names.MANAGED_BY}
-LEARNER_PODS = ("v1", "pods")
-NODE_DEPLOYMENTS = ("apps", "v1", "deployments")
-WORKLOADS = (admission.GROUP, admission.WORKLOAD_API_VERSION.split("/")[1], "workloads")
-INDEXED: dict[tuple[str, ...], dict[str, str]] = {
-    LEARNER_PODS: {**OURS, names.COMPONENT: "learner"},
-    NODE_DEPLOYMENTS: OURS,
-    # The app label, which every Workload the operator made carries (it has no managed-by).
-    WORKLOADS: {names.NAME: names.APP_NAME},
-}
-"""The labels of what each index holds: its handlers' filter and its watch's labelSelector."""
 TERMINAL = ("Succeeded", "Failed")
 log = logging.getLogger(__name__)
 
@@ -231,9 +221,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # The indexes' watches ask the API server for our objects only: on a shared cluster the
     # operator is not sent every pod, Deployment and Workload (kopf filters handlers' labels on
     # its side, after the whole stream has been sent).
-    for resource, labels in INDEXED.items():
-        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-        settings.watching.label_selectors[resource] = selector
+    for resource, _id, _fn, labels in INDEXES:
+        settings.watching.label_selectors[resource] = names.label_selector(labels)
     # Watching listed namespaces: serve exactly those, without listing all namespaces (which
     # a namespaced Role cannot, and kopf retries ~1 min before it gives up and falls back).
     settings.scanning.disabled = not memo.settings.all_namespaces
@@ -272,6 +261,22 @@ def index_workload(body: kopf.Body, meta: kopf.Meta, **_: Any) -> dict[str, Any]
     """Index `workloads`: job uid -> its Kueue Workload (the whole object, status included)."""
     owner = _owner(meta)
     return {owner: dict(body)} if owner else None
+
+
+INDEXES: tuple[tuple[tuple[str, ...], str, Callable[..., Any], dict[str, str]], ...] = (
+    (("v1", "pods"), "learner_pods", index_learner_pod, {**OURS, names.COMPONENT: "learner"}),
+    (("apps", "v1", "deployments"), "node_deployments", index_node_deployment, OURS),
+    # The app label, which every Workload the operator made carries (it has no managed-by).
+    # Where Kueue is not installed kopf leaves this index empty and says so once.
+    (
+        (admission.GROUP, admission.WORKLOAD_API_VERSION.split("/")[1], "workloads"),
+        "workloads",
+        index_workload,
+        {names.NAME: names.APP_NAME},
+    ),
+)
+"""Each index: its resource, id, handler, and the labels that are both the handler's filter and
+its watch's server-side labelSelector."""
 
 
 def track_phase(event: kopf.RawEvent, uid: str, status: kopf.Status, **_: Any) -> None:
@@ -399,14 +404,7 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
     kopf.on.login(id="login", registry=registry)(login)
     kopf.on.startup(id="startup", registry=registry)(startup)
     kopf.on.cleanup(id="cleanup", registry=registry)(cleanup)
-    indexes = (
-        (LEARNER_PODS, "learner_pods", index_learner_pod),
-        (NODE_DEPLOYMENTS, "node_deployments", index_node_deployment),
-        # Where Kueue is not installed kopf leaves this one empty and says so once.
-        (WORKLOADS, "workloads", index_workload),
-    )
-    for resource, index_id, fn in indexes:
-        labels = INDEXED[resource]
+    for resource, index_id, fn, labels in INDEXES:
         kopf.index(*resource, id=index_id, labels=labels, registry=registry)(fn)
     kopf.on.event(*RESOURCE, id="phase", registry=registry)(track_phase)
     kopf.on.update(*RESOURCE, id="children", backoff=5, registry=registry)(apply_children)
