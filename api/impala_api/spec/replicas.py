@@ -3,6 +3,8 @@ autoscaling."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from impala_api.spec.base import SpecModel
@@ -21,6 +23,13 @@ class LearnerSpec(SpecModel):
 
     fake_devices: int = Field(default=0, ge=0, le=16)
     """With gpus 0: run the multi-device learner on this many CPU towers (like _fake_gpus)."""
+
+    precision: Literal["float32", "bfloat16", "auto"] = "float32"
+    """The learner's forward and backward: float32, or bfloat16 mixed precision (autocast: the
+    convolutions and matrix products in bfloat16; weights, gradients, optimiser, V-trace and
+    loss in float32). auto takes bfloat16 where the learner's device computes it natively (a GPU
+    with bf16, a CPU with AVX512-BF16 or AMX) and float32 elsewhere, where bf16 is emulated and
+    slower."""
 
     resources: Resources = Field(default_factory=Resources)
     """Learner container resources (GPU requests are added from gpus)."""

@@ -29,7 +29,7 @@ from impala_api.spec import ImpalaJob
 from impala_trainer.batches import Fragment, FragmentMeta, TrainBatch
 from impala_trainer.driver.actor_manager import ManagedActor
 from impala_trainer.driver.backend import Ref, Weights
-from impala_trainer.driver.base import WAIT_SECONDS, Driver
+from impala_trainer.driver.base import WAIT_SECONDS, Driver, logger
 from impala_trainer.driver.ledger import Ledger
 from impala_trainer.learning.threads import make_learner_thread
 from impala_trainer.rollouts.aggregation import Aggregator
@@ -46,6 +46,13 @@ class ImpalaDriver(Driver):
         super().__init__(job, run_dir, **collaborators)
         self.thread = make_learner_thread(self.spec, self.obs_shape, self.actions)
         self.learner = self.thread.learner
+        amp = self.learner.autocast_dtype
+        logger.info(
+            "learner on %s, %s (learner.precision %s)",
+            self.learner.device,
+            "bfloat16 autocast" if amp is not None else "float32",
+            self.spec.learner.precision,
+        )
         self.local_aggregator = Aggregator.from_spec(self.spec, self.seed)
         self.ledger = Ledger(self.spec.training.max_requests_in_flight_per_worker)
         # The broadcast is skipped while no actor has sampled since the last one (as RLlib).

@@ -23,10 +23,12 @@ from impala_trainer.learning.losses import (
     SUMMED_STATS,
     BatchTensors,
     LossCoefficients,
+    LossOutput,
     backward,
     impala_loss,
 )
 from impala_trainer.learning.models import ActorCritic, build_model
+from impala_trainer.learning.precision import autocast_dtype
 from impala_trainer.learning.schedules import make_schedule
 
 # Batches from Ray's object store are read-only numpy; the learner never writes to them, so
@@ -107,6 +109,10 @@ class Learner:
         self.model: ActorCritic = build_model(spec.model, tuple(obs_shape), self.dist).to(
             device=self.device, dtype=dtype
         )
+        self.autocast_dtype = (
+            autocast_dtype(spec.learner.precision, self.device) if dtype == torch.float32 else None
+        )
+        """bfloat16 when learner.precision runs the forward and backward under autocast."""
         training = spec.training
         self.lr_schedule = make_schedule(training.lr_schedule, training.lr)
         self.entropy_schedule = make_schedule(
@@ -187,12 +193,18 @@ class Learner:
         for p in self.params:
             p.grad = None
 
+    def _backward_on(self, batch: TrainBatch, coeffs: LossCoefficients) -> LossOutput:
+        """Fresh gradients of the loss on `batch` in the parameters' .grad."""
+        self.zero_grad()
+        tensors = batch_to_tensors(batch, self.device)
+        out = impala_loss(self.model, tensors, coeffs, self.dist, self.autocast_dtype)
+        backward(self.model, out, self.spec.training.separate_vf_optimizer)
+        return out
+
     def learn_on_batch(self, batch: TrainBatch) -> dict[str, float]:
         """One optimiser step on the batch; returns the learner stats."""
         coeffs = self.coefficients()
-        self.zero_grad()
-        out = impala_loss(self.model, batch_to_tensors(batch, self.device), coeffs, self.dist)
-        backward(self.model, out, self.spec.training.separate_vf_optimizer)
+        out = self._backward_on(batch, coeffs)
         gnorm = self._clip_gradients()
         self._step()
         return self._stats(out.stats, gnorm, coeffs)
@@ -202,9 +214,7 @@ class Learner:
     def compute_gradients(self, batch: TrainBatch) -> tuple[list[np.ndarray], dict[str, float]]:
         """Clipped gradients of the loss on `batch` (parameter order), without stepping."""
         coeffs = self.coefficients()
-        self.zero_grad()
-        out = impala_loss(self.model, batch_to_tensors(batch, self.device), coeffs, self.dist)
-        backward(self.model, out, self.spec.training.separate_vf_optimizer)
+        out = self._backward_on(batch, coeffs)
         gnorm = self._clip_gradients()
         grads = [
             np.zeros(tuple(p.shape), np.float32) if p.grad is None else p.grad.cpu().numpy()
@@ -340,7 +350,7 @@ class MultiDeviceLearner(Learner):
         tower = self.towers[tower_index]
         for p in tower.parameters():
             p.grad = None
-        out = impala_loss(tower, tensors, coeffs, self.dist)
+        out = impala_loss(tower, tensors, coeffs, self.dist, self.autocast_dtype)
         backward(tower, out, self.spec.training.separate_vf_optimizer)
         return out.stats
 

@@ -18,6 +18,7 @@ import torch
 from impala_trainer.learning import vtrace
 from impala_trainer.learning.distributions import ActionDistribution, Categorical
 from impala_trainer.learning.models import ActorCritic
+from impala_trainer.learning.precision import autocast
 
 
 class BatchTensors(NamedTuple):
@@ -119,11 +120,19 @@ def impala_loss(
     batch: BatchTensors,
     coeffs: LossCoefficients,
     dist: ActionDistribution | None = None,
+    autocast_dtype: torch.dtype | None = None,
 ) -> LossOutput:
     """Forward the model over the batch and build the V-trace loss (`dist`: Categorical over the
-    model's outputs when omitted)."""
+    model's outputs when omitted).
+
+    With `autocast_dtype` (learner.precision) only the model's forward runs under autocast; its
+    outputs come back to float32 before the log-probabilities, V-trace and the loss, whose sums
+    over a batch bf16's 8-bit mantissa would round away."""
     T, B = batch.rewards.shape
-    fwd = _recurrent(model, batch) if model.state_size else _feed_forward(model, batch)
+    with autocast(batch.rewards.device, autocast_dtype):
+        fwd = _recurrent(model, batch) if model.state_size else _feed_forward(model, batch)
+    if autocast_dtype is not None:
+        fwd = _Forward(*(t.float() for t in fwd))
     dist = dist or Categorical(fwd.outputs.shape[-1])
     values = fwd.values
     dtype = values.dtype
