@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import kopf
 
@@ -221,8 +221,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # The indexes' watches ask the API server for our objects only: on a shared cluster the
     # operator is not sent every pod, Deployment and Workload (kopf filters handlers' labels on
     # its side, after the whole stream has been sent).
-    for resource, _id, _fn, labels in INDEXES:
-        settings.watching.label_selectors[resource] = names.label_selector(labels)
+    for index in INDEXES:
+        settings.watching.label_selectors[index.resource] = names.label_selector(index.labels)
     # Watching listed namespaces: serve exactly those, without listing all namespaces (which
     # a namespaced Role cannot, and kopf retries ~1 min before it gives up and falls back).
     settings.scanning.disabled = not memo.settings.all_namespaces
@@ -263,20 +263,28 @@ def index_workload(body: kopf.Body, meta: kopf.Meta, **_: Any) -> dict[str, Any]
     return {owner: dict(body)} if owner else None
 
 
-INDEXES: tuple[tuple[tuple[str, ...], str, Callable[..., Any], dict[str, str]], ...] = (
-    (("v1", "pods"), "learner_pods", index_learner_pod, {**OURS, names.COMPONENT: "learner"}),
-    (("apps", "v1", "deployments"), "node_deployments", index_node_deployment, OURS),
+class Index(NamedTuple):
+    """A kopf index: the resource it watches, its id (the handlers' kwarg), its handler, and the
+    labels that are both the handler's filter and its watch's server-side labelSelector."""
+
+    resource: tuple[str, ...]
+    id: str
+    handler: Callable[..., Any]
+    labels: dict[str, str]
+
+
+INDEXES = (
+    Index(("v1", "pods"), "learner_pods", index_learner_pod, {**OURS, names.COMPONENT: "learner"}),
+    Index(("apps", "v1", "deployments"), "node_deployments", index_node_deployment, OURS),
     # The app label, which every Workload the operator made carries (it has no managed-by).
     # Where Kueue is not installed kopf leaves this index empty and says so once.
-    (
+    Index(
         (admission.GROUP, admission.WORKLOAD_API_VERSION.split("/")[1], "workloads"),
         "workloads",
         index_workload,
         {names.NAME: names.APP_NAME},
     ),
 )
-"""Each index: its resource, id, handler, and the labels that are both the handler's filter and
-its watch's server-side labelSelector."""
 
 
 def track_phase(event: kopf.RawEvent, uid: str, status: kopf.Status, **_: Any) -> None:
@@ -404,8 +412,10 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
     kopf.on.login(id="login", registry=registry)(login)
     kopf.on.startup(id="startup", registry=registry)(startup)
     kopf.on.cleanup(id="cleanup", registry=registry)(cleanup)
-    for resource, index_id, fn, labels in INDEXES:
-        kopf.index(*resource, id=index_id, labels=labels, registry=registry)(fn)
+    for index in INDEXES:
+        kopf.index(*index.resource, id=index.id, labels=index.labels, registry=registry)(
+            index.handler
+        )
     kopf.on.event(*RESOURCE, id="phase", registry=registry)(track_phase)
     kopf.on.update(*RESOURCE, id="children", backoff=5, registry=registry)(apply_children)
     kopf.on.create(*RESOURCE, id="children", backoff=5, registry=registry)(apply_children)
