@@ -18,6 +18,7 @@ the loop and data never piles up without bound.
 
 from __future__ import annotations
 
+import logging
 import queue
 import time
 from collections import deque
@@ -29,7 +30,7 @@ from impala_api.spec import ImpalaJob
 from impala_trainer.batches import Fragment, FragmentMeta, TrainBatch
 from impala_trainer.driver.actor_manager import ManagedActor
 from impala_trainer.driver.backend import Ref, Weights
-from impala_trainer.driver.base import WAIT_SECONDS, Driver, logger
+from impala_trainer.driver.base import WAIT_SECONDS, Driver
 from impala_trainer.driver.ledger import Ledger
 from impala_trainer.learning.threads import make_learner_thread
 from impala_trainer.rollouts.aggregation import Aggregator
@@ -37,6 +38,8 @@ from impala_trainer.rundir.writer import RunDir
 
 # Below Ray's max_direct_call_object_size (100 KiB), with room for the pickled dict around them.
 INLINE_WEIGHTS_BYTES = 64 * 1024
+
+logger = logging.getLogger(__name__)
 
 
 class ImpalaDriver(Driver):
