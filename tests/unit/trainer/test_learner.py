@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from impala_trainer.batches import TrainBatch
-from impala_trainer.learning.learner import Learner
+from impala_trainer.learning.learner import Learner, clip_grad_norms
 from tests.support.jobs import make_spec
 from tests.support.learner import learner_spec, make_batch, one_torch_thread
 
@@ -100,6 +100,37 @@ def test_gradient_clipping() -> None:
     grads, stats = unclipped.compute_gradients(batch)
     norm = float(np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in grads)))
     assert norm == pytest.approx(stats["grad_gnorm"], rel=1e-4)
+
+
+@pytest.mark.parametrize("clip", [None, 0.5, 40.0])
+@pytest.mark.parametrize("sizes", [[3], [3, 2], [2, 0]])
+def test_clip_grad_norms_is_torchs_clip_per_group(clip: float | None, sizes: list[int]) -> None:
+    """One foreach norm over every gradient, the same arithmetic as a clip_grad_norm_ per group
+    (the two optimisers of separateVfOptimizer each clip their own), an empty group ignored."""
+    gen = torch.Generator().manual_seed(len(sizes) * 10 + int(clip or 0))
+    groups = [[torch.randn(4, 5, generator=gen) * 3 for _ in range(n)] for n in sizes]
+    expect = [[g.clone() for g in group] for group in groups]
+    norms = []
+    for group in expect:
+        if not group:
+            continue
+        if clip is None:
+            norms.append(torch.nn.utils.get_total_norm(group))
+        else:
+            params = [torch.nn.Parameter(torch.zeros_like(g)) for g in group]
+            for p, g in zip(params, group, strict=True):
+                p.grad = g
+            norms.append(torch.nn.utils.clip_grad_norm_(params, clip))
+    total = clip_grad_norms(groups, clip)
+    want = norms[0] if len(norms) == 1 else torch.stack(norms).norm()
+    torch.testing.assert_close(total, want)
+    for got_group, want_group in zip(groups, expect, strict=True):
+        for got, w in zip(got_group, want_group, strict=True):
+            torch.testing.assert_close(got, w)
+    if clip == 0.5:  # engaged: each group ends at norm 0.5
+        for group in groups:
+            if group:
+                assert float(torch.stack([g.norm() for g in group]).norm()) == pytest.approx(0.5)
 
 
 def test_compute_then_apply_gradients_equals_learn_on_batch() -> None:

@@ -15,9 +15,12 @@ from impala_trainer.learning.learner import batch_to_tensors
 from impala_trainer.learning.losses import (
     STAT_NAMES,
     SUMMED_STATS,
+    BatchTensors,
     LossCoefficients,
     backward,
     impala_loss,
+    losses_disjoint,
+    parameters_reached,
 )
 from impala_trainer.learning.models import build_model
 from tests.support.learner import make_batch, one_torch_thread
@@ -157,10 +160,20 @@ def test_loss_terms_are_sums_over_steps() -> None:
     batch = make_batch(T=5, B=3, seed=5)
     doubled = TrainBatch(
         **{
-            name: np.concatenate([getattr(batch, name)] * 2, axis=0 if name in (
-                "bootstrap_obs", "policy_versions") else 1)
-            for name in ("obs", "actions", "behaviour_logits", "rewards", "terminateds",
-                         "truncateds", "bootstrap_obs", "policy_versions")
+            name: np.concatenate(
+                [getattr(batch, name)] * 2,
+                axis=0 if name in ("bootstrap_obs", "policy_versions") else 1,
+            )
+            for name in (
+                "obs",
+                "actions",
+                "behaviour_logits",
+                "rewards",
+                "terminateds",
+                "truncateds",
+                "bootstrap_obs",
+                "policy_versions",
+            )
         },
         final_obs=np.concatenate([batch.final_obs] * 2),
         final_steps=np.concatenate(
@@ -183,8 +196,9 @@ def test_separate_value_optimiser_backprops_each_loss_into_its_own_parameters() 
     c = coeffs(vf=0.5)
     backward(m, impala_loss(m, batch, c), separate_vf_optimizer=True)
     got = {name: p.grad.clone() for name, p in m.named_parameters()}
-    vf_names = {n for n, p in m.named_parameters() if any(p is q for q in
-                m.value_function_parameters())}
+    vf_names = {
+        n for n, p in m.named_parameters() if any(p is q for q in m.value_function_parameters())
+    }
     m.zero_grad()
     impala_loss(m, batch, c).vf_loss.backward()
     vf_grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
@@ -194,6 +208,85 @@ def test_separate_value_optimiser_backprops_each_loss_into_its_own_parameters() 
     assert vf_names and set(got) == vf_names | set(pi_grads)
     for name, grad in got.items():
         torch.testing.assert_close(grad, vf_grads[name] if name in vf_names else pi_grads[name])
+
+
+class PolicyReadsValueFeatures(torch.nn.Module):
+    """A custom model whose policy head reads the value tower's features: the policy loss
+    reaches value parameters, so the separate optimiser must not take one pass over the sum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.value_trunk = torch.nn.Linear(4, 8)
+        self.value_head = torch.nn.Linear(8, 1)
+        self.policy_head = torch.nn.Linear(8, 2)
+        self.state_size = 0
+
+    def value_function_parameters(self) -> Iterator[torch.nn.Parameter]:
+        yield from self.value_trunk.parameters()
+        yield from self.value_head.parameters()
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = torch.tanh(self.value_trunk(obs.to(self.value_head.weight.dtype)))
+        return self.policy_head(features), self.value_head(features).squeeze(-1)
+
+
+def separately(
+    m: torch.nn.Module, batch: BatchTensors, c: LossCoefficients
+) -> dict[str, torch.Tensor]:
+    """What the separate optimisers want, one loss at a time: d(vf_loss) for the value
+    parameters, d(policy_total) for the rest."""
+    vf_ids = {id(p) for p in m.value_function_parameters()}
+    m.zero_grad()
+    impala_loss(m, batch, c).vf_loss.backward()
+    want = {n: p.grad.clone() for n, p in m.named_parameters() if id(p) in vf_ids}
+    m.zero_grad()
+    impala_loss(m, batch, c).policy_total.backward()
+    want |= {
+        n: p.grad.clone()
+        for n, p in m.named_parameters()
+        if id(p) not in vf_ids and p.grad is not None
+    }
+    m.zero_grad()
+    return want
+
+
+@pytest.mark.parametrize(
+    ("name", "disjoint"),
+    [("mlp", True), ("cnn", False), ("policy reads value features", False)],
+)
+def test_separate_optimisers_get_each_loss_alone_in_one_pass_or_two(
+    name: str, disjoint: bool
+) -> None:
+    """The MLP's towers are disjoint: one backward over the sum. A trunk shared with the value
+    head (the CNN), or a policy reading value features, keeps two passes; each parameter gets
+    exactly its own loss's gradient either way."""
+    if name == "cnn":
+        torch.manual_seed(0)
+        m = build_model(ModelSpec(type="cnn"), (4, 84, 84), 6)
+        batch = batch_to_tensors(make_batch(T=3, B=2, obs_shape=(4, 84, 84), A=6), CPU)
+    else:
+        m = model() if name == "mlp" else PolicyReadsValueFeatures().double()
+        batch = batch_to_tensors(make_batch(seed=6), CPU)
+    c = coeffs(vf=0.5)
+    out = impala_loss(m, batch, c)
+    assert losses_disjoint(m, out) is disjoint
+    want = separately(m, batch, c)
+    backward(m, impala_loss(m, batch, c), separate_vf_optimizer=True)
+    got = {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
+    assert set(got) == set(want)
+    for n, grad in got.items():
+        torch.testing.assert_close(grad, want[n], msg=n)
+
+
+def test_parameters_reached_walks_the_graph_without_computing() -> None:
+    m = model()
+    out = impala_loss(m, batch_to_tensors(make_batch(), CPU), coeffs())
+    vf_ids = {id(p) for p in m.value_function_parameters()}
+    assert parameters_reached(out.vf_loss) == vf_ids
+    assert parameters_reached(out.total_loss) == {id(p) for p in m.parameters()}
+    assert all(p.grad is None for p in m.parameters())
+    assert parameters_reached(out.stats) == set()  # detached: no graph
 
 
 def test_stats_are_finite_and_named() -> None:

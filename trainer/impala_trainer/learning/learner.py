@@ -62,6 +62,34 @@ def _grads(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     return grads  # type: ignore[return-value]
 
 
+def clip_grad_norms(groups: list[list[torch.Tensor]], clip: float | None) -> torch.Tensor:
+    """Scale each group's gradients in place to a global norm of at most `clip` (torch's
+    `clip_grad_norm_` per group, same arithmetic); returns the norm over all groups, unclipped.
+
+    One `_foreach_norm` over every gradient, not a `clip_grad_norm_` per group: that one spends
+    ~60 us of Python (grouping by device and dtype) on a CartPole MLP's six tensors, per call.
+    """
+    flat = [g for group in groups for g in group]
+    if not flat:
+        return torch.zeros(())
+    norms = torch._foreach_norm(flat)
+    group_norms: list[torch.Tensor] = []
+    start = 0
+    for group in groups:
+        stop = start + len(group)
+        if stop > start:
+            norm: torch.Tensor = torch.linalg.vector_norm(torch.stack(norms[start:stop]))
+            group_norms.append(norm)
+            if clip is not None:
+                coef = (clip / (norm + 1e-6)).clamp_(max=1.0)
+                torch._foreach_mul_(group, coef)
+        start = stop
+    if len(group_norms) == 1:
+        return group_norms[0]
+    total: torch.Tensor = torch.linalg.vector_norm(torch.stack(group_norms))
+    return total
+
+
 def _make_optimizer(
     params: Iterable[torch.nn.Parameter], training: TrainingSpec, lr: float
 ) -> torch.optim.Optimizer:
@@ -155,15 +183,8 @@ class Learner:
 
     def _clip_gradients(self) -> torch.Tensor:
         """Clip each optimiser's gradients to gradClip (as RLlib); returns the global norm."""
-        clip = self.spec.training.grad_clip
-        norms = []
-        for group in self.param_groups:
-            grads = [p.grad for p in group if p.grad is not None]
-            if clip is None:
-                norms.append(torch.nn.utils.get_total_norm(grads, foreach=True))
-            else:
-                norms.append(torch.nn.utils.clip_grad_norm_(group, clip, foreach=True))
-        return norms[0] if len(norms) == 1 else torch.stack(norms).norm()
+        groups = [[p.grad for p in group if p.grad is not None] for group in self.param_groups]
+        return clip_grad_norms(groups, self.spec.training.grad_clip)
 
     def _step(self) -> None:
         lr = self.lr_schedule(self.global_timestep)

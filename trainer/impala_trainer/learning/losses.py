@@ -11,6 +11,7 @@ gradient of the whole batch is the sum of the shards' gradients.
 
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -183,16 +184,61 @@ def impala_loss(
     return LossOutput(total_loss, policy_total, vf_loss, stats)
 
 
+_DISJOINT: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
+"""Per model: whether its policy and value losses reach disjoint parameters (decided on the
+model's first batch; a model's graph has the same shape on every batch)."""
+
+
+def parameters_reached(loss: torch.Tensor) -> set[int]:
+    """ids of the leaf tensors (parameters) whose .grad `loss.backward()` would accumulate into:
+    a walk of the autograd graph, no computation."""
+    reached: set[int] = set()
+    seen: set[object] = set()
+    stack = [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)  # an AccumulateGrad node: a leaf's gradient
+        if variable is not None:
+            reached.add(id(variable))
+        stack.extend(child for child, _ in node.next_functions)
+    return reached
+
+
+def losses_disjoint(model: torch.nn.Module, out: LossOutput) -> bool:
+    """Whether the value loss reaches only the value parameters and the policy loss none of
+    them (separate towers, as the MLP's), so one backward pass over their sum gives every
+    parameter exactly the gradient of its own loss (cached per model)."""
+    known = _DISJOINT.get(model)
+    if known is None:
+        vf_ids = {id(p) for p in model.value_function_parameters()}  # type: ignore[operator]
+        known = parameters_reached(out.vf_loss) <= vf_ids and not (
+            parameters_reached(out.policy_total) & vf_ids
+        )
+        _DISJOINT[model] = known
+    return known
+
+
 def backward(model: torch.nn.Module, out: LossOutput, separate_vf_optimizer: bool) -> None:
     """Backpropagate `out` into `model`'s parameters as the optimiser(s) will step on them.
 
     With a separate value optimiser (RLlib's `_separate_vf_optimizer`) the value parameters get
     the gradient of `vf_loss` alone and every other parameter that of `policy_total` alone, so a
     trunk shared with the value head (the CNN) is shaped by the policy loss only, as in RLlib.
+    Where neither loss reaches the other's parameters (the MLP's separate towers) that is one
+    pass over their sum: a second backward call cost a CartPole update ~0.1 of its ~1.5 ms.
     """
     if not separate_vf_optimizer:
         out.total_loss.backward()  # type: ignore[no-untyped-call]
         return
+    if losses_disjoint(model, out):
+        (out.policy_total + out.vf_loss).backward()  # type: ignore[no-untyped-call]
+        return
     vf_params = list(model.value_function_parameters())  # type: ignore[operator]
+    vf_ids = {id(p) for p in vf_params}
+    # `inputs` on both: a policy that reads value features must not add its gradient to them.
+    policy_params = [p for p in model.parameters() if id(p) not in vf_ids]
     out.vf_loss.backward(inputs=vf_params, retain_graph=True)  # type: ignore[no-untyped-call]
-    out.policy_total.backward()  # type: ignore[no-untyped-call]
+    out.policy_total.backward(inputs=policy_params)  # type: ignore[no-untyped-call]
