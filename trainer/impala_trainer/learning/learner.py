@@ -66,8 +66,9 @@ def clip_grad_norms(groups: list[list[torch.Tensor]], clip: float | None) -> tor
     """Scale each group's gradients in place to a global norm of at most `clip` (torch's
     `clip_grad_norm_` per group, same arithmetic); returns the norm over all groups, unclipped.
 
-    One `_foreach_norm` over every gradient, not a `clip_grad_norm_` per group: that one spends
-    ~60 us of Python (grouping by device and dtype) on a CartPole MLP's six tensors, per call.
+    One `_foreach_norm` over every gradient, not a `clip_grad_norm_` per group (which groups the
+    tensors by device and dtype in Python on every call): 27 against 59 us per group on the
+    CartPole MLP's six tensors.
     """
     flat = [g for group in groups for g in group]
     if not flat:
