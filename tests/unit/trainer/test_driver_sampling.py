@@ -10,10 +10,12 @@ nothing in flight.
 from __future__ import annotations
 
 import json
+import pickle
 import queue
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import impala_trainer.driver.impala as driver_mod
@@ -180,7 +182,16 @@ def test_small_weights_go_inline_and_large_ones_through_the_object_store(
 ) -> None:
     driver, backend, handles = _driver(tmp_path, _job())  # a 16-unit MLP: ~1 KiB of weights
     assert backend.puts == 0
-    assert driver.weights_ref is not None and not isinstance(driver.weights_ref, LocalRef)
+    # Pickled once for every actor's request, not a dict Ray would pickle per request.
+    assert isinstance(driver.weights_ref, bytes)
+    sent = pickle.loads(driver.weights_ref)
+    learner_weights = driver.learner.get_weights()
+    assert sent.keys() == learner_weights.keys()
+    for name, array in learner_weights.items():
+        np.testing.assert_array_equal(sent[name], array)
+    for h in handles:  # the actors loaded what was sent
+        for name, array in h.worker.get_weights().items():
+            np.testing.assert_array_equal(array, learner_weights[name])
 
     monkeypatch.setattr(driver_mod, "INLINE_WEIGHTS_BYTES", 100)
     driver.learner.policy_version = 1

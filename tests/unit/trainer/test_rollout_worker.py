@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from impala_trainer.learning.learner import Learner
 from impala_trainer.rollouts.worker import RolloutWorker
 from tests.support.jobs import make_spec
 
@@ -98,6 +99,20 @@ def test_set_weights_changes_policy_and_version() -> None:
     for k, v in a.get_weights().items():
         np.testing.assert_array_equal(v, weights[k])
     assert a.sample().policy_version == 9
+
+
+def test_set_weights_takes_the_learners_pickled_broadcast() -> None:
+    """Small broadcasts arrive as Learner.pickled_weights' bytes: the same weights as the dict."""
+    spec = make_spec(CARTPOLE)
+    worker = RolloutWorker(spec, "a", seed=0)
+    learner = Learner(spec, worker.obs_shape, worker.actions)
+    worker.set_weights(learner.pickled_weights(), policy_version=4)
+    got, want = worker.get_weights(), learner.get_weights()
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        np.testing.assert_array_equal(got[k], v)
+    assert worker.policy_version == 4
+    assert learner.weights_nbytes() == sum(v.nbytes for v in want.values())
 
 
 def test_same_seed_same_fragment() -> None:

@@ -25,7 +25,8 @@ Ref: TypeAlias = Any
 Handle: TypeAlias = Any
 """An actor (a Ray ActorHandle; a LocalActor in process)."""
 Weights: TypeAlias = Any
-"""Model weights as sent to actors: a dict of arrays, or a Ref to one (`Backend.put`)."""
+"""Model weights as sent to actors: a dict of arrays, its pickle (`Learner.pickled_weights`, the
+form small weights ride inline in), or a Ref to a dict (`Backend.put`)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,10 @@ class Backend(Protocol):
         ...
 
     def get(self, ref: Ref) -> Any: ...
+
+    def get_many(self, refs: list[Ref]) -> list[Any]:
+        """The values of several refs in one call (raises as `get` for any that failed)."""
+        ...
 
     def put(self, value: Any) -> Ref:
         """Store a value once for many calls (the weights of a broadcast)."""

@@ -63,7 +63,8 @@ class ImpalaDriver(Driver):
         self._head_counted_full = False
         self.updates_since_broadcast = 0
         self._timers: dict[str, deque[float]] = {}
-        self.weights_ref: Weights | None = None  # the latest broadcast: weights, or their ref
+        self.weights_ref: Weights | None = None  # the latest broadcast: pickled, or a ref
+        self._weights_nbytes = self.learner.weights_nbytes()
         self.weights_version = -1
 
     def _begin(self) -> None:
@@ -164,8 +165,14 @@ class ImpalaDriver(Driver):
     def _on_sample(self, meta_ref: Ref) -> None:
         request = self.ledger.sample_back(meta_ref)
         actor_id, fragment_ref = request.actor_id, request.fragment
+        aggregator = self.manager.next_aggregator()
+        meta: FragmentMeta
+        fragment: Fragment | None = None
         try:
-            meta: FragmentMeta = self.backend.get(meta_ref)
+            if aggregator is None:  # both values here: one get call, not two
+                meta, fragment = self.backend.get_many([meta_ref, fragment_ref])
+            else:  # the fragment goes to the aggregator by reference, unread
+                meta = self.backend.get(meta_ref)
         except self.backend.failure as err:
             self._actor_failed(actor_id, err)
             return
@@ -176,7 +183,6 @@ class ImpalaDriver(Driver):
         if actor is not None:
             actor.env_steps += meta.env_steps
             self.sampled_since_broadcast = True
-        aggregator = self.manager.next_aggregator()
         if aggregator is not None:
             ref = self.backend.aggregate(aggregator.handle, fragment_ref)
             # The actor is asked again when its fragment's batches are back (`_on_aggregated`),
@@ -184,7 +190,8 @@ class ImpalaDriver(Driver):
             # lag of CartPole's example rose from ~3 to ~5 updates (median steps to 450 ~2x).
             self.ledger.sent_to_aggregator(ref, aggregator.actor_id, source=actor_id)
             return
-        self.ledger.backlog.extend(self.local_aggregator.add(self.backend.get(fragment_ref)))
+        assert fragment is not None
+        self.ledger.backlog.extend(self.local_aggregator.add(fragment))
         self._feed_learner()  # room in the learner queue: the actor need not park
         self._ask_again(actor_id)
 
@@ -233,12 +240,14 @@ class ImpalaDriver(Driver):
 
     def _put_weights(self) -> None:
         self.weights_version = self.learner.policy_version
-        weights = self.learner.get_weights()
         # Small weights (an MLP's tens of KiB) travel inside each sample request: Ray inlines
         # arguments under its direct-call limit, so no object-store put per broadcast and no
-        # fetch per actor. Large ones (the CNN's MiBs) are put once and shared by reference.
-        small = sum(a.nbytes for a in weights.values()) <= INLINE_WEIGHTS_BYTES
-        self.weights_ref = weights if small else self.backend.put(weights)
+        # fetch per actor. They go pickled, once per broadcast: as a dict Ray pickled them again
+        # for every request. Large ones (the CNN's MiBs) are put once and shared by reference.
+        if self._weights_nbytes <= INLINE_WEIGHTS_BYTES:
+            self.weights_ref = self.learner.pickled_weights()
+        else:
+            self.weights_ref = self.backend.put(self.learner.get_weights())
 
     def in_flight(self, actor_id: str) -> int:
         return self.ledger.in_flight(actor_id)

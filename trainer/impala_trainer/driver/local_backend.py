@@ -187,6 +187,9 @@ class LocalBackend:
             raise ref.error
         return ref.value
 
+    def get_many(self, refs: list[LocalRef]) -> list[Any]:
+        return [self.get(ref) for ref in refs]
+
     def put(self, value: Any) -> LocalRef:
         self.puts += 1
         return LocalRef(value)

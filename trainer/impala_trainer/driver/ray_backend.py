@@ -77,6 +77,10 @@ class RayBackend:
     def get(self, ref: Ref) -> Any:
         return ray.get(ref)
 
+    def get_many(self, refs: list[Ref]) -> list[Any]:
+        values: list[Any] = ray.get(refs)
+        return values
+
     def put(self, value: Any) -> Ref:
         return ray.put(value)
 

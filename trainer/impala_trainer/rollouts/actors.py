@@ -46,7 +46,7 @@ class RolloutActor:
 
     @ray.method(num_returns=2)  # type: ignore[untyped-decorator]  # ray is untyped here
     def sample(
-        self, weights: dict[str, Any] | None = None, policy_version: int = 0
+        self, weights: dict[str, Any] | bytes | None = None, policy_version: int = 0
     ) -> tuple[Fragment, FragmentMeta]:
         """(fragment, its metadata), sampled after loading `weights` when given (the driver
         sends a broadcast with the next request instead of in a call of its own).
@@ -90,4 +90,3 @@ class AggregatorActor:
     def handover(self) -> Handover:
         """The fragments that did not yet fill a batch: the driver trains on them."""
         return Handover(fragments=self.aggregator.take_pending(), env_steps=None)
-

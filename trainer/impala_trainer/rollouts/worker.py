@@ -5,6 +5,9 @@ No Ray here: `actors.RolloutActor` is a thin shell around it, and tests drive it
 
 from __future__ import annotations
 
+import pickle
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 
@@ -83,9 +86,12 @@ class RolloutWorker:
         """The policy's outputs per step (the number of actions for Discrete)."""
         return self.actions.num_inputs
 
-    def set_weights(self, weights: dict[str, np.ndarray], policy_version: int) -> None:
-        """Load the learner's weights; fragments sampled from now on carry `policy_version`."""
-        self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()})
+    def set_weights(self, weights: Mapping[str, np.ndarray] | bytes, policy_version: int) -> None:
+        """Load the learner's weights (arrays, or `Learner.pickled_weights`); fragments sampled
+        from now on carry `policy_version`."""
+        # Bytes: pickled once by the driver for every actor (its own, trusted as Ray's are).
+        arrays = pickle.loads(weights) if isinstance(weights, bytes) else weights
+        self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()})
         self.policy_version = int(policy_version)
 
     def get_weights(self) -> dict[str, np.ndarray]:
