@@ -10,6 +10,7 @@ ratio against the peer measured in the same run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -45,6 +46,17 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown cpu"
+
+
+def _gpu_models() -> list[str]:
+    """NVIDIA GPUs as the driver names them, read without importing torch (the parent is light)."""
+    models = []
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        with contextlib.suppress(OSError):
+            for line in info.read_text().splitlines():
+                if line.startswith("Model:"):
+                    models.append(line.split(":", 1)[1].strip())
+    return models
 
 
 def _ram_gib() -> float:
@@ -89,6 +101,7 @@ def machine_info() -> dict[str, Any]:
         "cpu": _cpu_model(),
         "cores": os.cpu_count() or 0,
         "ram_gib": round(_ram_gib(), 1),
+        "gpus": _gpu_models(),
         "load_avg": [round(x, 2) for x in load],
         "python": platform.python_version(),
         "ray": _version("ray"),
@@ -103,8 +116,9 @@ def machine_line(info: dict[str, Any] | None = None) -> str:
     """One line for the doc: `cpu, N cores, R GiB, load a/b/c; python, ray, torch, ...`."""
     m = info or machine_info()
     load = "/".join(f"{x:.1f}" for x in m["load_avg"])
+    gpus = "".join(f", {g}" for g in m.get("gpus", []))
     return (
-        f"{m['cpu']}, {m['cores']} cores, {m['ram_gib']:.0f} GiB RAM, load {load}; "
+        f"{m['cpu']}, {m['cores']} cores{gpus}, {m['ram_gib']:.0f} GiB RAM, load {load}; "
         f"Python {m['python']}, Ray {m['ray']}, torch {m['torch']}, "
         f"gymnasium {m['gymnasium']}, ale-py {m['ale_py']}, numpy {m['numpy']}; "
         f"trainer at {m.get('git', '-')}"
@@ -438,6 +452,7 @@ def rllib_config(
     cannot move the peer: EnvRunners = rollout workers (replicas x workersPerPod), envs per
     runner, fragment length, train batch, model layers, lr/gamma/coefficients/clip, epochs.
     New stack: one remote Learner (RLlib's IMPALA default `num_learners=1`, async updates).
+    The learner gets `learner.gpus` GPUs on both stacks, as ours does (0: the CPU).
     The new stack has no separate value-function optimiser (separateVfOptimizer/lrVf): only the
     old stack gets those; the doc lists this as the one unmatched setting.
     `synthetic`: (obs_shape, dtype, actions) of a random-observation env for learner-only runs.
@@ -512,7 +527,9 @@ def rllib_config(
             **common_training,
         )
         cfg = cfg.rl_module(model_config=model)
-        cfg = cfg.learners(num_learners=1 if env_runners > 0 else 0, num_gpus_per_learner=0)
+        cfg = cfg.learners(
+            num_learners=1 if env_runners > 0 else 0, num_gpus_per_learner=spec.learner.gpus
+        )
         if sample_only:
             cfg = cfg.debugging(_env_runners_only=True)
     else:
@@ -529,7 +546,7 @@ def rllib_config(
             entropy_coeff_schedule=entropy_points,
             **common_training,
         )
-        cfg = cfg.resources(num_gpus=0)
+        cfg = cfg.resources(num_gpus=spec.learner.gpus)
     # RLlib's IMPALA default is 10 s per train() call; 1 s gives the return curve resolution.
     cfg = cfg.reporting(min_time_s_per_iteration=1, metrics_num_episodes_for_smoothing=100)
     if seed is not None:
@@ -540,6 +557,7 @@ def rllib_config(
 # -- the scenarios' manifests -----------------------------------------------------------------
 
 MANIFESTS = REPO / "manifests" / "examples"
+
 
 def manifest_path(name: str) -> Path:
     """manifests/examples/NAME.yaml."""

@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
 # The CUDA path on a GPU machine that already has torch (CI has no GPU): the learner tests,
 # test_learner_cuda.py among them, then bench/learner_only.py with the learner on the CPU and on
-# cuda:0 of the same machine. Results go to $OUT (default /tmp/gpu-check).
+# cuda:0 of the same machine, and against RLlib's learners on the same GPU where Ray travels.
+# Results go to $OUT (default /tmp/gpu-check).
 #
-# Packages the machine lacks travel as wheels in .whl/ (docs/testing.md, "The CUDA path"); Ray is
-# not needed: the learner and its threads run without it.
+# What the machine lacks travels in .whl/: site-cp<XY>.tar.xz from `bash hack/gpu-site.sh X.Y`
+# (Ray and RLlib, for the `*-rllib` cases) or plain wheels (docs/testing.md, "The CUDA path"); the
+# learner and its threads run without Ray.
+#
+#   CASES="cnn-rllib cnn-fp32" bash hack/gpu-check.sh      # a subset; the default runs them all
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-check}
+CASES=${CASES:-cpu cuda cuda-stacks cnn4k-cpu cnn4k-cuda cnn-rllib cnn-fp32 cnn4k-rllib}
 mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" >/dev/null; then
+tag=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+if [ -f ".whl/site-$tag.tar.xz" ]; then
+  mkdir -p /tmp/site && tar -C /tmp/site -xJf ".whl/site-$tag.tar.xz" || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+if compgen -G ".whl/*.whl" >/dev/null; then  # beside the site or instead of it
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD/api:$PWD/trainer:$PWD${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())' \
@@ -27,19 +37,27 @@ python3 -m pytest -q -p no:cacheprovider -rs \
   | tail -15
 
 seconds=${SECONDS_PER_CASE:-6}
-bench() {  # NAME, then --set overrides
-  local name=$1
-  shift
-  timeout 200 python3 bench/learner_only.py --sides ours --runs 1 --seconds "$seconds" \
-    --warmup 3 --json-out "$OUT/learner-$name.json" "$@" 2>&1 | grep -E '^\|' \
+bench() {  # NAME SIDES, then learner_only.py's options
+  local name=$1 sides=$2
+  shift 2
+  case " $CASES " in *" $name "*) ;; *) return ;; esac
+  echo "== $name: $*"
+  timeout "${CASE_TIMEOUT:-600}" python3 bench/learner_only.py --sides "$sides" --runs 1 \
+    --seconds "$seconds" --warmup 3 --json-out "$OUT/learner-$name.json" "$@" 2>&1 \
+    | grep -E '^\||^\[|rror' \
     | tee "$OUT/learner-$name.txt"
 }
-echo "== learner on the CPU (torch threads: $(nproc) cores)"
-bench cpu
-echo "== learner on cuda:0"
-bench cuda --set learner.gpus=1
-echo "== learner on cuda:0, 2 tower stacks (batches loaded on a side stream)"
-bench cuda-stacks --set learner.gpus=1 --set training.numMultiGpuTowerStacks=2
-echo "== CNN, trainBatchSize 4000 (a GPU learner's usual batch), CPU then cuda:0"
-bench cnn4k-cpu --models cnn --set training.trainBatchSize=4000
-bench cnn4k-cuda --models cnn --set training.trainBatchSize=4000 --set learner.gpus=1
+gpu=(--set learner.gpus=1)
+# The learner on the CPU (torch threads: every core) and on cuda:0 (precision as the example asks).
+bench cpu ours
+bench cuda ours "${gpu[@]}"
+# Batches loaded on a side stream while the last one trains.
+bench cuda-stacks ours "${gpu[@]}" --set training.numMultiGpuTowerStacks=2
+# A GPU learner's usual batch.
+bench cnn4k-cpu ours --models cnn --set training.trainBatchSize=4000
+bench cnn4k-cuda ours --models cnn --set training.trainBatchSize=4000 "${gpu[@]}"
+# Against RLlib's old-stack LearnerThread and new-stack Learner on the same GPU (float32 there).
+bench cnn-rllib ours,rllib_old,rllib --models cnn "${gpu[@]}"
+bench cnn-fp32 ours --models cnn "${gpu[@]}" --set learner.precision=float32
+bench cnn4k-rllib ours,rllib_old,rllib --models cnn --set training.trainBatchSize=4000 "${gpu[@]}"
+exit 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Pong example with its learner on cuda:0, on a lent GPU machine (CI has no GPU), then the same
 # run with the learner on the CPU for a shorter window: env steps/s side by side and the GPU run's
-# return curve. Needs .whl/site-cp<XY>.tar.gz from `bash hack/gpu-site.sh X.Y` (Ray and the rest
+# return curve. Needs .whl/site-cp<XY>.tar.xz from `bash hack/gpu-site.sh X.Y` (Ray and the rest
 # of what the machine lacks; it has torch). Results go to $OUT (default /tmp/gpu-pong).
 #
 #   WORKERS=12 GPU_SECONDS=300 CPU_SECONDS=120 bash hack/gpu-pong.sh
@@ -13,8 +13,8 @@ GPU_SECONDS=${GPU_SECONDS:-300}
 CPU_SECONDS=${CPU_SECONDS:-120}
 mkdir -p "$OUT"
 tag=$($PYTHON -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-if [ -f ".whl/site-$tag.tar.gz" ]; then
-  mkdir -p /tmp/site && tar -C /tmp/site -xzf ".whl/site-$tag.tar.gz" || exit 1
+if [ -f ".whl/site-$tag.tar.xz" ]; then
+  mkdir -p /tmp/site && tar -C /tmp/site -xJf ".whl/site-$tag.tar.xz" || exit 1
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD/api:$PWD/trainer:$PWD/cli:$PYTHONPATH

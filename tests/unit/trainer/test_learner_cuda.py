@@ -8,6 +8,7 @@ the CPU learner the rest of the suite proves: same weights in, same update out.
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import queue
 from typing import Any
 
@@ -150,3 +151,41 @@ def test_checkpoints_move_between_a_gpu_and_a_cpu_learner(tmp_path) -> None:
     again.load_state_dict(load_checkpoint(ckpt)[0])
     stats = again.learn_on_batch(make_batch(seed=2))  # Adam's moments were moved onto the GPU
     assert again.policy_version == 3 and np.isfinite(stats["total_loss"])
+
+
+def test_a_cuda_learners_pickled_broadcast_holds_its_weights() -> None:
+    """The driver broadcasts `pickled_weights()` to rollout actors that have no GPU: host arrays."""
+    cuda = Learner(learner_spec(learner={"gpus": 1}), (4,), 2, device="cuda:0")
+    cuda.learn_on_batch(make_batch())
+    sent = pickle.loads(cuda.pickled_weights())
+    weights = cuda.get_weights()
+    assert sent.keys() == weights.keys()
+    for k, v in weights.items():
+        assert isinstance(sent[k], np.ndarray)
+        np.testing.assert_array_equal(sent[k], v)
+    assert cuda.weights_nbytes() == sum(v.nbytes for v in weights.values())
+
+
+def test_auto_precision_on_cuda_is_bfloat16_and_tracks_float32() -> None:
+    """`learner.precision: auto` on a GPU with native bf16 (Ampere and later) autocasts the
+    CNN's forward and backward; the first update agrees with float32 to bf16's precision and the
+    weights, gradients and Adam's moments stay float32 on the device."""
+    if not torch.cuda.is_bf16_supported(including_emulation=False):
+        pytest.skip("this GPU has no native bfloat16")
+    learners = []
+    for precision in ("float32", "auto"):
+        torch.manual_seed(0)
+        spec = make_spec(CNN, learner={"gpus": 1, "precision": precision})
+        learners.append(Learner(spec, CNN_OBS, 6, device="cuda:0"))
+    full, mixed = learners
+    assert full.autocast_dtype is None and mixed.autocast_dtype is torch.bfloat16
+    batch = cnn_batch()
+    a, b = full.learn_on_batch(batch), mixed.learn_on_batch(batch)
+    for key in ("total_loss", "vf_loss", "policy_loss", "grad_gnorm"):
+        assert b[key] == pytest.approx(a[key], rel=0.05, abs=0.05), key
+    assert b["entropy"] == pytest.approx(a["entropy"], rel=0.01)
+    for p in mixed.model.parameters():
+        assert p.device.type == "cuda" and p.dtype == torch.float32
+        assert p.grad is not None and p.grad.dtype == torch.float32
+    for state in mixed.optimizers[0].state.values():
+        assert all(v.dtype == torch.float32 for v in state.values() if v.is_floating_point())
