@@ -20,6 +20,7 @@ import pytest
 
 import impala_trainer.driver.impala as driver_mod
 from impala_api.spec import ImpalaJob
+from impala_trainer.batches import Fragment, FragmentMeta
 from impala_trainer.driver.impala import ImpalaDriver
 from impala_trainer.driver.launch import Wiring, build_driver
 from impala_trainer.driver.local_backend import LocalActor, LocalBackend, LocalRef
@@ -99,6 +100,28 @@ def test_a_full_learner_queue_parks_actors_until_it_has_room(
     assert not driver.ledger.backlog and not driver.ledger.parked
     assert driver.ledger.samples_out() == 2
     assert all(h.calls.count("sample") == 3 for h in handles)
+
+
+@pytest.mark.parametrize("aggregators", [0, 1])
+def test_a_sample_is_one_object_unless_an_aggregator_may_take_its_fragment(
+    tmp_path: Path, aggregators: int
+) -> None:
+    """Without aggregator actors the driver reads every fragment itself, so each request asks
+    for one object, (fragment, meta); with them the meta comes alone and the fragment stays a
+    reference an aggregator can take unread."""
+    driver, backend, _ = _driver(tmp_path, _job(), aggregators=aggregators)
+    refs = driver.ledger.waiting_on()
+    assert len(refs) == 2
+    for ref in refs:
+        value = backend.get(ref)
+        if aggregators:
+            assert isinstance(value, FragmentMeta)
+        else:
+            fragment, meta = value
+            assert isinstance(fragment, Fragment) and meta == fragment.meta()
+    for _ in range(1 + aggregators):  # an aggregator's batches come back a step later
+        driver._step()
+    assert driver.thread.inqueue.qsize() == 2 and driver.ledger.samples_out() == 2
 
 
 def test_with_an_aggregator_an_actor_is_asked_again_once_its_fragment_is_aggregated(

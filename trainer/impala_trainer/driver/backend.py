@@ -56,7 +56,13 @@ class Backend(Protocol):
         ...
 
     def sample(self, handle: Handle, weights: Weights | None, version: int) -> tuple[Ref, Ref]:
-        """-> (Fragment, FragmentMeta); loads `weights` first when given."""
+        """-> (Fragment, FragmentMeta) as two objects, so the fragment can go by reference to an
+        aggregator actor unread; loads `weights` first when given."""
+        ...
+
+    def sample_whole(self, handle: Handle, weights: Weights | None, version: int) -> Ref:
+        """-> (Fragment, FragmentMeta) as one object: a sample whose fragment the driver reads
+        itself (no aggregator actor), for one return's cost instead of two."""
         ...
 
     def aggregate(self, handle: Handle, fragment: Ref) -> Ref:

@@ -165,11 +165,14 @@ class ImpalaDriver(Driver):
     def _on_sample(self, meta_ref: Ref) -> None:
         request = self.ledger.sample_back(meta_ref)
         actor_id, fragment_ref = request.actor_id, request.fragment
-        aggregator = self.manager.next_aggregator()
+        # A whole sample stays here even if an aggregator actor started since it was asked for.
+        aggregator = None if fragment_ref is None else self.manager.next_aggregator()
         meta: FragmentMeta
         fragment: Fragment | None = None
         try:
-            if aggregator is None:  # both values here: one get call, not two
+            if fragment_ref is None:  # one object holds both
+                fragment, meta = self.backend.get(meta_ref)
+            elif aggregator is None:  # both values here: one get call, not two
                 meta, fragment = self.backend.get_many([meta_ref, fragment_ref])
             else:  # the fragment goes to the aggregator by reference, unread
                 meta = self.backend.get(meta_ref)
@@ -184,6 +187,7 @@ class ImpalaDriver(Driver):
             actor.env_steps += meta.env_steps
             self.sampled_since_broadcast = True
         if aggregator is not None:
+            assert fragment_ref is not None
             ref = self.backend.aggregate(aggregator.handle, fragment_ref)
             # The actor is asked again when its fragment's batches are back (`_on_aggregated`),
             # not now: asked at once, each actor kept a fragment more in flight, and the policy
@@ -223,13 +227,19 @@ class ImpalaDriver(Driver):
     def _submit(self, actor: ManagedActor) -> None:
         if actor.state == "draining":  # its node is leaving: collect what it owes, ask no more
             return
+        # Two returns only where an aggregator actor may take the fragment by reference.
+        split = bool(self.manager.live("aggregator"))
         for _ in range(self.ledger.room(actor.actor_id)):
             due = self.ledger.weights_due(actor.actor_id, self.weights_version)
             weights = self.weights_ref if due else None
-            fragment_ref, meta_ref = self.backend.sample(
-                actor.handle, weights, self.weights_version
-            )
-            self.ledger.sent_sample(actor.actor_id, meta_ref, fragment_ref)
+            if split:
+                fragment_ref, meta_ref = self.backend.sample(
+                    actor.handle, weights, self.weights_version
+                )
+                self.ledger.sent_sample(actor.actor_id, meta_ref, fragment_ref)
+            else:
+                ref = self.backend.sample_whole(actor.handle, weights, self.weights_version)
+                self.ledger.sent_sample(actor.actor_id, ref, None)
 
     def on_new_actor(self, actor: ManagedActor) -> None:
         if actor.role != "rollout":

@@ -24,7 +24,8 @@ class SampleRequest:
     """A sample request out: the meta ref is the ledger's key, the fragment's ref comes with it."""
 
     actor_id: str
-    fragment: Ref
+    fragment: Ref | None
+    """None: the key's one object holds both (`Backend.sample_whole`)."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class Ledger:
         self._weights_sent[actor_id] = version
         return True
 
-    def sent_sample(self, actor_id: str, meta: Ref, fragment: Ref) -> None:
+    def sent_sample(self, actor_id: str, meta: Ref, fragment: Ref | None) -> None:
         if self._per_actor[actor_id] >= self.max_in_flight:
             raise LedgerError(f"{actor_id} already has {self.max_in_flight} samples in flight")
         self._samples[meta] = SampleRequest(actor_id, fragment)

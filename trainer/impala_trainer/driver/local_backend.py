@@ -128,6 +128,12 @@ class LocalBackend:
             return fragment, LocalRef(error=fragment.error)
         return fragment, LocalRef(fragment.value.meta())
 
+    def sample_whole(self, handle: LocalActor, weights: Any | None, version: int) -> LocalRef:
+        fragment, meta = self.sample(handle, weights, version)
+        if fragment.error is not None:
+            return fragment
+        return LocalRef((fragment.value, meta.value))
+
     def aggregate(self, handle: LocalActor, fragment: Any) -> LocalRef:
         aggregator = handle.aggregator
         if aggregator is None:
