@@ -37,4 +37,13 @@ strip --strip-unneeded "$work/site/ray/_raylet.so" "$work/site/ray/core/src/ray/
 mkdir -p "$root/.whl"
 rm -f "$root/.whl/site-$tag".tar.*
 tar -C "$work/site" -cf - . | xz -T0 -6 > "$root/.whl/site-$tag.tar.xz"
-du -h "$root/.whl/site-$tag.tar.xz"
+# The test runner as wheels beside it, the versions the suite runs with here (gpu-check.sh
+# installs them over the machine's own).
+test_pins=()
+for dist in pytest pluggy iniconfig; do
+  test_pins+=("$dist==$(python3 -c 'import sys, importlib.metadata as m; print(m.version(sys.argv[1]))' "$dist")")
+done
+rm -f "$root"/.whl/*.whl
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" \
+  --implementation cp -d "$root/.whl" "${test_pins[@]}"
+du -h "$root/.whl/site-$tag.tar.xz" "$root"/.whl/*.whl
