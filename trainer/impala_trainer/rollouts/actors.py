@@ -52,7 +52,8 @@ class RolloutActor:
         sends a broadcast with the next request instead of in a call of its own).
 
         The driver reads the metadata without pulling the fragment, which can go by reference
-        straight to an aggregator actor."""
+        straight to an aggregator actor; a job without aggregator actors asks for the pair as
+        one object instead (`num_returns=1`, `RayBackend.sample_whole`)."""
         if weights is not None:
             self.worker.set_weights(weights, policy_version)
         fragment = self.worker.sample()
