@@ -23,10 +23,10 @@ dists=(
   rich markdown-it-py mdurl pygments
   dm-tree lz4 ormsgpack tensorboardX  # RLlib's, beyond what the machine has
 )
-pins=()
-for dist in "${dists[@]}"; do
-  pins+=("$dist==$(python3 -c 'import sys, importlib.metadata as m; print(m.version(sys.argv[1]))' "$dist")")
-done
+pinned() {  # DIST... -> DIST==VERSION as installed here
+  python3 -c 'import sys, importlib.metadata as m; print(*(f"{d}=={m.version(d)}" for d in sys.argv[1:]))' "$@"
+}
+read -ra pins <<< "$(pinned "${dists[@]}")"
 python3 -m pip install -q --no-deps --no-compile --only-binary=:all: --target "$work/site" \
   --python-version "$py" --implementation cp --platform manylinux2014_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 "${pins[@]}"
@@ -39,10 +39,7 @@ rm -f "$root/.whl/site-$tag".tar.*
 tar -C "$work/site" -cf - . | xz -T0 -6 > "$root/.whl/site-$tag.tar.xz"
 # The test runner as wheels beside it, the versions the suite runs with here (gpu-check.sh
 # installs them over the machine's own).
-test_pins=()
-for dist in pytest pluggy iniconfig; do
-  test_pins+=("$dist==$(python3 -c 'import sys, importlib.metadata as m; print(m.version(sys.argv[1]))' "$dist")")
-done
+read -ra test_pins <<< "$(pinned pytest pluggy iniconfig)"
 rm -f "$root"/.whl/*.whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" \
   --implementation cp -d "$root/.whl" "${test_pins[@]}"

@@ -232,14 +232,12 @@ class ImpalaDriver(Driver):
         for _ in range(self.ledger.room(actor.actor_id)):
             due = self.ledger.weights_due(actor.actor_id, self.weights_version)
             weights = self.weights_ref if due else None
+            fragment_ref: Ref | None = None
             if split:
-                fragment_ref, meta_ref = self.backend.sample(
-                    actor.handle, weights, self.weights_version
-                )
-                self.ledger.sent_sample(actor.actor_id, meta_ref, fragment_ref)
+                fragment_ref, ref = self.backend.sample(actor.handle, weights, self.weights_version)
             else:
                 ref = self.backend.sample_whole(actor.handle, weights, self.weights_version)
-                self.ledger.sent_sample(actor.actor_id, ref, None)
+            self.ledger.sent_sample(actor.actor_id, ref, fragment_ref)
 
     def on_new_actor(self, actor: ManagedActor) -> None:
         if actor.role != "rollout":
