@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from impala_trainer.batches import TrainBatch
+from impala_trainer.learning import learner as learner_module
 from impala_trainer.learning.learner import Learner, clip_grad_norms
+from impala_trainer.learning.losses import model_inputs
+from impala_trainer.learning.models import ActorCritic
 from tests.support.jobs import make_spec
 from tests.support.learner import learner_spec, make_batch, one_torch_thread
 
@@ -251,3 +256,109 @@ def test_the_lr_schedule_scales_the_value_optimisers_rate_too() -> None:
     learner.learn_on_batch(make_batch())
     rates = [opt.param_groups[0]["lr"] for opt in learner.optimizers]
     assert rates == pytest.approx([1e-4, 1e-3])
+
+
+def _frames(batch: TrainBatch, seed: int) -> TrainBatch:
+    """The batch with uint8 84x84 frame stacks for observations (the CNN's input)."""
+    rng = np.random.default_rng(seed)
+
+    def frames(a: np.ndarray) -> np.ndarray:
+        return rng.integers(0, 256, (*a.shape[:-1], 4, 84, 84), dtype=np.uint8)
+
+    return dataclasses.replace(
+        batch,
+        obs=frames(batch.obs),
+        final_obs=frames(batch.final_obs),
+        bootstrap_obs=frames(batch.bootstrap_obs),
+    )
+
+
+KEPT_MODELS = {
+    "mlp": ({"hidden": [32, 32]}, (4,)),
+    "cnn": ({"type": "cnn", "hidden": [32]}, (4, 84, 84)),
+    "lstm": ({"hidden": [16], "useLstm": True, "lstmCellSize": 8}, (4,)),
+}
+
+
+@pytest.mark.parametrize("kind", list(KEPT_MODELS))
+def test_passes_over_a_kept_batch_learn_exactly_as_fresh_ones(kind: str) -> None:
+    """numSgdIter passes reuse the batch's tensors and prepared observations (`keep`): the
+    weights after them are bit for bit those of preparing every pass afresh."""
+    model, obs_shape = KEPT_MODELS[kind]
+    spec = make_spec({"model": model}, training={"numSgdIter": 3})
+    learners = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        learners.append(Learner(spec, obs_shape, 6))
+    kept, fresh = learners
+    for seed in range(2):
+        batch = make_batch(T=4, B=3, A=6, seed=seed)
+        if len(obs_shape) == 3:
+            batch = _frames(batch, seed)
+        state = np.random.default_rng(seed).standard_normal((3, kept.model.state_size))
+        batch = dataclasses.replace(batch, state_in=state.astype(np.float32))
+        for n in range(3):
+            a = kept.learn_on_batch(batch, keep=n < 2)
+            b = fresh.learn_on_batch(batch)
+            assert a == b
+    for pk, pf in zip(kept.model.parameters(), fresh.model.parameters(), strict=True):
+        assert torch.equal(pk, pf)
+
+
+def test_a_kept_batch_is_prepared_once_and_let_go_after_its_last_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    prepared: list[int] = []
+
+    def counting(model: torch.nn.Module, tensors: Any) -> torch.Tensor:
+        prepared.append(tensors.env_steps)
+        return model_inputs(model, tensors)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(learner_module, "model_inputs", counting)
+    learner = Learner(learner_spec(numSgdIter=3), (4,), 2)
+    a, b = make_batch(T=4, B=2), make_batch(T=5, B=2)
+    for keep in (True, True, False):
+        learner.learn_on_batch(a, keep=keep)
+    assert prepared == [8]
+    learner.learn_on_batch(b, keep=True)
+    learner.learn_on_batch(a)  # let go after its last pass: prepared again
+    learner.learn_on_batch(b)  # still kept
+    assert prepared == [8, 10, 8]
+
+
+class ScaledInput(ActorCritic):
+    """A model whose preparation reads a parameter (a learned input scale)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(4))
+        self.policy_head = torch.nn.Linear(4, 2)
+        self.value_head = torch.nn.Linear(4, 1)
+
+    def prepare_observations(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs * self.scale
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.tanh(obs)
+        return self.policy_head(x), self.value_head(x).squeeze(-1)
+
+
+def test_a_preparation_that_reads_parameters_is_made_every_pass() -> None:
+    """Its graph is freed by each backward, so it cannot be kept; keep falls back to fresh."""
+    learners = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        learner = Learner(learner_spec(numSgdIter=3), (4,), 2)
+        learner.model = ScaledInput()
+        learner.params = list(learner.model.parameters())
+        learner.param_groups = [learner.params]
+        learner.optimizers = [torch.optim.Adam(learner.params, lr=0.01)]
+        learners.append(learner)
+    kept, fresh = learners
+    batch = make_batch()
+    for n in range(3):
+        kept.learn_on_batch(batch, keep=n < 2)
+        fresh.learn_on_batch(batch)
+    assert kept.model.scale.grad is not None and not torch.equal(kept.model.scale, torch.ones(4))
+    for pk, pf in zip(kept.model.parameters(), fresh.model.parameters(), strict=True):
+        assert torch.equal(pk, pf)

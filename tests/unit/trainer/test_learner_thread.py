@@ -31,12 +31,14 @@ class CountingLearner:
 
     def __init__(self, fail_after: int | None = None) -> None:
         self.seen: list[int] = []
+        self.kept: list[bool] = []
         self.fail_after = fail_after
 
-    def learn_on_batch(self, batch: TrainBatch) -> dict[str, float]:
+    def learn_on_batch(self, batch: TrainBatch, keep: bool = False) -> dict[str, float]:
         if self.fail_after is not None and len(self.seen) >= self.fail_after:
             raise FloatingPointError("loss is nan")
         self.seen.append(id(batch))
+        self.kept.append(keep)
         return {"total_loss": float(len(self.seen))}
 
 
@@ -70,6 +72,8 @@ def test_each_batch_is_replayed_num_sgd_iter_times_with_steps_counted_once() -> 
     out = drain(thread, 9)
     stop(thread)
     assert learner.seen == [id(b) for b in batches for _ in range(3)]
+    # The learner keeps a batch's tensors for its next pass, and lets them go on its last.
+    assert learner.kept == [True, True, False] * 3
     assert [steps for steps, _ in out] == [10, 0, 0, 15, 0, 0, 20, 0, 0]
     assert [s["total_loss"] for _, s in out] == list(range(1, 10))
     assert thread.num_steps == 9 and thread.error is None

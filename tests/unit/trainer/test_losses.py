@@ -22,7 +22,7 @@ from impala_trainer.learning.losses import (
     losses_disjoint,
     parameters_reached,
 )
-from impala_trainer.learning.models import build_model
+from impala_trainer.learning.models import ActorCritic, build_model
 from tests.support.learner import make_batch, one_torch_thread
 
 CPU = torch.device("cpu")
@@ -210,7 +210,7 @@ def test_separate_value_optimiser_backprops_each_loss_into_its_own_parameters() 
         torch.testing.assert_close(grad, vf_grads[name] if name in vf_names else pi_grads[name])
 
 
-class PolicyReadsValueFeatures(torch.nn.Module):
+class PolicyReadsValueFeatures(ActorCritic):
     """A custom model whose policy head reads the value tower's features: the policy loss
     reaches value parameters, so the separate optimiser must not take one pass over the sum."""
 
@@ -220,7 +220,6 @@ class PolicyReadsValueFeatures(torch.nn.Module):
         self.value_trunk = torch.nn.Linear(4, 8)
         self.value_head = torch.nn.Linear(8, 1)
         self.policy_head = torch.nn.Linear(8, 2)
-        self.state_size = 0
 
     def value_function_parameters(self) -> Iterator[torch.nn.Parameter]:
         yield from self.value_trunk.parameters()

@@ -113,3 +113,41 @@ def test_value_function_parameters_are_disjoint_from_the_policy() -> None:
             logits.sum(), list(model.value_function_parameters()), allow_unused=True
         )
         assert all(g is None or torch.count_nonzero(g) == 0 for g in grads)
+
+
+FRAMES = torch.randint(0, 256, (6, 4, 84, 84), dtype=torch.uint8)
+
+
+@pytest.mark.parametrize(
+    ("model_spec", "obs"),
+    [
+        (ModelSpec(hidden=[32, 32]), torch.randn(6, 4)),
+        (ModelSpec(hidden=[64]), FRAMES),
+        (ModelSpec(type="resnet", hidden=[32]), FRAMES),
+        (ModelSpec(type="cnn", hidden=[32], useLstm=True, lstmCellSize=8), FRAMES),
+        (ModelSpec(hidden=[16], useLstm=True, lstmCellSize=8), torch.randn(6, 4)),
+    ],
+    ids=["mlp", "cnn", "resnet", "cnn-lstm", "mlp-lstm"],
+)
+def test_prepared_observations_pass_through_the_model_unchanged(
+    model_spec: ModelSpec, obs: torch.Tensor
+) -> None:
+    """What the learner prepares once per batch (for frames: float, scaled, channels-last) the
+    model takes as it is: preparing again is the same tensor, and the outputs are the raw
+    observations' outputs."""
+    torch.manual_seed(0)
+    model = build_model(model_spec, tuple(obs.shape[1:]), 5)
+    prepared = model.prepare_observations(obs)
+    assert prepared.dtype == torch.float32
+    assert model.prepare_observations(prepared) is prepared
+    if obs.dtype == torch.uint8:
+        assert prepared.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(prepared, obs.float() / 255.0)
+    if model.state_size:
+        state, resets = model.initial_state(3), torch.zeros(2, 3, dtype=torch.bool)
+        raw = model.forward_sequence(obs.view(2, 3, *obs.shape[1:]), state, resets)
+        again = model.forward_sequence(prepared.view(2, 3, *obs.shape[1:]), state, resets)
+    else:
+        raw, again = model(obs), model(prepared)
+    for a, b in zip(raw, again, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

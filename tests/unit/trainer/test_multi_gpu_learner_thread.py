@@ -10,6 +10,7 @@ import torch
 
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.learning.learner import Learner, MultiDeviceLearner
+from impala_trainer.learning.losses import model_inputs
 from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
 from tests.support.learner import learner_spec, make_batch, one_torch_thread
 
@@ -106,8 +107,11 @@ def test_towers_do_not_simply_see_the_whole_batch() -> None:
     single.learn_on_batch(batch)
     multi.load_batch_into_buffer(batch, 0)
     shards = multi._stacks[0]
-    assert [round(w, 3) for _, _, w in shards] == [0.5, 0.5]
-    assert [t.actions.shape[1] for _, t, _ in shards] == [4, 4]
+    assert [round(s.share, 3) for s in shards] == [0.5, 0.5]
+    assert [s.tensors.actions.shape[1] for s in shards] == [4, 4]
+    # Each shard's observations are prepared at load time, once for all its passes.
+    for s in shards:
+        torch.testing.assert_close(s.inputs, model_inputs(multi.towers[s.tower], s.tensors))
 
 
 def test_set_weights_and_checkpoint_sync_every_tower() -> None:

@@ -136,8 +136,8 @@ def test_towers_split_the_batch_by_sequence_and_match_one_device() -> None:
     single.learn_on_batch(batch)
     multi.load_batch_into_buffer(batch, 0)
     shards = multi._stacks[0]
-    assert [t.state_in.shape for _, t, _ in shards] == [(4, 16), (4, 16)]
-    torch.testing.assert_close(shards[1][1].state_in, torch.from_numpy(batch.state_in[4:]))
+    assert [s.tensors.state_in.shape for s in shards] == [(4, 16), (4, 16)]
+    torch.testing.assert_close(shards[1].tensors.state_in, torch.from_numpy(batch.state_in[4:]))
     multi.learn_on_loaded_batch(0)
     for ps, pm in zip(single.model.parameters(), multi.model.parameters(), strict=True):
         torch.testing.assert_close(pm.grad, ps.grad, rtol=1e-9, atol=1e-12)

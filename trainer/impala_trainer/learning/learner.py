@@ -11,7 +11,7 @@ import threading
 import warnings
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ from impala_trainer.learning.losses import (
     LossOutput,
     backward,
     impala_loss,
+    model_inputs,
 )
 from impala_trainer.learning.models import ActorCritic, build_model
 from impala_trainer.learning.precision import autocast_dtype
@@ -120,6 +121,12 @@ def _to_cpu(obj: Any) -> Any:
     return obj
 
 
+def _reusable(inputs: torch.Tensor) -> torch.Tensor | None:
+    """Model inputs that may serve several passes: not if the model's preparation read
+    parameters (each backward frees that graph)."""
+    return None if inputs.requires_grad else inputs
+
+
 class Learner:
     """Model, optimiser(s) and schedules on one device; one optimiser step per learn_on_batch."""
 
@@ -169,6 +176,9 @@ class Learner:
         """Optimiser steps taken; stamped on broadcast weights."""
         # Held while parameters change or are read, so the driver never sees a half-applied step.
         self.lock = threading.Lock()
+        # id(batch) -> (batch, its device tensors, its model inputs) while more SGD passes over
+        # it are to come (learn_on_batch's `keep`); the batch is held so its id stays its own.
+        self._kept: dict[int, tuple[TrainBatch, BatchTensors, torch.Tensor]] = {}
 
     # -- one optimisation step ------------------------------------------------------------------
 
@@ -216,18 +226,36 @@ class Learner:
         for p in self.params:
             p.grad = None
 
-    def _backward_on(self, batch: TrainBatch, coeffs: LossCoefficients) -> LossOutput:
+    def _inputs(self, batch: TrainBatch, keep: bool) -> tuple[BatchTensors, torch.Tensor]:
+        """The batch on the device and its model inputs (`model_inputs`): made on a batch's first
+        pass, kept for the next while `keep` says one is coming."""
+        kept = self._kept.pop(id(batch), None)
+        if kept is not None and kept[0] is batch:
+            _, tensors, inputs = kept
+        else:
+            tensors = batch_to_tensors(batch, self.device)
+            inputs = model_inputs(self.model, tensors)
+        if keep and _reusable(inputs) is not None:
+            self._kept[id(batch)] = (batch, tensors, inputs)
+        return tensors, inputs
+
+    def _backward_on(
+        self, batch: TrainBatch, coeffs: LossCoefficients, keep: bool = False
+    ) -> LossOutput:
         """Fresh gradients of the loss on `batch` in the parameters' .grad."""
         self.zero_grad()
-        tensors = batch_to_tensors(batch, self.device)
-        out = impala_loss(self.model, tensors, coeffs, self.dist, self.autocast_dtype)
+        tensors, inputs = self._inputs(batch, keep)
+        out = impala_loss(self.model, tensors, coeffs, self.dist, self.autocast_dtype, inputs)
         backward(self.model, out, self.spec.training.separate_vf_optimizer)
         return out
 
-    def learn_on_batch(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimiser step on the batch; returns the learner stats."""
+    def learn_on_batch(self, batch: TrainBatch, keep: bool = False) -> dict[str, float]:
+        """One optimiser step on the batch; returns the learner stats.
+
+        `keep`: another pass over this same batch object follows (numSgdIter), so its device
+        tensors and prepared observations are kept for it instead of made again."""
         coeffs = self.coefficients()
-        out = self._backward_on(batch, coeffs)
+        out = self._backward_on(batch, coeffs, keep)
         gnorm = self._clip_gradients()
         self._step()
         return self._stats(out.stats, gnorm, coeffs)
@@ -306,6 +334,17 @@ class Learner:
             self.global_timestep = int(state.get("global_timestep", self.global_timestep))
 
 
+class _Shard(NamedTuple):
+    """A batch's columns loaded onto one tower's device."""
+
+    tower: int
+    tensors: BatchTensors
+    inputs: torch.Tensor | None
+    """`model_inputs` of the tensors, prepared at load time (None: each pass prepares)."""
+    share: float
+    """The shard's columns / the batch's columns."""
+
+
 class MultiDeviceLearner(Learner):
     """Data-parallel learner: one model tower per device, gradients summed into the master.
 
@@ -332,8 +371,10 @@ class MultiDeviceLearner(Learner):
             tower.load_state_dict(self.model.state_dict())
             self.towers.append(tower)
         self.num_stacks = spec.training.num_multi_gpu_tower_stacks
-        # buffer index -> [(tower index, shard tensors, share = shard columns / batch columns)]
-        self._stacks: dict[int, list[tuple[int, BatchTensors, float]]] = {}
+        # buffer index -> shards (loaded once, each passed over numSgdIter times)
+        self._stacks: dict[int, list[_Shard]] = {}
+        self._direct: TrainBatch | None = None
+        """The batch learn_on_batch loaded into its slot and was told to keep."""
         self._loaded_steps: dict[int, int] = {}
         self._copy_streams = threading.local()
         n = len(self.devices)
@@ -350,18 +391,24 @@ class MultiDeviceLearner(Learner):
         columns, k = batch.num_columns, len(self.devices)
         bounds = [round(i * columns / k) for i in range(k + 1)]
         shards = []
-        for i, device in enumerate(self.devices):
+        for i in range(k):
             start, stop = bounds[i], bounds[i + 1]
             if stop > start:
-                tensors = self._copy_to(slice_columns(batch, start, stop), device)
-                shards.append((i, tensors, (stop - start) / columns))
+                tensors, inputs = self._copy_to(slice_columns(batch, start, stop), i)
+                shards.append(_Shard(i, tensors, inputs, (stop - start) / columns))
         self._stacks[buffer_index] = shards
         self._loaded_steps[buffer_index] = batch.env_steps
         return batch.env_steps
 
-    def _copy_to(self, batch: TrainBatch, device: torch.device) -> BatchTensors:
+    def _copy_to(
+        self, batch: TrainBatch, tower_index: int
+    ) -> tuple[BatchTensors, torch.Tensor | None]:
+        """The shard on the tower's device, with its model inputs (None where the model's
+        preparation reads parameters: then each pass prepares afresh)."""
+        device, tower = self.devices[tower_index], self.towers[tower_index]
         if device.type != "cuda":
-            return batch_to_tensors(batch, device)
+            tensors = batch_to_tensors(batch, device)
+            return tensors, _reusable(model_inputs(tower, tensors))
         # Loader threads copy on their own stream so loading overlaps the learner's compute.
         streams: dict[int, torch.cuda.Stream] = self._copy_streams.__dict__.setdefault(
             "by_device", {}
@@ -371,22 +418,24 @@ class MultiDeviceLearner(Learner):
             stream = streams[device.index] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         with torch.cuda.stream(stream):
             tensors = batch_to_tensors(batch, device)
+            inputs = _reusable(model_inputs(tower, tensors))
         stream.synchronize()
-        for t in tensors:  # consumed on the default stream: keep the allocator from reusing early
+        # Consumed on the default stream: keep the allocator from reusing them early.
+        for t in (*tensors, *([] if inputs is None else [inputs])):
             t.record_stream(torch.cuda.default_stream(device))
-        return tensors
+        return tensors, inputs
 
     def get_num_samples_loaded_into_buffer(self, buffer_index: int) -> int:
         """Env steps of the batch last loaded into `buffer_index`."""
         return self._loaded_steps.get(buffer_index, 0)
 
-    def _tower_loss(
-        self, tower_index: int, tensors: BatchTensors, coeffs: LossCoefficients
-    ) -> torch.Tensor:
-        tower = self.towers[tower_index]
+    def _tower_loss(self, shard: _Shard, coeffs: LossCoefficients) -> torch.Tensor:
+        tower = self.towers[shard.tower]
         for p in tower.parameters():
             p.grad = None
-        out = impala_loss(tower, tensors, coeffs, self.dist, self.autocast_dtype)
+        out = impala_loss(
+            tower, shard.tensors, coeffs, self.dist, self.autocast_dtype, shard.inputs
+        )
         backward(tower, out, self.spec.training.separate_vf_optimizer)
         return out.stats
 
@@ -397,14 +446,14 @@ class MultiDeviceLearner(Learner):
         shards = self._stacks[buffer_index]
         coeffs = self.coefficients()
         if self._pool is not None and len(shards) > 1:
-            futures = [self._pool.submit(self._tower_loss, i, t, coeffs) for i, t, _ in shards]
+            futures = [self._pool.submit(self._tower_loss, shard, coeffs) for shard in shards]
             tower_stats = [f.result() for f in futures]
         else:
-            tower_stats = [self._tower_loss(i, t, coeffs) for i, t, _ in shards]
+            tower_stats = [self._tower_loss(shard, coeffs) for shard in shards]
 
         master = self.devices[0]
         with torch.no_grad():
-            if shards[0][0] == 0:
+            if shards[0].tower == 0:
                 grads = _grads(self.params)
                 rest = shards[1:]
             else:
@@ -412,16 +461,17 @@ class MultiDeviceLearner(Learner):
                     p.grad = torch.zeros_like(p)
                 grads = _grads(self.params)
                 rest = shards
-            for i, _, _ in rest:
+            for shard in rest:
                 tower_grads = [
-                    g.to(master, non_blocking=True) for g in _grads(self.towers[i].parameters())
+                    g.to(master, non_blocking=True)
+                    for g in _grads(self.towers[shard.tower].parameters())
                 ]
                 torch._foreach_add_(grads, tower_grads)
             # Sums add over shards; per-step means are weighted by the shard's share of columns.
             summed = torch.tensor(SUMMED_STATS, device=master)
             weighted = [
-                torch.where(summed, s.to(master), s.to(master) * w)
-                for s, (_, _, w) in zip(tower_stats, shards, strict=True)
+                torch.where(summed, s.to(master), s.to(master) * shard.share)
+                for s, shard in zip(tower_stats, shards, strict=True)
             ]
             loss_stats = torch.stack(weighted).sum(0)
 
@@ -430,9 +480,12 @@ class MultiDeviceLearner(Learner):
         self._sync_towers()
         return self._stats(loss_stats, gnorm, coeffs)
 
-    def learn_on_batch(self, batch: TrainBatch) -> dict[str, float]:
-        """Load into a private slot and learn on it (for direct use, not with loader threads)."""
-        self.load_batch_into_buffer(batch, -1)
+    def learn_on_batch(self, batch: TrainBatch, keep: bool = False) -> dict[str, float]:
+        """Load into a private slot and learn on it (for direct use, not with loader threads);
+        with `keep` the next call with the same batch learns on it as loaded."""
+        if batch is not self._direct:
+            self.load_batch_into_buffer(batch, -1)
+        self._direct = batch if keep else None
         return self.learn_on_loaded_batch(-1)
 
     def _sync_towers(self) -> None:

@@ -165,7 +165,9 @@ class LearnerThread(threading.Thread):
         """Wait for the next batch (or pass over a buffered one), learn, report."""
         got = self._wait_for(self.minibatch_buffer)
         start = time.perf_counter()
-        stats = self.learner.learn_on_batch(got.item)
+        # The batch's device tensors and prepared observations stay with the learner until its
+        # last pass.
+        stats = self.learner.learn_on_batch(got.item, keep=not got.released)
         self._record_update(start, got.item.env_steps if got.first_pass else 0, stats)
 
     def _wait_for(self, buffer: MinibatchBuffer[Any]) -> BufferItem[Any]:

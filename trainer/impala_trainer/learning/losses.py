@@ -73,14 +73,30 @@ class _Forward(NamedTuple):
     final_values: torch.Tensor  # [K], detached
 
 
-def _feed_forward(model: ActorCritic, batch: BatchTensors) -> _Forward:
+def model_inputs(model: ActorCritic, batch: BatchTensors) -> torch.Tensor:
+    """The observations one forward over `batch` reads, in one tensor, as the model prepares them
+    (`ActorCritic.prepare_observations`): feed-forward, the T*B steps, the B bootstrap
+    observations and the K final ones of time-limited episodes, [T*B + B + K, *obs_shape];
+    recurrent, [T + 1, B, *obs_shape] with the bootstrap step last (the final observations go
+    through the model on their own).
+
+    The concatenation and the preparation (for frames a uint8 -> float channels-last copy) are
+    the same on every SGD pass over a batch, so the learner makes this once per batch."""
+    T, B = batch.rewards.shape
+    shape = batch.obs.shape[2:]
+    if model.state_size:
+        obs = torch.cat([batch.obs, batch.bootstrap_obs.unsqueeze(0)])
+        prepared = model.prepare_observations(obs.reshape((T + 1) * B, *shape))
+        return prepared.reshape(T + 1, B, *shape)
+    obs = torch.cat([batch.obs.reshape(T * B, *shape), batch.bootstrap_obs, batch.final_obs])
+    return model.prepare_observations(obs)
+
+
+def _feed_forward(model: ActorCritic, batch: BatchTensors, inputs: torch.Tensor) -> _Forward:
     T, B = batch.rewards.shape
     # One forward over the T*B observations, the B bootstrap observations and the K final
     # observations of time-limited episodes together.
-    obs = torch.cat(
-        [batch.obs.reshape(T * B, *batch.obs.shape[2:]), batch.bootstrap_obs, batch.final_obs]
-    )
-    outputs, values = model(obs)
+    outputs, values = model(inputs)
     return _Forward(
         outputs[: T * B].view(T, B, -1),
         values[: T * B].view(T, B),
@@ -89,20 +105,19 @@ def _feed_forward(model: ActorCritic, batch: BatchTensors) -> _Forward:
     )
 
 
-def _recurrent(model: ActorCritic, batch: BatchTensors) -> _Forward:
+def _recurrent(model: ActorCritic, batch: BatchTensors, inputs: torch.Tensor) -> _Forward:
     T, B = batch.rewards.shape
     # Unroll T + 1 steps (the bootstrap observation last) from each column's first state,
     # zeroing the state after every step that ended an episode, as the worker did.
     done = torch.logical_or(batch.terminateds, batch.truncateds)
     resets = torch.cat([done.new_zeros(1, B), done])
-    obs = torch.cat([batch.obs, batch.bootstrap_obs.unsqueeze(0)])
     if model.uses_prev_action_reward:
         # The state after step t carries action t and reward t, as the worker's `carry` wrote.
         outputs, values, states = model.forward_sequence(
-            obs, batch.state_in, resets, batch.actions, batch.rewards
+            inputs, batch.state_in, resets, batch.actions, batch.rewards
         )
     else:
-        outputs, values, states = model.forward_sequence(obs, batch.state_in, resets)
+        outputs, values, states = model.forward_sequence(inputs, batch.state_in, resets)
     final_values = values.new_zeros(0)
     if batch.final_steps.shape[0]:
         # A cut episode's final observation is scored from the state its last step left.
@@ -122,16 +137,20 @@ def impala_loss(
     coeffs: LossCoefficients,
     dist: ActionDistribution | None = None,
     autocast_dtype: torch.dtype | None = None,
+    inputs: torch.Tensor | None = None,
 ) -> LossOutput:
     """Forward the model over the batch and build the V-trace loss (`dist`: Categorical over the
-    model's outputs when omitted).
+    model's outputs when omitted; `inputs`: `model_inputs(model, batch)`, made here when omitted).
 
     With `autocast_dtype` (learner.precision) only the model's forward runs under autocast; its
     outputs come back to float32 before the log-probabilities, V-trace and the loss, whose sums
     over a batch bf16's 8-bit mantissa would round away."""
     T, B = batch.rewards.shape
+    if inputs is None:
+        inputs = model_inputs(model, batch)
     with autocast(batch.rewards.device, autocast_dtype):
-        fwd = _recurrent(model, batch) if model.state_size else _feed_forward(model, batch)
+        forward = _recurrent if model.state_size else _feed_forward
+        fwd = forward(model, batch, inputs)
     if autocast_dtype is not None:
         fwd = _Forward(*(t.float() for t in fwd))
     dist = dist or Categorical(fwd.outputs.shape[-1])
