@@ -85,6 +85,29 @@ def test_a_cuda_learner_makes_the_cpu_learners_update(extra, obs_shape, actions,
     assert cuda.policy_version == 3
 
 
+def test_kept_passes_on_cuda_make_the_cpu_learners_updates() -> None:
+    """numSgdIter passes over one batch: between them the CUDA learner keeps the batch's device
+    copy and its prepared frames (float, channels-last, on the GPU), and still makes the CPU
+    learner's updates, which prepares every pass afresh."""
+    spec = make_spec(CNN, training={"numSgdIter": 3})
+    cpu, cuda = twin_learners(spec, spec, CNN_OBS, 6)
+    keeps = iter([True, True, False] * 2)
+
+    def learn(learner: Learner, batch: TrainBatch) -> dict[str, float]:
+        keep = next(keeps)
+        stats = learner.learn_on_batch(batch, keep=keep)
+        if keep:
+            ((_, tensors, inputs),) = learner._kept.values()
+            assert tensors.obs.device.type == "cuda" and inputs.device.type == "cuda"
+            assert inputs.is_contiguous(memory_format=torch.channels_last)
+        else:
+            assert not learner._kept
+        return stats
+
+    batches = [cnn_batch(seed=0)] * 3 + [cnn_batch(seed=1)] * 3
+    assert_same_update(cpu, cuda, batches, learn)
+
+
 def test_one_gpu_with_two_tower_stacks_matches_the_cpu_learner() -> None:
     """gpus 1 + numMultiGpuTowerStacks 2: MultiDeviceLearner, batches loaded on a side stream."""
     cpu_spec = learner_spec(numMultiGpuTowerStacks=2)
