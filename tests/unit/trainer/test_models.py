@@ -8,9 +8,12 @@ import torch
 
 from impala_api.spec import ModelSpec
 from impala_trainer.learning.models import (
+    ActorCritic,
+    CastPolicy,
     ImpalaShallowCNN,
     MLPActorCritic,
     NumpyPolicy,
+    _channels_last,
     acting_policy,
     build_model,
 )
@@ -80,6 +83,70 @@ def test_the_cnn_acts_through_torch() -> None:
     with torch.no_grad():
         expected = model.policy_logits(torch.from_numpy(frames)).numpy()
     np.testing.assert_allclose(act(frames), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["cnn", "resnet"])
+def test_bfloat16_acting_is_the_learners_autocast_forward_and_follows_loaded_weights(
+    kind: str,
+) -> None:
+    """A worker of a bf16 learner acts through a bf16 copy of the model: the same arithmetic as
+    the learner's forward under autocast, bit for bit, and never on weights older than the
+    model's."""
+    spec = ModelSpec(type=kind, hidden=[32])
+    model = build_model(spec, (4, 84, 84), 6)
+    act = acting_policy(model, torch.bfloat16)
+    assert isinstance(act, CastPolicy)
+    frames = np.random.default_rng(0).integers(0, 256, (5, 4, 84, 84), dtype=np.uint8)
+
+    def learners() -> np.ndarray:
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+            return model.policy_logits(torch.from_numpy(frames)).float().numpy()
+
+    first = learners()
+    got = act(frames)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, first)
+    model.load_state_dict(build_model(spec, (4, 84, 84), 6).state_dict())  # a broadcast
+    reloaded = learners()
+    assert not np.array_equal(reloaded, first)
+    np.testing.assert_array_equal(act(frames), reloaded)
+
+
+class _OwnModel(ActorCritic):
+    """A model of a user's own: it never said it runs in bf16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(4, 3)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.net(obs.float())
+        return out, out[:, 0]
+
+
+def test_only_the_built_in_convolutional_models_act_in_bfloat16() -> None:
+    mlp = build_model(ModelSpec(hidden=[8]), (4,), 2)
+    assert isinstance(acting_policy(mlp, torch.bfloat16), NumpyPolicy)
+    own = _OwnModel()
+    obs = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
+    act = acting_policy(own, torch.bfloat16)
+    assert not isinstance(act, CastPolicy)
+    with torch.no_grad():
+        np.testing.assert_array_equal(act(obs), own.policy_logits(torch.from_numpy(obs)).numpy())
+    assert not isinstance(acting_policy(build_model(ModelSpec(), (4, 84, 84), 6)), CastPolicy)
+
+
+@pytest.mark.parametrize("channels", [1, 2, 3, 4, 6])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_frames_become_the_channels_last_floats_of_torchs_own_copy(
+    channels: int, dtype: torch.dtype
+) -> None:
+    frames = torch.randint(0, 256, (3, channels, 12, 10), dtype=torch.uint8)
+    got = _channels_last(frames, dtype)
+    expected = frames.to(dtype, memory_format=torch.channels_last).mul_(1.0 / 255.0)
+    assert got.dtype == dtype and got.is_contiguous(memory_format=torch.channels_last)
+    assert got.shape == frames.shape and got.stride() == expected.stride()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
 def test_explicit_type_and_errors() -> None:

@@ -14,7 +14,7 @@ import torch
 
 from impala_api.manifest import ManifestError
 from impala_trainer.learning.learner import Learner, MultiDeviceLearner
-from impala_trainer.learning.precision import autocast_dtype, cpu_flags, native_bf16
+from impala_trainer.learning.precision import acting_dtype, autocast_dtype, cpu_flags, native_bf16
 from tests.support.jobs import make_spec
 from tests.support.learner import make_batch, one_torch_thread
 
@@ -53,6 +53,22 @@ def test_auto_takes_bfloat16_only_where_the_cpu_computes_it(
 def test_auto_on_a_device_that_is_neither_cpu_nor_cuda_stays_float32() -> None:
     assert not native_bf16(torch.device("meta"), flags={"avx512_bf16"})
     assert autocast_dtype("auto", torch.device("meta"), flags={"avx512_bf16"}) is None
+
+
+@pytest.mark.parametrize(
+    ("precision", "flags", "expected"),
+    [
+        ("auto", {"avx512_bf16"}, torch.bfloat16),
+        ("bfloat16", {"amx_bf16"}, torch.bfloat16),
+        ("float32", {"avx512_bf16"}, None),  # a float32 learner: its workers act in float32
+        ("auto", {"avx512f"}, None),  # no bf16 in this CPU's hardware
+        ("bfloat16", set(), None),  # a bf16 learner on a GPU, workers on such a CPU
+    ],
+)
+def test_workers_act_in_bfloat16_where_the_learner_does_and_their_own_cpu_computes_it(
+    precision: str, flags: set[str], expected: torch.dtype | None
+) -> None:
+    assert acting_dtype(precision, flags=flags) is expected
 
 
 def test_unknown_precision_is_refused() -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
+from impala_trainer.learning import precision as precision_module
 from impala_trainer.learning.learner import Learner
 from impala_trainer.rollouts.worker import RolloutWorker
 from tests.support.jobs import make_spec
@@ -133,6 +135,29 @@ def test_atari_worker_fragment_is_uint8_frames() -> None:
     assert f.obs.shape == (4, 2, 4, 84, 84) and f.obs.dtype == np.uint8
     assert f.behaviour_logits.shape == (4, 2, 6)
     assert f.bootstrap_obs.shape == (2, 4, 84, 84)
+
+
+@pytest.mark.parametrize(("precision", "flags"), [("auto", {"avx512_bf16"}), ("auto", set())])
+def test_behaviour_logits_are_the_learners_own_arithmetic(
+    monkeypatch: pytest.MonkeyPatch, precision: str, flags: set[str]
+) -> None:
+    """Where the learner computes in bf16 (and this CPU does too) the worker acts in bf16, so a
+    fragment's behaviour logits are what the learner's autocast forward gives for its frames;
+    elsewhere they are the float32 model's."""
+    monkeypatch.setattr(precision_module, "cpu_flags", lambda: frozenset(flags))
+    spec = make_spec(
+        env={"id": "ALE/Pong-v5", "numEnvsPerWorker": 2},
+        model={"hidden": [32]},
+        training={"rolloutFragmentLength": 3},
+        learner={"precision": precision},
+    )
+    w = RolloutWorker(spec, "p", seed=0)
+    f = w.sample()
+    bf16 = bool(flags)
+    for t in range(3):
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            logits = w.model.policy_logits(torch.from_numpy(f.obs[t])).float().numpy()
+        np.testing.assert_array_equal(f.behaviour_logits[t], logits)
 
 
 def test_a3c_gradients_are_the_learner_gradients_of_the_sampled_fragment() -> None:

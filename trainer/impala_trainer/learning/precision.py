@@ -55,6 +55,19 @@ def autocast_dtype(
     raise ValueError(f"learner.precision: unknown value {precision!r}")
 
 
+def acting_dtype(precision: str, flags: Iterable[str] | None = None) -> torch.dtype | None:
+    """The dtype a rollout worker acts in on this CPU (`flags`: its flags, read when None):
+    bfloat16 where the learner computes in bf16 (`learner.precision` not float32) and this CPU
+    computes it natively, else None (float32).
+
+    The learner may run elsewhere (a GPU, another node), so each worker decides from its own
+    CPU; on one without bf16 in hardware a bf16 forward would be slower than float32.
+    """
+    if precision == "float32" or not native_bf16(torch.device("cpu"), flags):
+        return None
+    return torch.bfloat16
+
+
 def autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContextManager[object]:
     """torch.autocast for `dtype` on `device`'s type, or nothing for float32."""
     if dtype is None:

@@ -28,6 +28,7 @@ from impala_trainer.learning.models import (
     carried_state,
     recurrent_policy,
 )
+from impala_trainer.learning.precision import acting_dtype
 from impala_trainer.rollouts.envs import final_observations, make_vector_env
 
 
@@ -70,7 +71,7 @@ class RolloutWorker:
             self._carry = carried_state(self.model)
             self.state = self.model.initial_state(self.num_envs).numpy()
         else:
-            self._policy_logits = acting_policy(self.model)
+            self._policy_logits = acting_policy(self.model, acting_dtype(spec.learner.precision))
             self._carry = None
             self.state = no_state(self.num_envs)
         self.seq_len = spec.model.max_seq_len or self.fragment_length
