@@ -29,7 +29,8 @@ class LearnerSpec(SpecModel):
     convolutions and matrix products in bfloat16; weights, gradients, optimiser, V-trace and
     loss in float32). auto takes bfloat16 where the learner's device computes it natively (a GPU
     with bf16, a CPU with AVX512-BF16 or AMX) and float32 elsewhere, where bf16 is emulated and
-    slower."""
+    slower. With bfloat16 or auto, rollout workers whose CPU computes bf16 natively act with a
+    bf16 copy of the built-in CNN and ResNet models (the learner's arithmetic)."""
 
     resources: Resources = Field(default_factory=Resources)
     """Learner container resources (GPU requests are added from gpus)."""
