@@ -310,9 +310,11 @@ def test_a_kept_batch_is_prepared_once_and_let_go_after_its_last_pass(
 ) -> None:
     prepared: list[int] = []
 
-    def counting(model: torch.nn.Module, tensors: Any) -> torch.Tensor:
+    def counting(
+        model: torch.nn.Module, tensors: Any, autocast_dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
         prepared.append(tensors.env_steps)
-        return model_inputs(model, tensors)  # type: ignore[arg-type]
+        return model_inputs(model, tensors, autocast_dtype)  # type: ignore[arg-type]
 
     monkeypatch.setattr(learner_module, "model_inputs", counting)
     learner = Learner(learner_spec(numSgdIter=3), (4,), 2)

@@ -13,6 +13,7 @@ from impala_trainer.learning.models import (
     ImpalaShallowCNN,
     MLPActorCritic,
     NumpyPolicy,
+    WeightLoader,
     _channels_last,
     acting_policy,
     build_model,
@@ -53,6 +54,38 @@ def test_policy_logits_are_the_forward_logits(model_spec: ModelSpec, obs: torch.
     torch.testing.assert_close(model.policy_logits(obs), logits, rtol=0, atol=0)
 
 
+def _arrays(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    """A model's weights as a broadcast carries them."""
+    return {k: v.numpy().copy() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize(("kind", "obs_shape"), [("mlp", (4,)), ("cnn", (4, 84, 84))])
+def test_weights_are_written_into_the_models_own_tensors(
+    kind: str, obs_shape: tuple[int, ...]
+) -> None:
+    spec = ModelSpec(type=kind, hidden=[16])
+    model, other = build_model(spec, obs_shape, 3), build_model(spec, obs_shape, 3)
+    tensors = {k: (v.data_ptr(), v._version) for k, v in model.state_dict().items()}
+    load = WeightLoader(model)
+    load(_arrays(other))
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, other.state_dict()[k], rtol=0, atol=0)
+        assert v.data_ptr() == tensors[k][0]  # in place: numpy views of them stay live
+        assert v._version > tensors[k][1]  # counted, so a CastPolicy recasts
+    # What load_state_dict refuses is refused, with its message.
+    weights = _arrays(model)
+    missing = dict(weights)
+    missing.pop("value_head.bias")
+    with pytest.raises(RuntimeError, match=r'Missing key.*"value_head\.bias"'):
+        load(missing)
+    resized = {**weights, "value_head.weight": np.zeros((1, 3), np.float32)}
+    with pytest.raises(RuntimeError, match=r"size mismatch for value_head\.weight"):
+        load(resized)
+    extra = {**weights, "head.scale": np.ones(1, np.float32)}
+    with pytest.raises(RuntimeError, match=r'Unexpected key.*"head\.scale"'):
+        load(extra)
+
+
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 @pytest.mark.parametrize("obs_shape", [(4,), (3, 2)])
 def test_numpy_acting_policy_equals_the_torch_logits_and_follows_loaded_weights(
@@ -67,7 +100,7 @@ def test_numpy_acting_policy_equals_the_torch_logits_and_follows_loaded_weights(
         expected = model.policy_logits(torch.from_numpy(obs)).numpy()
     np.testing.assert_allclose(act(obs), expected, rtol=1e-5, atol=1e-6)
     # New weights loaded the way a rollout worker loads a broadcast: the numpy views follow.
-    model.load_state_dict(build_model(spec, obs_shape, 3).state_dict())
+    WeightLoader(model)(_arrays(build_model(spec, obs_shape, 3)))
     with torch.no_grad():
         reloaded = model.policy_logits(torch.from_numpy(obs)).numpy()
     assert not np.allclose(reloaded, expected)
@@ -106,7 +139,7 @@ def test_bfloat16_acting_is_the_learners_autocast_forward_and_follows_loaded_wei
     got = act(frames)
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, first)
-    model.load_state_dict(build_model(spec, (4, 84, 84), 6).state_dict())  # a broadcast
+    WeightLoader(model)(_arrays(build_model(spec, (4, 84, 84), 6)))  # as a worker loads a broadcast
     reloaded = learners()
     assert not np.array_equal(reloaded, first)
     np.testing.assert_array_equal(act(frames), reloaded)

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from impala_api.manifest import ManifestError
-from impala_trainer.learning.learner import Learner, MultiDeviceLearner
+from impala_trainer.learning.learner import Learner, MultiDeviceLearner, batch_to_tensors
+from impala_trainer.learning.losses import impala_loss, model_inputs
 from impala_trainer.learning.precision import acting_dtype, autocast_dtype, cpu_flags, native_bf16
 from tests.support.jobs import make_spec
 from tests.support.learner import make_batch, one_torch_thread
@@ -178,6 +179,47 @@ def test_the_multi_device_learner_runs_each_tower_in_bfloat16() -> None:
     # Two shards of two columns each sum to the whole batch's loss (bf16 rounding per shard).
     assert b["total_loss"] == pytest.approx(a["total_loss"], rel=0.02, abs=0.02)
     assert all(p.dtype == torch.float32 for t in towers.towers for p in t.parameters())
+
+
+FRAME_MODELS = {
+    "cnn": {"type": "cnn", "hidden": [32]},
+    "resnet": {"type": "resnet", "hidden": [32]},
+    "cnn-lstm": {"type": "cnn", "hidden": [32], "useLstm": True, "lstmCellSize": 8},
+}
+
+
+@pytest.mark.parametrize("name", list(FRAME_MODELS))
+def test_a_bfloat16_learner_prepares_frames_in_bfloat16_with_the_same_gradients(
+    name: str,
+) -> None:
+    """Under autocast the convolutional models prepare frames in bf16, the dtype their first
+    convolution computes in: the batch's SGD passes share one cast and keep half the bytes. The
+    loss and its gradients are bit for bit those of float32 inputs cast at that convolution."""
+    learner = _learner(FRAME_MODELS[name], (4, 84, 84), "bfloat16")
+    model = learner.model
+    batch = make_batch(T=3, B=2, obs_shape=(4, 84, 84), A=3)
+    batch = dataclasses.replace(
+        batch,
+        obs=_uint8_frames(batch.obs),
+        final_obs=_uint8_frames(batch.final_obs),
+        bootstrap_obs=_uint8_frames(batch.bootstrap_obs),
+        state_in=np.zeros((2, model.state_size), np.float32),
+    )
+    tensors = batch_to_tensors(batch, learner.device)
+    as_float32 = model_inputs(model, tensors)
+    as_bfloat16 = model_inputs(model, tensors, torch.bfloat16)
+    assert as_float32.dtype == torch.float32 and as_bfloat16.dtype == torch.bfloat16
+    torch.testing.assert_close(as_bfloat16.float(), as_float32, rtol=2**-8, atol=0)
+    runs = []
+    for inputs in (as_float32, as_bfloat16):
+        model.zero_grad()
+        out = impala_loss(
+            model, tensors, learner.coefficients(), learner.dist, torch.bfloat16, inputs
+        )
+        out.total_loss.backward()
+        runs.append([out.total_loss, *(p.grad for p in model.parameters())])
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
 
 
 def test_float64_learners_ignore_the_setting() -> None:

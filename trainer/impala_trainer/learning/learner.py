@@ -234,7 +234,7 @@ class Learner:
             _, tensors, inputs = kept
         else:
             tensors = batch_to_tensors(batch, self.device)
-            inputs = model_inputs(self.model, tensors)
+            inputs = model_inputs(self.model, tensors, self.autocast_dtype)
         if keep and _reusable(inputs) is not None:
             self._kept[id(batch)] = (batch, tensors, inputs)
         return tensors, inputs
@@ -408,7 +408,7 @@ class MultiDeviceLearner(Learner):
         device, tower = self.devices[tower_index], self.towers[tower_index]
         if device.type != "cuda":
             tensors = batch_to_tensors(batch, device)
-            return tensors, _reusable(model_inputs(tower, tensors))
+            return tensors, _reusable(model_inputs(tower, tensors, self.autocast_dtype))
         # Loader threads copy on their own stream so loading overlaps the learner's compute.
         streams: dict[int, torch.cuda.Stream] = self._copy_streams.__dict__.setdefault(
             "by_device", {}
@@ -418,7 +418,7 @@ class MultiDeviceLearner(Learner):
             stream = streams[device.index] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         with torch.cuda.stream(stream):
             tensors = batch_to_tensors(batch, device)
-            inputs = _reusable(model_inputs(tower, tensors))
+            inputs = _reusable(model_inputs(tower, tensors, self.autocast_dtype))
         stream.synchronize()
         # Consumed on the default stream: keep the allocator from reusing them early.
         for t in (*tensors, *([] if inputs is None else [inputs])):

@@ -73,7 +73,9 @@ class _Forward(NamedTuple):
     final_values: torch.Tensor  # [K], detached
 
 
-def model_inputs(model: ActorCritic, batch: BatchTensors) -> torch.Tensor:
+def model_inputs(
+    model: ActorCritic, batch: BatchTensors, autocast_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """The observations one forward over `batch` reads, in one tensor, as the model prepares them
     (`ActorCritic.prepare_observations`): feed-forward, the T*B steps, the B bootstrap
     observations and the K final ones of time-limited episodes, [T*B + B + K, *obs_shape];
@@ -81,15 +83,18 @@ def model_inputs(model: ActorCritic, batch: BatchTensors) -> torch.Tensor:
     through the model on their own).
 
     The concatenation and the preparation (for frames a uint8 -> float channels-last copy) are
-    the same on every SGD pass over a batch, so the learner makes this once per batch."""
+    the same on every SGD pass over a batch, so the learner makes this once per batch. It is
+    made under the forward's autocast (`autocast_dtype`), so a model may prepare its input in
+    the dtype its first layer computes in (the built-in convolutional ones do)."""
     T, B = batch.rewards.shape
     shape = batch.obs.shape[2:]
-    if model.state_size:
-        obs = torch.cat([batch.obs, batch.bootstrap_obs.unsqueeze(0)])
-        prepared = model.prepare_observations(obs.reshape((T + 1) * B, *shape))
-        return prepared.reshape(T + 1, B, *shape)
-    obs = torch.cat([batch.obs.reshape(T * B, *shape), batch.bootstrap_obs, batch.final_obs])
-    return model.prepare_observations(obs)
+    with autocast(batch.rewards.device, autocast_dtype):
+        if model.state_size:
+            obs = torch.cat([batch.obs, batch.bootstrap_obs.unsqueeze(0)])
+            prepared = model.prepare_observations(obs.reshape((T + 1) * B, *shape))
+            return prepared.reshape(T + 1, B, *shape)
+        obs = torch.cat([batch.obs.reshape(T * B, *shape), batch.bootstrap_obs, batch.final_obs])
+        return model.prepare_observations(obs)
 
 
 def _feed_forward(model: ActorCritic, batch: BatchTensors, inputs: torch.Tensor) -> _Forward:
@@ -147,7 +152,7 @@ def impala_loss(
     over a batch bf16's 8-bit mantissa would round away."""
     T, B = batch.rewards.shape
     if inputs is None:
-        inputs = model_inputs(model, batch)
+        inputs = model_inputs(model, batch, autocast_dtype)
     with autocast(batch.rewards.device, autocast_dtype):
         forward = _recurrent if model.state_size else _feed_forward
         fwd = forward(model, batch, inputs)

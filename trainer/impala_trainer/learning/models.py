@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -149,8 +149,9 @@ class ActorCritic(nn.Module):
 
     def prepare_observations(self, obs: torch.Tensor) -> torch.Tensor:
         """obs [N, *obs_shape] as the first layer reads them (the built-in models: float, uint8
-        frames scaled to [0, 1], convolutions' input channels-last); `forward` and
-        `forward_sequence` take the result unchanged, as they take raw observations.
+        frames scaled to [0, 1], convolutions' input channels-last and, under autocast, in its
+        dtype); `forward` and `forward_sequence` take the result unchanged, as they take raw
+        observations.
 
         The learner prepares a batch once and reuses the result over its numSgdIter passes
         (`losses.model_inputs`; for a 250-frame Atari batch the uint8 -> float channels-last copy
@@ -256,6 +257,12 @@ def _channels_last(obs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # nn.Flatten after the convolutions reads it back in C, H, W order).
     # Channels-last (NHWC in memory): oneDNN's convolutions, and above all their backward, run
     # 2-3x faster on CPU than on NCHW (bench/learner_only.py; docs/benchmarks.md).
+    if dtype == torch.float32 and torch.is_autocast_enabled(obs.device.type):
+        # Under autocast the first convolution would cast a float32 input to autocast's dtype
+        # on every forward; a learner's SGD passes over one prepared batch then share a single
+        # cast, in half the memory. The same values: frames are integers, exact in bf16, and
+        # the scaling below rounds once, as the cast of the float32 product did.
+        dtype = torch.get_autocast_dtype(obs.device.type)
     if obs.dtype == torch.uint8 and obs.device.type == "cpu" and 2 <= obs.shape[1] <= 4:
         # A few planes (stacked frames, RGB) interleaved by torch.stack, then converted: per
         # 84x84x4 frame 11 against 22 us (float32) and 13 against 36 us (bfloat16) for torch's
@@ -536,6 +543,35 @@ class CastPolicy:
             self._seen = versions
         with torch.inference_mode():
             return self._copy.policy_logits(torch.from_numpy(obs)).float().numpy()
+
+
+class WeightLoader:
+    """Writes arrays (a state dict from the learner) into a model's own tensors, in place.
+
+    `load_state_dict` walks the module tree with its hooks and checks on every call: 124 us
+    for the CartPole MLP's 12 tensors, against 32 us here with the unpickling (one thread),
+    where a rollout actor loads a broadcast with every 128-step fragment. The tensors written
+    are the model's (torch counts the writes, so `CastPolicy` sees them); keys or shapes that
+    do not match go through `load_state_dict`, for its checks and its error.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self._model = model
+        # Detached views: the parameters' and buffers' own storage and version counters.
+        self._targets = model.state_dict()
+
+    def __call__(self, arrays: Mapping[str, np.ndarray]) -> None:
+        targets = self._targets
+        if arrays.keys() != targets.keys() or any(
+            np.shape(arrays[k]) != t.shape for k, t in targets.items()
+        ):
+            self._model.load_state_dict(
+                {k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()}
+            )
+            return
+        with torch.no_grad():
+            for k, t in targets.items():
+                t.copy_(torch.from_numpy(np.asarray(arrays[k])))
 
 
 def acting_policy(

@@ -23,6 +23,7 @@ from impala_trainer.batches import (
 from impala_trainer.learning.distributions import action_distribution
 from impala_trainer.learning.learner import Learner
 from impala_trainer.learning.models import (
+    WeightLoader,
     acting_policy,
     build_model,
     carried_state,
@@ -65,6 +66,7 @@ class RolloutWorker:
         else:
             self.model = build_model(spec.model, self.obs_shape, self.actions)
         self.model.eval()
+        self._load_weights = WeightLoader(self.model)
         self.recurrent = self.model.state_size > 0
         if self.recurrent:
             self._act_recurrent = recurrent_policy(self.model)
@@ -92,7 +94,7 @@ class RolloutWorker:
         from now on carry `policy_version`."""
         # Bytes: pickled once by the driver for every actor (its own, trusted as Ray's are).
         arrays = pickle.loads(weights) if isinstance(weights, bytes) else weights
-        self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()})
+        self._load_weights(arrays)
         self.policy_version = int(policy_version)
 
     def get_weights(self) -> dict[str, np.ndarray]:
