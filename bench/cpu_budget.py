@@ -76,11 +76,12 @@ class Monitor(threading.Thread):
         self.samples: list[tuple[float, dict[str, float]]] = []
         self._halt = threading.Event()
         self._procs: dict[int, psutil.Process] = {}
+        self._threads: dict[str, float] = {}
+        """Each thread's last cumulative CPU time, by component and thread id."""
 
     def snapshot(self) -> dict[str, float]:
         me = psutil.Process()
         names = {t.native_id: t.name for t in threading.enumerate()}
-        out: dict[str, float] = {}
         for th in me.threads():
             name = names.get(th.id, "native threads")
             if name == "MainThread":
@@ -89,7 +90,11 @@ class Monitor(threading.Thread):
                 name = "learner thread"
             elif name != "native threads":
                 name = "other python threads"
-            out[name] = out.get(name, 0.0) + th.user_time + th.system_time
+            # Kept under its id and carried over once it has exited, as processes are below: a
+            # thread that ends before the window's last sample (the learner thread, stopped
+            # before the run's final history line) keeps its CPU time in the window.
+            self._threads[f"{name}#t{th.id}"] = th.user_time + th.system_time
+        out = dict(self._threads)
         for child in me.children(recursive=True):
             proc = self._procs.setdefault(child.pid, child)
             try:
