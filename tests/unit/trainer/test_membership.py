@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from impala_api.spec import ImpalaJob
+from impala_trainer.driver.actor_manager import ManagedActor, remember_dead
 from impala_trainer.driver.backend import NodeView
 from impala_trainer.driver.impala import ImpalaDriver
 from impala_trainer.driver.launch import Wiring, build_driver
@@ -182,3 +183,18 @@ def test_actors_follow_the_nodes_and_a_draining_node_hands_over_before_release(
     members = {m.actor_id: m for m in driver.manager.membership().members}
     assert {m.state for m in members.values()} == {"dead"}
     assert members["rollout-0"].env_steps_produced == members["rollout-0"].env_steps
+
+
+def test_dead_actors_that_sampled_outlast_those_that_did_not() -> None:
+    """status.json lists a few dead actors: those that never delivered a step go first, so the
+    listed members' env steps keep adding up to the job's count (each step counted once)."""
+    dead: list[ManagedActor] = []
+    for i, steps in enumerate([500, 0, 300, 0, 0, 200, 0]):
+        actor = ManagedActor(f"rollout-{i}", "rollout", None, seed=i, env_steps=steps)
+        dead = remember_dead(dead, actor, keep=4)
+    assert [a.actor_id for a in dead] == ["rollout-0", "rollout-2", "rollout-5", "rollout-6"]
+    # Past `keep` actors that sampled, the oldest goes, as before.
+    for i, steps in enumerate([100, 100], start=7):
+        actor = ManagedActor(f"rollout-{i}", "rollout", None, seed=i, env_steps=steps)
+        dead = remember_dead(dead, actor, keep=4)
+    assert [a.actor_id for a in dead] == ["rollout-2", "rollout-5", "rollout-7", "rollout-8"]

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from impala_api.snapshot import Membership
 from impala_trainer.batches import Fragment, Handover
-from impala_trainer.driver.actor_manager import ActorManager, ManagedActor
+from impala_trainer.driver.actor_manager import ActorManager, ManagedActor, remember_dead
 from impala_trainer.driver.backend import ROLES, NodeView, Ref, Role
 
 logger = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ class ElasticActorManager(ActorManager):
         actor.state = "dead"
         if produced is not None:
             self.produced[actor_id] = produced
-        self.dead = [*self.dead, actor][-50:]
+        self.dead = remember_dead(self.dead, actor, keep=50)
         self.backend.kill(actor.handle)
         return actor
 
