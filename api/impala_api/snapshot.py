@@ -69,6 +69,12 @@ class Throughput(Snap):
     """Env steps trained per second over the recent window."""
     learner_updates_per_s: float = 0.0
     """Optimiser steps per second over the recent window."""
+    rollout_busy_fraction: float = 0.0
+    """Fraction of the rollout actors' recent wall time spent on sample requests (loading
+    weights, stepping envs, acting), in [0, 1]; the rest they waited for their next request,
+    the round trip through Ray and the driver. Low with short fragments and one request in
+    flight per worker (the CartPole example: ~0.3); `maxRequestsInFlightPerWorker: 2` or longer
+    fragments raise it, at more policy lag."""
 
 
 class LearnerQueue(Snap):

@@ -239,6 +239,7 @@ def test_metrics_parse_with_job_label(serve: Serve, run_dir: Path) -> None:
     assert value("impala_timing_seconds", section="learner_grad") == pytest.approx(0.0115)
     assert value("impala_members", role="rollout", state="healthy") == 4
     assert value("impala_learner_queue_fill") == snap.learner_queue.fill
+    assert value("impala_rollout_busy_fraction") == snap.throughput.rollout_busy_fraction == 0.42
     assert value("impala_snapshot_timestamp_seconds") == pytest.approx(snap.updated_at)
 
     newer = snap.model_copy(

@@ -100,7 +100,7 @@ def test_table_by_url(cli_inproc: Cli, sidecar: Callable[..., str], tmp_path: Pa
     c = snap.counters
     assert f"{c.num_env_steps_sampled:,} / {c.num_env_steps_trained:,}" in out
     assert f"{snap.episode_return_mean:,.2f}" in out
-    assert "4 rollouts on 2 nodes, 2 aggregators on 2 nodes" in out
+    assert "4 rollouts on 2 nodes (busy 42%), 2 aggregators on 2 nodes" in out
     assert "checkpoints/000010" in out
     assert "stopped by timesteps" in out
     assert "vf_loss 0.84" in out

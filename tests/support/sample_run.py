@@ -122,6 +122,7 @@ def sample_snapshot(
             env_steps_per_s=last.env_steps_per_s if last else 0.0,
             trained_steps_per_s=last.trained_steps_per_s if last else 0.0,
             learner_updates_per_s=1.4,
+            rollout_busy_fraction=0.42,
         ),
         learner={
             "policy_loss": -0.012,

@@ -50,6 +50,10 @@ class Fragment:
     """Lengths of those episodes."""
     worker_id: str = ""
     """Actor that produced it."""
+    busy_seconds: float = 0.0
+    """Seconds the worker spent on this fragment: sampling it, and loading the weights that came
+    with its request (`RolloutWorker.sample`). Against the wall clock it says how much of its
+    time an actor works rather than waits for its next request."""
 
     @property
     def env_steps(self) -> int:
@@ -63,6 +67,7 @@ class Fragment:
             episode_returns=list(self.episode_returns),
             episode_lengths=list(self.episode_lengths),
             policy_version=self.policy_version,
+            busy_seconds=self.busy_seconds,
         )
 
 
@@ -76,6 +81,8 @@ class FragmentMeta:
     episode_returns: list[float]
     episode_lengths: list[int]
     policy_version: int
+    busy_seconds: float = 0.0
+    """`Fragment.busy_seconds`."""
 
 
 @dataclass(frozen=True)
@@ -240,4 +247,5 @@ def split_sequences(fragment: Fragment, seq_len: int, starts: np.ndarray) -> Fra
         episode_returns=fragment.episode_returns,
         episode_lengths=fragment.episode_lengths,
         worker_id=fragment.worker_id,
+        busy_seconds=fragment.busy_seconds,
     )

@@ -481,7 +481,8 @@ def summary_rows(s: StatusResponse) -> list[tuple[str, str]]:
         ),
         (
             "Members",
-            f"{m.rollout_workers} rollouts on {m.rollout_nodes} nodes, "
+            f"{m.rollout_workers} rollouts on {m.rollout_nodes} nodes "
+            f"(busy {t.rollout_busy_fraction:.0%}), "
             f"{m.aggregator_workers} aggregators on {m.aggregator_nodes} nodes",
         ),
         ("Policy lag (mean)", _num(s.policy_lag_mean, 2)),

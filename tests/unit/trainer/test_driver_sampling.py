@@ -24,6 +24,7 @@ from impala_trainer.batches import Fragment, FragmentMeta
 from impala_trainer.driver.impala import ImpalaDriver
 from impala_trainer.driver.launch import Wiring, build_driver
 from impala_trainer.driver.local_backend import LocalActor, LocalBackend, LocalRef
+from impala_trainer.rollouts.worker import RolloutWorker
 from impala_trainer.rundir.writer import RunDir
 
 
@@ -100,6 +101,32 @@ def test_a_full_learner_queue_parks_actors_until_it_has_room(
     assert not driver.ledger.backlog and not driver.ledger.parked
     assert driver.ledger.samples_out() == 2
     assert all(h.calls.count("sample") == 3 for h in handles)
+
+
+def test_the_actors_busy_seconds_reach_the_status_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sample = RolloutWorker.sample
+
+    def stamped(self: RolloutWorker) -> Fragment:
+        fragment = sample(self)
+        fragment.busy_seconds = 0.25
+        return fragment
+
+    monkeypatch.setattr(RolloutWorker, "sample", stamped)
+    clock = [0.0]
+    monkeypatch.setattr("impala_trainer.rundir.stats.time.monotonic", lambda: clock[0])
+    driver, _, _ = _driver(tmp_path, _job(learnerQueueSize=8))
+    driver._snapshot("Running")
+    before = driver.stats.counters.num_env_steps_sampled
+    for _ in range(3):
+        driver._step()
+    fragments = (driver.stats.counters.num_env_steps_sampled - before) // 32
+    clock[0] += 10.0
+    snap = driver._snapshot("Running")
+    assert fragments >= 2
+    # 0.25 s per fragment over 10 s of 2 actors' time.
+    assert snap.throughput.rollout_busy_fraction == pytest.approx(0.25 * fragments / 20.0)
 
 
 @pytest.mark.parametrize("aggregators", [0, 1])

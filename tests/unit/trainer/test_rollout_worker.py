@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -117,6 +118,32 @@ def test_set_weights_takes_the_learners_pickled_broadcast() -> None:
     assert learner.weights_nbytes() == sum(v.nbytes for v in want.values())
 
 
+def test_a_fragment_carries_the_seconds_its_worker_spent_on_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """busy_seconds: the sampling, plus weights loaded since the last fragment, once."""
+    worker = RolloutWorker(make_spec(CARTPOLE), "a", seed=0)
+    start = time.perf_counter()
+    first = worker.sample()
+    assert 0.0 < first.busy_seconds <= time.perf_counter() - start
+    assert first.meta().busy_seconds == first.busy_seconds
+
+    load = worker._load_weights
+
+    def slow_load(arrays: Any) -> None:
+        time.sleep(0.05)
+        load(arrays)
+
+    monkeypatch.setattr(worker, "_load_weights", slow_load)
+    worker.set_weights(worker.get_weights(), policy_version=1)
+    time.sleep(0.05)  # idle: waiting for a request is not work
+    start = time.perf_counter()
+    loaded = worker.sample()
+    sampling = time.perf_counter() - start
+    assert 0.05 <= loaded.busy_seconds <= 0.05 + sampling + 0.02
+    assert worker.sample().busy_seconds < 0.05  # counted once
+
+
 def test_same_seed_same_fragment() -> None:
     f1 = RolloutWorker(make_spec(CARTPOLE), "a", seed=5).sample()
     f2 = RolloutWorker(make_spec(CARTPOLE), "a", seed=5).sample()
@@ -173,6 +200,7 @@ def test_a3c_gradients_are_the_learner_gradients_of_the_sampled_fragment() -> No
     gradients = acting.compute_gradients(global_timestep=0)
     grads = gradients.grads
     assert gradients.meta.env_steps == 120 and gradients.meta.policy_version == 0
+    assert gradients.meta.busy_seconds > 0.0  # the sampling and the gradients
     assert set(gradients.stats) >= {"policy_loss", "vf_loss", "entropy"}
     learner = Learner(spec, acting.obs_shape, acting.num_actions)
     learner.set_weights(acting.get_weights())

@@ -94,6 +94,26 @@ def test_snapshot_and_summary_fields() -> None:
     assert point.env_steps == 50 and point.episode_return_mean == 3.0
 
 
+def test_rollout_busy_fraction_is_the_actors_share_of_the_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [100.0]
+    monkeypatch.setattr("impala_trainer.rundir.stats.time.monotonic", lambda: clock[0])
+    stats = RunStats("j", StopSpec(timesteps=100))
+    stats.tick(2)
+    clock[0] += 2.0
+    for _ in range(10):  # 1 s of work from 2 actors over 2 s
+        stats.add_rollout_busy(0.1)
+    stats.tick(2)
+    assert stats.throughput.rollout_busy_fraction == pytest.approx(0.25)
+    stats.tick(0)  # no actors: nothing to share out
+    assert stats.throughput.rollout_busy_fraction == 0.0
+    clock[0] += 1.0
+    stats.add_rollout_busy(9.0)  # a long fragment counted when it arrives: capped
+    stats.tick(1)
+    assert stats.throughput.rollout_busy_fraction == 1.0
+
+
 def test_learner_stats_are_the_mean_over_a_snapshots_updates() -> None:
     """RLlib's LearnerInfoBuilder: an iteration reports the mean of its updates' stats; with no
     update since, the previous means stay."""

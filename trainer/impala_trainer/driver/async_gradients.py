@@ -95,6 +95,7 @@ class AsyncGradientsDriver(Driver):
         c.learner_updates += 1
         c.policy_version = self.learner.policy_version
         self.stats.add_episodes(meta.episode_returns, meta.episode_lengths)
+        self.stats.add_rollout_busy(meta.busy_seconds)
         self.stats.add_policy_lag(float(c.policy_version - 1 - meta.policy_version))
         self.stats.add_learner_stats({k: float(v) for k, v in gradients.stats.items()})
         actor = self.manager.actors.get(actor_id)

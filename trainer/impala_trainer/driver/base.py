@@ -205,9 +205,10 @@ class Driver:
         self, phase: RunPhase, message: str | None = None, stopped_by: str | None = None
     ) -> StatusSnapshot:
         self.stats.iteration += 1
-        self.stats.tick()
+        membership = self.manager.membership()
+        self.stats.tick(membership.rollout_workers)
         self._update_learner_stats()
-        return self.stats.snapshot(phase, self.manager.membership(), message, stopped_by)
+        return self.stats.snapshot(phase, membership, message, stopped_by)
 
     def _checkpoint(self) -> None:
         self._last_checkpoint = time.monotonic()

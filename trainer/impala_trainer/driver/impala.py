@@ -182,6 +182,7 @@ class ImpalaDriver(Driver):
         c = self.stats.counters
         c.num_env_steps_sampled += meta.env_steps
         self.stats.add_episodes(meta.episode_returns, meta.episode_lengths)
+        self.stats.add_rollout_busy(meta.busy_seconds)
         actor = self.manager.actors.get(actor_id)
         if actor is not None:
             actor.env_steps += meta.env_steps

@@ -6,6 +6,7 @@ No Ray here: `actors.RolloutActor` is a thin shell around it, and tests drive it
 from __future__ import annotations
 
 import pickle
+import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -83,6 +84,7 @@ class RolloutWorker:
         self.episode_return = np.zeros(self.num_envs, np.float64)
         self.episode_length = np.zeros(self.num_envs, np.int64)
         self.env_steps = 0
+        self._busy_seconds = 0.0  # loading weights since the last fragment
 
     @property
     def num_actions(self) -> int:
@@ -92,19 +94,30 @@ class RolloutWorker:
     def set_weights(self, weights: Mapping[str, np.ndarray] | bytes, policy_version: int) -> None:
         """Load the learner's weights (arrays, or `Learner.pickled_weights`); fragments sampled
         from now on carry `policy_version`."""
+        start = time.perf_counter()
         # Bytes: pickled once by the driver for every actor (its own, trusted as Ray's are).
         arrays = pickle.loads(weights) if isinstance(weights, bytes) else weights
         self._load_weights(arrays)
         self.policy_version = int(policy_version)
+        self._busy_seconds += time.perf_counter() - start
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """This worker's current weights (tests compare them with the learner's)."""
         return {k: v.detach().numpy().copy() for k, v in self.model.state_dict().items()}
 
-    @torch.inference_mode()
     def sample(self) -> Fragment:
         """One fragment of `[T, B]` transitions from the current policy (as `[maxSeqLen,
-        T / maxSeqLen * B]` sequences when a recurrent model sets maxSeqLen)."""
+        T / maxSeqLen * B]` sequences when a recurrent model sets maxSeqLen), stamped with the
+        seconds spent on it since the last one (`Fragment.busy_seconds`: this sampling and any
+        weights loaded in between)."""
+        start = time.perf_counter()
+        fragment = self._sample()
+        fragment.busy_seconds = self._busy_seconds + time.perf_counter() - start
+        self._busy_seconds = 0.0
+        return fragment
+
+    @torch.inference_mode()
+    def _sample(self) -> Fragment:
         t_len, b, dist = self.fragment_length, self.num_envs, self.actions
         obs_buf = np.empty((t_len, b, *self.obs_shape), self.obs_dtype)
         actions = dist.empty_actions(t_len, b)
@@ -189,8 +202,10 @@ class RolloutWorker:
         """
         if self._learner is None:
             raise RuntimeError("compute_gradients needs training.mode: async-gradients")
+        start, loading = time.perf_counter(), self._busy_seconds
         fragment = self.sample()
         self._learner.global_timestep = global_timestep
         with torch.enable_grad():
             grads, stats = self._learner.compute_gradients(concat_fragments([fragment]))
+        fragment.busy_seconds = loading + time.perf_counter() - start  # the gradients included
         return Gradients(grads, fragment.meta(), stats)

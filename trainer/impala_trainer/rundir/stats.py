@@ -52,7 +52,9 @@ class RunStats:
         self.queue = LearnerQueue()
         self.checkpoint: CheckpointInfo | None = None
         self._lags: deque[float] = deque(maxlen=50)
-        self._rates: deque[tuple[float, int, int, int]] = deque()
+        self._rollout_busy = 0.0
+        """Seconds the rollout actors spent on the fragments received so far (this process)."""
+        self._rates: deque[tuple[float, int, int, int, float]] = deque()
         self.throughput = Throughput()
         self.evaluation: EvaluationInfo | None = (
             EvaluationInfo.model_validate(state.evaluation) if state.evaluation else None
@@ -83,26 +85,41 @@ class RunStats:
     def add_policy_lag(self, lag: float) -> None:
         self._lags.append(lag)
 
+    def add_rollout_busy(self, seconds: float) -> None:
+        """A received fragment's `busy_seconds`: its actor's time on the request."""
+        self._rollout_busy += seconds
+
     def wall_seconds(self) -> float:
         """Training seconds over this run and every run it resumed."""
         return self._wall_before + time.monotonic() - self._t0
 
-    def tick(self) -> None:
-        """Refresh throughput over the last few seconds."""
+    def tick(self, rollout_actors: int = 0) -> None:
+        """Refresh throughput over the last few seconds (`rollout_actors`: how many sampled in
+        them, for the share of their time they were busy)."""
         now = time.monotonic()
         c = self.counters
         self._rates.append(
-            (now, c.num_env_steps_sampled, c.num_env_steps_trained, c.learner_updates)
+            (
+                now,
+                c.num_env_steps_sampled,
+                c.num_env_steps_trained,
+                c.learner_updates,
+                self._rollout_busy,
+            )
         )
         while len(self._rates) > 2 and now - self._rates[0][0] > RATE_WINDOW_SECONDS:
             self._rates.popleft()
-        t0, s0, tr0, u0 = self._rates[0]
+        t0, s0, tr0, u0, b0 = self._rates[0]
         dt = now - t0
         if dt > 0:
+            busy = (self._rollout_busy - b0) / (dt * rollout_actors) if rollout_actors else 0.0
             self.throughput = Throughput(
                 env_steps_per_s=(c.num_env_steps_sampled - s0) / dt,
                 trained_steps_per_s=(c.num_env_steps_trained - tr0) / dt,
                 learner_updates_per_s=(c.learner_updates - u0) / dt,
+                # A fragment's time is counted when it arrives, so a window can hold a little
+                # more than its own span: capped.
+                rollout_busy_fraction=min(1.0, busy),
             )
 
     # -- stop criteria --------------------------------------------------------------------------

@@ -108,6 +108,11 @@ _GAUGES = (
         "learner_queue.learner_idle_fraction",
     ),
     ("impala_rollout_workers", "Healthy rollout actors.", "membership.rollout_workers"),
+    (
+        "impala_rollout_busy_fraction",
+        "Fraction of time the rollout actors spent on sample requests.",
+        "throughput.rollout_busy_fraction",
+    ),
     ("impala_aggregator_workers", "Healthy aggregator actors.", "membership.aggregator_workers"),
     (
         "impala_rollout_nodes",
