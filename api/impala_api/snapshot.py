@@ -73,7 +73,7 @@ class Throughput(Snap):
     """Fraction of the rollout actors' recent wall time spent on sample requests (loading
     weights, stepping envs, acting), in [0, 1]; the rest they waited for their next request,
     the round trip through Ray and the driver. Low with short fragments and one request in
-    flight per worker (the CartPole example: ~0.3); `maxRequestsInFlightPerWorker: 2` or longer
+    flight per worker (the CartPole example: ~0.27); `maxRequestsInFlightPerWorker: 2` or longer
     fragments raise it, at more policy lag."""
 
 
