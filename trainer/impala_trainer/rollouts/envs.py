@@ -90,9 +90,7 @@ class SameStepCartPole(VectorWrapper):  # type: ignore[misc]  # gymnasium is unt
         infos: dict[str, Any] = {}
         if done.any():
             infos = {"final_obs": obs.copy(), "_final_obs": done}
-            state[:, done] = e.np_random.uniform(
-                low=e.low, high=e.high, size=(4, int(done.sum()))
-            )
+            state[:, done] = e.np_random.uniform(low=e.low, high=e.high, size=(4, int(done.sum())))
             e.steps[done] = 0
             obs[done] = state[:, done].T
         e.state = state
@@ -277,8 +275,6 @@ def env_spaces(env: EnvSpec) -> EnvSpaces:
         obs, space = vec.single_observation_space, vec.single_action_space
         check_spaces(obs, space)
         assert obs.shape is not None
-        return EnvSpaces(
-            tuple(obs.shape), np.dtype(obs.dtype), action_distribution(space), space
-        )
+        return EnvSpaces(tuple(obs.shape), np.dtype(obs.dtype), action_distribution(space), space)
     finally:
         vec.close()
