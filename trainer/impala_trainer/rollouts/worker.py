@@ -202,10 +202,10 @@ class RolloutWorker:
         """
         if self._learner is None:
             raise RuntimeError("compute_gradients needs training.mode: async-gradients")
-        start, loading = time.perf_counter(), self._busy_seconds
         fragment = self.sample()
+        start = time.perf_counter()
         self._learner.global_timestep = global_timestep
         with torch.enable_grad():
             grads, stats = self._learner.compute_gradients(concat_fragments([fragment]))
-        fragment.busy_seconds = loading + time.perf_counter() - start  # the gradients included
+        fragment.busy_seconds += time.perf_counter() - start  # the actor's time: gradients too
         return Gradients(grads, fragment.meta(), stats)
