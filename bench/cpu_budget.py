@@ -60,6 +60,8 @@ def _component(proc: psutil.Process) -> str:
         if actor in ("IDLE", ""):
             return "ray idle workers"
         return f"ray actor {actor}"
+    if "multiprocessing.spawn" in cmd:  # learner.process: separate
+        return "learner process"
     for key in ("raylet", "gcs_server", "dashboard", "log_monitor", "monitor.py", "runtime_env"):
         if key in cmd:
             return "ray system"

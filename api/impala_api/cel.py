@@ -27,6 +27,7 @@ from impala_api.spec import (
     RESERVED_VOLUME_MESSAGE,
     RESERVED_VOLUMES,
     SECRET_REF_NEEDS_URI,
+    SEPARATE_LEARNER_NEEDS_VTRACE,
     VOLUME_SOURCES,
 )
 
@@ -159,6 +160,12 @@ RULES: dict[tuple[str, ...], list[Rule]] = {
             "!has(self.stop.evaluationReturnMean) || has(self.evaluation)",
             EVALUATION_STOP_NEEDS_EVALUATION,
             ".stop.evaluationReturnMean",
+        ),
+        _rule(
+            "!has(self.learner.process) || self.learner.process != 'separate' || "
+            "!has(self.training.mode) || self.training.mode == 'vtrace'",
+            SEPARATE_LEARNER_NEEDS_VTRACE,
+            ".learner.process",
         ),
     ],
     ("stop",): [

@@ -63,12 +63,14 @@ def test_invalid_manifest_exits_2_naming_the_field_before_anything_starts(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.train
-def test_cli_solves_cartpole_and_writes_the_run_directory(tmp_path: Path) -> None:
+@pytest.mark.parametrize("process", ["driver", "separate"])
+def test_cli_solves_cartpole_and_writes_the_run_directory(tmp_path: Path, process: str) -> None:
     run = tmp_path / "run"
     # The embedded Ray is always our own: a cluster named by RAY_ADDRESS (or by the address file
     # a stopped `ray start` leaves in Ray's temp dir) is not joined, dead or alive.
     stale = {"RAY_ADDRESS": f"127.0.0.1:{free_port()}"}
-    res = _train("-f", EXAMPLE, "--run-dir", str(run), env=stale)
+    where = f"learner.process={process}"  # separate: the learner thread in a process of its own
+    res = _train("-f", EXAMPLE, "--run-dir", str(run), "--set", where, env=stale)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "episodeReturnMean reached" in res.stdout
 
@@ -95,9 +97,13 @@ def test_cli_solves_cartpole_and_writes_the_run_directory(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 @pytest.mark.train
-def test_resume_continues_counters_exactly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("process", ["driver", "separate"])
+def test_resume_continues_counters_exactly(tmp_path: Path, process: str) -> None:
+    # separate: the checkpoint's learner state comes out of the learner process and goes into a
+    # new one; the counters and optimiser steps go on all the same.
     run = tmp_path / "run"
-    common = ["-f", EXAMPLE, "--run-dir", str(run), "--set", "stop.episodeReturnMean=null"]
+    common = ["-f", EXAMPLE, "--run-dir", str(run), "--set", "stop.episodeReturnMean=null",
+              "--set", f"learner.process={process}"]  # fmt: skip
     first = _train(*common, "--set", "stop.timesteps=20000")
     assert first.returncode == 0, first.stderr
     s1 = _json(run / "summary.json")
@@ -126,10 +132,11 @@ def test_resume_continues_counters_exactly(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.train
-def test_learner_starvation_fails_with_a_clear_reason(tmp_path: Path) -> None:
+@pytest.mark.parametrize("process", ["driver", "separate"])
+def test_learner_starvation_fails_with_a_clear_reason(tmp_path: Path, process: str) -> None:
     run = tmp_path / "run"
     res = _train(
-        "-f", EXAMPLE, "--run-dir", str(run),
+        "-f", EXAMPLE, "--run-dir", str(run), "--set", f"learner.process={process}",
         # A batch of a million steps never fills in time: the learner waits past its timeout.
         "--set", "training.trainBatchSize=1000000", "--set", "training.learnerQueueTimeout=3",
     )

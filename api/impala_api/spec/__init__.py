@@ -63,6 +63,7 @@ from impala_api.spec.pods import (
     VolumeMount,
 )
 from impala_api.spec.replicas import (
+    SEPARATE_LEARNER_NEEDS_VTRACE,
     AggregatorsSpec,
     AutoscalingSpec,
     LearnerSpec,
@@ -112,6 +113,7 @@ __all__ = [
     "RESERVED_VOLUMES",
     "RESERVED_VOLUME_MESSAGE",
     "SECRET_REF_NEEDS_URI",
+    "SEPARATE_LEARNER_NEEDS_VTRACE",
     "STORAGE_URI_PATTERN",
     "VOLUME_SOURCES",
     "AggregatorsSpec",

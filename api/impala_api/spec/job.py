@@ -11,7 +11,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from impala_api.spec.base import SpecModel
 from impala_api.spec.evaluation import EVALUATION_STOP_NEEDS_EVALUATION, EvaluationSpec
 from impala_api.spec.lifecycle import CheckpointSpec, RunPolicy
-from impala_api.spec.replicas import AggregatorsSpec, LearnerSpec, RolloutsSpec
+from impala_api.spec.replicas import (
+    SEPARATE_LEARNER_NEEDS_VTRACE,
+    AggregatorsSpec,
+    LearnerSpec,
+    RolloutsSpec,
+)
 from impala_api.spec.training import (
     MAX_SEQ_LEN_DIVIDES,
     EnvSpec,
@@ -77,6 +82,8 @@ class ImpalaJobSpec(SpecModel):
             raise ValueError(MAX_SEQ_LEN_DIVIDES)
         if self.stop.evaluation_return_mean is not None and self.evaluation is None:
             raise ValueError(EVALUATION_STOP_NEEDS_EVALUATION)
+        if self.learner.process == "separate" and self.training.mode != "vtrace":
+            raise ValueError(SEPARATE_LEARNER_NEEDS_VTRACE)
         return self
 
 

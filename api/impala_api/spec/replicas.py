@@ -10,6 +10,12 @@ from pydantic import Field, model_validator
 from impala_api.spec.base import SpecModel
 from impala_api.spec.pods import PodOverrides, Resources, Toleration
 
+SEPARATE_LEARNER_NEEDS_VTRACE = (
+    "spec.learner.process separate runs the learner thread in a process of its own, and "
+    "spec.training.mode async-gradients has no learner thread (the driver applies the workers' "
+    "gradients): use process driver, or mode vtrace"
+)
+
 
 class LearnerSpec(SpecModel):
     """The learner pod: Ray head, IMPALA driver and learner threads."""
@@ -31,6 +37,12 @@ class LearnerSpec(SpecModel):
     with bf16, a CPU with AVX512-BF16 or AMX) and float32 elsewhere, where bf16 is emulated and
     slower. With bfloat16 or auto, rollout workers whose CPU computes bf16 natively act with a
     bf16 copy of the built-in CNN and ResNet models (the learner's arithmetic)."""
+
+    process: Literal["driver", "separate"] = "driver"
+    """Where the learner thread runs: in the driver's process (driver), or in a process of its
+    own (separate), so that its updates and the driver loop's Ray calls do not take turns on one
+    Python interpreter lock: for small models (hundreds of small ops per update) where the
+    learner pod has a core for each. V-trace mode only."""
 
     resources: Resources = Field(default_factory=Resources)
     """Learner container resources (GPU requests are added from gpus)."""

@@ -19,6 +19,7 @@ from impala_api.spec import (
     MAX_SEQ_LEN_DIVIDES,
     NO_STOP_CRITERION,
     PREV_ACTION_REWARD_LSTM,
+    SEPARATE_LEARNER_NEEDS_VTRACE,
 )
 
 Kind = Literal["schema", "unknown", "cel", "immutable", "name"]
@@ -280,6 +281,16 @@ INVALID: list[Invalid] = [
         EVALUATION_STOP_NEEDS_EVALUATION,
     ),
     Invalid(
+        "separate-learner-async-gradients",
+        "cel",
+        {"learner": {"process": "separate"}, "training": {"mode": "async-gradients"}},
+        "spec.learner.process",
+        SEPARATE_LEARNER_NEEDS_VTRACE,
+    ),
+    Invalid(
+        "learner-process", "schema", {"learner": {"process": "thread"}}, "spec.learner.process"
+    ),
+    Invalid(
         "evaluation-duration-unit",
         "schema",
         {"evaluation": {"durationUnit": "minutes"}},
@@ -393,6 +404,7 @@ VALID: dict[str, dict[str, Any]] = {
                 },
                 "learner": {
                     "gpus": 1,
+                    "process": "separate",
                     "resources": {"requests": {"cpu": "2", "memory": "4Gi"}},
                     "nodeSelector": {"pool": "gpu"},
                     "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
@@ -422,8 +434,7 @@ VALID: dict[str, dict[str, Any]] = {
                                     "nodeSelectorTerms": [
                                         {
                                             "matchExpressions": [
-                                                {"key": "pool", "operator": "In",
-                                                 "values": ["gpu"]}
+                                                {"key": "pool", "operator": "In", "values": ["gpu"]}
                                             ]
                                         }
                                     ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import queue
+import time
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 
 from impala_trainer.batches import TrainBatch
 from impala_trainer.learning.learner import Learner, MultiDeviceLearner
+from impala_trainer.learning.learner_process import LearnerProcess
 from impala_trainer.learning.learner_thread import LearnerThread
 from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
 from impala_trainer.learning.threads import make_learner_thread
@@ -154,6 +156,32 @@ def test_the_learner_threads_train_every_batch_on_cuda(stacks: int) -> None:
     assert stats["learner_load_time_ms"] >= 0.0
     with pytest.raises(queue.Empty):
         thread.outqueue.get_nowait()
+
+
+@pytest.mark.parametrize("stacks", [1, 2], ids=["learner-thread", "multi-gpu-thread"])
+def test_a_learner_process_trains_on_cuda(stacks: int) -> None:
+    """learner.process: separate with a GPU: CUDA initialised in the spawned process."""
+    spec = learner_spec(learner={"gpus": 1}, numMultiGpuTowerStacks=stacks, numSgdIter=2)
+    process = LearnerProcess(spec, (4,), 2, seed=0, intra_op_threads=1)
+    try:
+        assert process.learner.device.startswith("cuda")
+        process.start()
+        batches = [make_batch(T=6, B=4, seed=i) for i in range(3)]
+        for b in batches:
+            process.inqueue.put(b, timeout=10)
+        got: list[tuple[int, dict[str, float]]] = []
+        deadline = time.monotonic() + 120
+        while len(got) < 6 and time.monotonic() < deadline:
+            try:
+                got.append(process.outqueue.get_nowait())
+            except queue.Empty:
+                time.sleep(0.01)
+        assert sum(steps for steps, _ in got) == sum(b.env_steps for b in batches)
+        assert process.learner.policy_version == 6 and process.error is None
+    finally:
+        process.stop()
+        process.join(timeout=60)
+    assert process.state_dict()["policy_version"] == 6
 
 
 def test_checkpoints_move_between_a_gpu_and_a_cpu_learner(tmp_path) -> None:

@@ -25,6 +25,8 @@ from impala_trainer.rundir.writer import RunDir
 class AsyncGradientsDriver(Driver):
     """The driver applies worker gradients; no learner thread."""
 
+    learner: Learner
+
     def __init__(self, job: ImpalaJob, run_dir: RunDir, **collaborators: Any) -> None:
         super().__init__(job, run_dir, **collaborators)
         self.learner = Learner(self.spec, self.obs_shape, self.actions)

@@ -33,7 +33,7 @@ from impala_trainer.driver.evaluation import (
     shares,
 )
 from impala_trainer.driver.membership import ElasticMembership
-from impala_trainer.learning.learner import Learner
+from impala_trainer.learning.learner import LearnerState
 from impala_trainer.rollouts.envs import env_spaces
 from impala_trainer.rundir.checkpoint import (
     Restored,
@@ -69,7 +69,7 @@ def resolve_seed(seed: int | None) -> int:
 class Driver:
     """Shared skeleton: subclasses build `learner` in their constructor and implement `_step`."""
 
-    learner: Learner
+    learner: LearnerState
 
     def __init__(
         self,

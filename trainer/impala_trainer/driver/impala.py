@@ -25,6 +25,7 @@ from collections import deque
 from typing import Any
 
 import numpy as np
+import torch
 
 from impala_api.spec import ImpalaJob
 from impala_trainer.batches import Fragment, FragmentMeta, TrainBatch
@@ -32,6 +33,9 @@ from impala_trainer.driver.actor_manager import ManagedActor
 from impala_trainer.driver.backend import Ref, Weights
 from impala_trainer.driver.base import WAIT_SECONDS, Driver
 from impala_trainer.driver.ledger import Ledger
+from impala_trainer.learning.learner import LearnerState
+from impala_trainer.learning.learner_process import LearnerProcess
+from impala_trainer.learning.learner_thread import LearnerThread
 from impala_trainer.learning.threads import make_learner_thread
 from impala_trainer.rollouts.aggregation import Aggregator
 from impala_trainer.rundir.writer import RunDir
@@ -47,14 +51,21 @@ class ImpalaDriver(Driver):
 
     def __init__(self, job: ImpalaJob, run_dir: RunDir, **collaborators: Any) -> None:
         super().__init__(job, run_dir, **collaborators)
-        self.thread = make_learner_thread(self.spec, self.obs_shape, self.actions)
-        self.learner = self.thread.learner
-        amp = self.learner.autocast_dtype
+        self.thread: LearnerThread | LearnerProcess
+        if self.spec.learner.process == "separate":
+            self.thread = LearnerProcess(
+                self.spec, self.obs_shape, self.actions, self.seed, torch.get_num_threads()
+            )
+        else:
+            self.thread = make_learner_thread(self.spec, self.obs_shape, self.actions)
+        self.learner: LearnerState = self.thread.learner
+        amp = self.thread.learner.autocast_dtype
         logger.info(
-            "learner on %s, %s (learner.precision %s)",
-            self.learner.device,
+            "learner on %s, %s (learner.precision %s), in %s",
+            self.thread.learner.device,
             "bfloat16 autocast" if amp is not None else "float32",
             self.spec.learner.precision,
+            "a process of its own" if self.spec.learner.process == "separate" else "the driver",
         )
         self.local_aggregator = Aggregator.from_spec(self.spec, self.seed)
         self.ledger = Ledger(self.spec.training.max_requests_in_flight_per_worker)
@@ -76,7 +87,8 @@ class ImpalaDriver(Driver):
         if self.thread.error is not None:
             raise self.thread.error
         if not self.thread.is_alive():
-            raise RuntimeError("the learner thread stopped")
+            where = "process" if isinstance(self.thread, LearnerProcess) else "thread"
+            raise RuntimeError(f"the learner {where} stopped")
         self._drain_learner()
         self._feed_learner()
         # Parked actors go back to work the moment the learner queue takes the waiting batch,

@@ -15,18 +15,29 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from impala_trainer.batches import TrainBatch
-from impala_trainer.learning.minibatch_buffer import BufferItem, MinibatchBuffer
+from impala_trainer.learning.minibatch_buffer import BufferItem, ItemQueue, MinibatchBuffer
 
 logger = logging.getLogger(__name__)
 
 STATS_WINDOW = 50
 # How often a waiting thread wakes to notice stop(); short so shutdown never lags.
 POLL_SECONDS = 0.1
+
+
+class BatchQueue(ItemQueue[TrainBatch], Protocol):
+    """What the learner side needs of its inqueue: a `queue.Queue`, or in a learner process a
+    `multiprocessing` queue (learning/learner_process.py). The driver puts, the thread gets."""
+
+    def put(self, item: TrainBatch, block: bool = True, timeout: float | None = None) -> None: ...
+
+    def put_nowait(self, item: TrainBatch) -> None: ...
+
+    def qsize(self) -> int: ...
 
 
 class LearnerStarvedError(RuntimeError):
@@ -110,6 +121,7 @@ class LearnerThread(threading.Thread):
         learner_queue_size: int,
         learner_queue_timeout: float,
         intra_op_threads: int | None = None,
+        inqueue: BatchQueue | None = None,
     ) -> None:
         super().__init__(name="learner", daemon=True)
         self.learner = learner
@@ -117,7 +129,12 @@ class LearnerThread(threading.Thread):
         """torch intra-op threads this thread computes with (None: leave torch's setting)."""
         self.num_sgd_iter = num_sgd_iter
         self.learner_queue_timeout = learner_queue_timeout
-        self.inqueue: queue.Queue[TrainBatch] = queue.Queue(maxsize=learner_queue_size)
+        self.queue_capacity = learner_queue_size
+        # A multiprocessing queue where the thread runs in a process of its own
+        # (learner_process.py); otherwise the driver puts into a queue.Queue of this bound.
+        self.inqueue: BatchQueue = (
+            queue.Queue(maxsize=learner_queue_size) if inqueue is None else inqueue
+        )
         self.outqueue: queue.Queue[tuple[int, dict[str, float]]] = queue.Queue()
         self.minibatch_buffer: MinibatchBuffer[TrainBatch] = MinibatchBuffer(
             self.inqueue, minibatch_buffer_size, learner_queue_timeout, num_sgd_iter
@@ -220,7 +237,7 @@ class LearnerThread(threading.Thread):
             "learner_queue_size_mean": queue_stats["size_mean"],
             "learner_queue_size_max": max(queue_stats["size_quantiles"], default=0.0),
             "learner_queue_size_now": float(self.inqueue.qsize()),
-            "learner_queue_capacity": float(self.inqueue.maxsize),
+            "learner_queue_capacity": float(self.queue_capacity),
             "learner_idle_fraction": round(self.idle_fraction(), 4),
             "num_learner_updates": float(self.num_steps),
         }

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-import queue
-from typing import Generic, NamedTuple, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class ItemQueue(Protocol[T_co]):
+    """Where the buffer takes its items: a `queue.Queue`, or a `multiprocessing` queue."""
+
+    def get(self, block: bool = True, timeout: float | None = None) -> T_co: ...
 
 
 class BufferItem(NamedTuple, Generic[T]):
@@ -25,7 +31,7 @@ class MinibatchBuffer(Generic[T]):
 
     def __init__(
         self,
-        inqueue: queue.Queue[T],
+        inqueue: ItemQueue[T],
         size: int,
         timeout: float | None,
         num_passes: int,

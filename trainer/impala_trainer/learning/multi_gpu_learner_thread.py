@@ -19,7 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from impala_trainer.learning.learner_thread import POLL_SECONDS, LearnerThread
+from impala_trainer.learning.learner_thread import POLL_SECONDS, BatchQueue, LearnerThread
 from impala_trainer.learning.minibatch_buffer import MinibatchBuffer
 
 if TYPE_CHECKING:
@@ -40,6 +40,7 @@ class MultiGPULearnerThread(LearnerThread):
         num_multi_gpu_tower_stacks: int = 1,
         num_gpu_loader_threads: int = 8,
         intra_op_threads: int | None = None,
+        inqueue: BatchQueue | None = None,
     ) -> None:
         super().__init__(
             learner,
@@ -48,6 +49,7 @@ class MultiGPULearnerThread(LearnerThread):
             learner_queue_size=learner_queue_size,
             learner_queue_timeout=learner_queue_timeout,
             intra_op_threads=intra_op_threads,
+            inqueue=inqueue,
         )
         if num_multi_gpu_tower_stacks > learner.num_stacks:
             raise ValueError(

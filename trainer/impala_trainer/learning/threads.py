@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.learning.distributions import ActionDistribution
-from impala_trainer.learning.learner_thread import LearnerThread
+from impala_trainer.learning.learner_thread import BatchQueue, LearnerThread
 from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
 
 _process_threads: int | None = None
@@ -32,7 +32,10 @@ def _take_intra_op_threads() -> int:
 
 
 def make_learner_thread(
-    spec: ImpalaJobSpec, obs_shape: tuple[int, ...], actions: ActionDistribution | int
+    spec: ImpalaJobSpec,
+    obs_shape: tuple[int, ...],
+    actions: ActionDistribution | int,
+    inqueue: BatchQueue | None = None,
 ) -> LearnerThread | MultiGPULearnerThread:
     """The learner (built here) inside the thread the spec asks for (`.learner` holds it).
 
@@ -64,6 +67,7 @@ def make_learner_thread(
             num_multi_gpu_tower_stacks=t.num_multi_gpu_tower_stacks,
             num_gpu_loader_threads=t.num_gpu_loader_threads,
             intra_op_threads=threads,
+            inqueue=inqueue,
         )
     device = "cuda:0" if gpus == 1 else "cpu"
     return LearnerThread(
@@ -73,4 +77,5 @@ def make_learner_thread(
         learner_queue_size=t.learner_queue_size,
         learner_queue_timeout=t.learner_queue_timeout,
         intra_op_threads=threads,
+        inqueue=inqueue,
     )
