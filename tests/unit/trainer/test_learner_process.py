@@ -10,6 +10,7 @@ import queue
 import signal
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -169,6 +170,8 @@ def test_a_killed_learner_process_is_not_alive_and_its_state_request_says_why() 
     process.start()
     pid = process._process.pid
     assert pid is not None
+    # What `top` shows in a learner pod.
+    assert Path(f"/proc/{pid}/comm").read_text().strip() == "impala-learner"
     os.kill(pid, signal.SIGKILL)
     _wait_until(lambda: not process.is_alive())
     with pytest.raises(LearnerProcessError, match=r"exited \(code -9\)"):
