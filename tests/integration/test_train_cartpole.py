@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 
@@ -307,3 +309,67 @@ def test_sigterm_stops_the_run_with_a_checkpoint_and_exit_130(tmp_path: Path) ->
     summary = _json(run / "summary.json")
     assert summary["phase"] == "Stopped"
     assert list((run / "checkpoints").iterdir()), "the run stopped without its final checkpoint"
+
+
+def _start_training(run: Path, *sets: str) -> subprocess.Popen[str]:
+    """`impalajob train` of the example in a session of its own, until its first update."""
+    args = [a for s in sets for a in ("--set", s)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "impala_cli.main", "train", "-f", EXAMPLE, "--run-dir", str(run),
+         "--set", "stop.episodeReturnMean=null", "--set", "stop.timeLimitSeconds=600", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+    )  # fmt: skip
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        status = run / "status.json"
+        if status.exists() and _json(status)["counters"]["learner_updates"] > 0:
+            return proc
+        time.sleep(0.5)
+    proc.kill()
+    raise AssertionError("no learner update within 180 s")
+
+
+@pytest.mark.slow
+@pytest.mark.train
+def test_ctrl_c_stops_a_run_with_a_learner_process_with_its_checkpoint(tmp_path: Path) -> None:
+    """Ctrl-C in a terminal reaches the whole process group, the learner process included: the
+    run still ends as a stopped run with the learner's final state in a checkpoint."""
+    run = tmp_path / "run"
+    proc = _start_training(run, "learner.process=separate")
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert _json(run / "summary.json")["phase"] == "Stopped"
+    ckpts = sorted((run / "checkpoints").glob("ckpt-*"))
+    assert ckpts, "the run stopped without its final checkpoint"
+    final = _json(ckpts[-1] / "state.json")["counters"]
+    assert final["learner_updates"] == _json(run / "status.json")["counters"]["learner_updates"]
+
+
+@pytest.mark.slow
+@pytest.mark.train
+def test_a_dead_learner_process_fails_the_run_and_keeps_the_last_checkpoint(
+    tmp_path: Path,
+) -> None:
+    run = tmp_path / "run"
+    proc = _start_training(run, "learner.process=separate", "checkpoint.intervalSeconds=1")
+    try:
+        deadline = time.monotonic() + 60
+        while not list((run / "checkpoints").glob("ckpt-*")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        learners = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                    if c.name() == "impala-learner"]  # fmt: skip
+        assert len(learners) == 1
+        learners[0].kill()  # the OOM killer's way
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, stderr
+    assert "learner process" in stderr
+    summary = _json(run / "summary.json")
+    assert summary["phase"] == "Failed" and "learner process" in summary["message"]
+    assert list((run / "checkpoints").glob("ckpt-*")), "the checkpoints written before stay"

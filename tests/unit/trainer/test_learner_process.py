@@ -147,6 +147,37 @@ def test_a_checkpoint_state_loads_before_the_start_and_not_after() -> None:
         _close(second)
 
 
+def test_a_bad_state_is_refused_and_the_process_goes_on() -> None:
+    process = _process()
+    try:
+        with pytest.raises(LearnerProcessError, match="failed"):
+            process.load_state_dict({"model": {}, "optimizers": [], "policy_version": 1})
+        assert process.is_alive() and process.learner.policy_version == 0
+        process.start()
+        process.inqueue.put(make_batch(seed=0))
+        _updates(process, 1)
+    finally:
+        _close(process)
+
+
+def test_ctrl_c_is_the_drivers_to_act_on_not_the_learner_process() -> None:
+    """A terminal's Ctrl-C reaches the whole process group; the driver still needs the learner's
+    state for the run's last checkpoint after it."""
+    process = _process()
+    try:
+        process.start()
+        pid = process._process.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGINT)
+        os.kill(pid, signal.SIGTERM)
+        process.inqueue.put(make_batch(seed=0))
+        _updates(process, 1)
+        assert process.is_alive()
+    finally:
+        _close(process)
+    assert process.state_dict()["policy_version"] == 1
+
+
 def test_a_starved_learner_reports_its_error_and_still_gives_its_state(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

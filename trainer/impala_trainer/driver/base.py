@@ -34,6 +34,7 @@ from impala_trainer.driver.evaluation import (
 )
 from impala_trainer.driver.membership import ElasticMembership
 from impala_trainer.learning.learner import LearnerState
+from impala_trainer.learning.learner_process import LearnerProcessError
 from impala_trainer.rollouts.envs import env_spaces
 from impala_trainer.rundir.checkpoint import (
     Restored,
@@ -213,9 +214,15 @@ class Driver:
     def _checkpoint(self) -> None:
         self._last_checkpoint = time.monotonic()
         try:
+            learner_state = self.learner.state_dict()
+        except LearnerProcessError as exc:  # its state died with it: the last checkpoint stays
+            kept = self.stats.checkpoint.path if self.stats.checkpoint else "none yet"
+            logger.error("checkpoint not written: %s; the last one stays (%s)", exc, kept)
+            return
+        try:
             path = save_checkpoint(
                 self.run_dir.checkpoints,
-                self.learner.state_dict(),
+                learner_state,
                 self.stats.driver_state(),
                 self.spec.checkpoint.keep,
             )

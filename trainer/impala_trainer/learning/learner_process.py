@@ -27,6 +27,7 @@ import logging.handlers
 import multiprocessing
 import pickle
 import queue
+import signal
 import threading
 import time
 from collections import deque
@@ -352,6 +353,11 @@ def serve(
     ctl: Connection,
 ) -> None:
     """The learner process's main: build, report ready, serve requests until stopped."""
+    # The driver decides when the learner stops: a terminal's Ctrl-C reaches the whole process
+    # group, and the driver still needs the learner's state for its last checkpoint. Should the
+    # driver die instead, the control pipe's end says so.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _name_process(b"impala-learner")
     outbox = _Outbox(out)
     root = logging.getLogger()
@@ -383,6 +389,18 @@ def serve(
     _serve_requests(thread, learner, outbox, ctl)
 
 
+def _answer(learner: Any, request: tuple[Any, ...]) -> tuple[str, Any]:
+    """A state for a checkpoint, or a checkpoint's state loaded; ("failed", why) instead of the
+    process's death when that raises (a checkpoint of another model, say)."""
+    try:
+        if request[0] == "state":
+            return "state", _dumps(learner.state_dict())
+        learner.load_state_dict(pickle.loads(request[1]))
+        return "loaded", (learner.policy_version, learner.pickled_weights())
+    except Exception as exc:
+        return "failed", _picklable(exc)
+
+
 def _serve_requests(thread: Any, learner: Any, outbox: _Outbox, ctl: Connection) -> None:
     last_stats = time.monotonic()
     try:
@@ -392,11 +410,8 @@ def _serve_requests(thread: Any, learner: Any, outbox: _Outbox, ctl: Connection)
                 if request[0] == "start":
                     learner.global_timestep = request[1]
                     thread.start()
-                elif request[0] == "state":
-                    ctl.send(("state", _dumps(learner.state_dict())))
-                elif request[0] == "load":
-                    learner.load_state_dict(pickle.loads(request[1]))
-                    ctl.send(("loaded", (learner.policy_version, learner.pickled_weights())))
+                elif request[0] in ("state", "load"):
+                    ctl.send(_answer(learner, request))
                 elif request[0] == "stop":
                     break
             if thread.is_alive() and time.monotonic() - last_stats >= STATS_SECONDS:
