@@ -65,7 +65,10 @@ def _close(process: LearnerProcess) -> None:
 
 def test_updates_weights_and_state_come_back_as_from_a_learner_in_the_driver() -> None:
     batches = [make_batch(seed=i) for i in range(3)]
-    process = _process(numSgdIter=2)
+    # A rate that falls with the env steps trained: equal weights below also mean the process
+    # kept the schedules' clock as the driver does.
+    training = {"numSgdIter": 2, "lrSchedule": [[0, 0.01], [2000, 0.0]]}
+    process = _process(**training)
     try:
         assert process.learner.policy_version == 0 and process.learner.weights_nbytes() > 0
         process.learner.global_timestep = 1000  # a resumed run's trained steps
@@ -85,11 +88,11 @@ def test_updates_weights_and_state_come_back_as_from_a_learner_in_the_driver() -
         _close(process)
     # The same seed and batches in a learner here: the same initial weights, the same updates.
     torch.manual_seed(SEED)
-    here = Learner(learner_spec(numSgdIter=2), (4,), 2)
+    here = Learner(learner_spec(**training), (4,), 2)
     here.global_timestep = 1000
     for batch in batches:
-        here.global_timestep += 40
         here.learn_on_batch(batch, keep=True)
+        here.global_timestep += 40  # counted when its first pass is reported
         here.learn_on_batch(batch)
     expected = here.get_weights()
     sent = process.learner.get_weights()
