@@ -210,6 +210,7 @@ def test_a_killed_learner_process_is_not_alive_and_its_state_request_says_why() 
     _wait_until(lambda: not process.is_alive())
     with pytest.raises(LearnerProcessError, match=r"exited \(code -9\)"):
         process.state_dict()
+    assert process.stopped_reason() == "the learner process was killed by SIGKILL (out of memory?)"
     process.stop()  # harmless on a dead process
     process.join(timeout=5)
 
@@ -234,3 +235,27 @@ def test_the_multi_device_thread_runs_in_the_process_too() -> None:
         assert process.learner.policy_version == 6 and process.error is None
     finally:
         _close(process)
+
+
+def test_shared_weights_keep_each_entrys_dtype_and_shape_in_one_buffer() -> None:
+    import multiprocessing
+
+    from impala_trainer.learning.learner_process import SharedWeights
+
+    state = {
+        "w": torch.arange(6, dtype=torch.float32).view(2, 3),
+        "steps": torch.tensor(7, dtype=torch.int64),  # a scalar buffer of another dtype
+        "odd": torch.ones(3, dtype=torch.float64),  # after 8 bytes: alignment matters
+        "empty": torch.zeros(0),
+        "t": torch.arange(4, dtype=torch.float32).view(2, 2).t(),  # not contiguous
+    }
+    weights = SharedWeights.for_state(state, multiprocessing.get_context("spawn").Lock())
+    assert weights.flat.is_shared()
+    for name, tensor in state.items():
+        weights.views[name].copy_(tensor)
+    # What the driver builds from the layout alone, over the same memory.
+    again = SharedWeights(weights.flat, weights.layout, weights.lock)
+    arrays = again.arrays()
+    for name, tensor in state.items():
+        assert arrays[name].dtype == tensor.numpy().dtype and arrays[name].shape == tensor.shape
+        np.testing.assert_array_equal(arrays[name], tensor.numpy())

@@ -87,8 +87,9 @@ class ImpalaDriver(Driver):
         if self.thread.error is not None:
             raise self.thread.error
         if not self.thread.is_alive():
-            where = "process" if isinstance(self.thread, LearnerProcess) else "thread"
-            raise RuntimeError(f"the learner {where} stopped")
+            if isinstance(self.thread, LearnerProcess):
+                raise RuntimeError(self.thread.stopped_reason())
+            raise RuntimeError("the learner thread stopped")
         self._drain_learner()
         self._feed_learner()
         # Parked actors go back to work the moment the learner queue takes the waiting batch,

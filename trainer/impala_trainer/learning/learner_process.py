@@ -13,9 +13,10 @@ learner: its policy version, its newest weights, its state on request.
 
 The process (`serve`) builds the learner with `make_learner_thread` on that inqueue (the same
 thread classes: numSgdIter, the minibatch buffer and the multi-GPU towers behave the same), runs
-the thread, and answers the driver's requests on its main thread. The updates go back with the
-newest weights and their policy version (`_Outbox`); the driver broadcasts the newest it has read,
-as it read the thread's live model before.
+the thread, and answers the driver's requests on its main thread. The updates go back on a pipe
+with their policy version (`_Outbox`); the weights go into a buffer both processes map
+(`SharedWeights`), from which the driver broadcasts the newest, as it read the thread's live model
+before: no pickling or piping of a CNN's megabytes after every update.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import contextlib
 import ctypes
 import logging
 import logging.handlers
+import math
 import multiprocessing
 import pickle
 import queue
@@ -80,14 +82,15 @@ class _Updates:
 class LearnerView:
     """What the driver reads from the learner in the process, as from a `Learner`."""
 
-    def __init__(self, owner: LearnerProcess, info: dict[str, Any]) -> None:
+    def __init__(self, owner: LearnerProcess, info: dict[str, Any], lock: Any) -> None:
         self._owner = owner
         self.device: str = info["device"]
         self.autocast_dtype: Any = info["autocast_dtype"]
         self._nbytes: int = info["weights_nbytes"]
         self.policy_version: int = info["policy_version"]
-        self.weights: bytes = info["weights"]
-        """The newest weights read from the process, pickled as `Learner.pickled_weights`."""
+        """Of the newest update read from the pipe (the shared weights may be a step newer, as
+        a live model read between two updates)."""
+        self.weights = SharedWeights(info["shared"], info["layout"], lock)
         self.global_timestep = 0
         """Sent to the process when it starts; from then on it counts the env steps it trains
         itself, the same number as the driver's counters."""
@@ -96,11 +99,12 @@ class LearnerView:
         return self._nbytes
 
     def pickled_weights(self) -> bytes:
-        return self.weights
+        with self.weights.lock:
+            return pickle.dumps(self.weights.arrays(), protocol=5)
 
     def get_weights(self) -> dict[str, Any]:
-        weights: dict[str, Any] = pickle.loads(self.weights)
-        return weights
+        with self.weights.lock:
+            return {k: v.copy() for k, v in self.weights.arrays().items()}
 
     def state_dict(self) -> dict[str, Any]:
         return self._owner.state_dict()
@@ -128,10 +132,12 @@ class LearnerProcess:
         self.inqueue.cancel_join_thread()
         self._out, child_out = ctx.Pipe(duplex=False)
         self._ctl, child_ctl = ctx.Pipe()
+        weights_lock = ctx.Lock()
         self._process = ctx.Process(
             target=serve,
             args=(spec, obs_shape, actions, seed, intra_op_threads,
-                  logging.getLogger().getEffectiveLevel(), self.inqueue, child_out, child_ctl),
+                  logging.getLogger().getEffectiveLevel(), self.inqueue, weights_lock,
+                  child_out, child_ctl),
             name="impala-learner",
             daemon=True,
         )  # fmt: skip
@@ -139,7 +145,7 @@ class LearnerProcess:
         child_out.close()
         child_ctl.close()
         info = self._reply("ready", READY_TIMEOUT_SECONDS)
-        self.learner = LearnerView(self, info)
+        self.learner = LearnerView(self, info, weights_lock)
         self.outqueue = _Updates(self)
         self.learner_queue_size = _QueueStats(info["queue_stats"])
         self._stats: dict[str, float] = info["stats"]
@@ -193,7 +199,7 @@ class LearnerProcess:
     def _on_message(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "updates":
-            _, updates, self.learner.policy_version, self.learner.weights = message
+            _, updates, self.learner.policy_version = message
             self.outqueue.pending.extend(updates)
         elif kind == "stats":
             _, self._stats, queue_stats = message
@@ -228,8 +234,7 @@ class LearnerProcess:
         if self._started:
             raise RuntimeError("a learner process loads a state only before it starts")
         self._ctl.send(("load", _dumps(state)))
-        version, weights = self._reply("loaded", REPLY_TIMEOUT_SECONDS)
-        self.learner.policy_version, self.learner.weights = version, weights
+        self.learner.policy_version = self._reply("loaded", REPLY_TIMEOUT_SECONDS)
 
     def _reply(self, kind: str, timeout: float) -> Any:
         deadline = time.monotonic() + timeout
@@ -247,6 +252,59 @@ class LearnerProcess:
 
     def _exited(self, when: str) -> str:
         return f"the learner process exited (code {self._process.exitcode}) {when}"
+
+    def stopped_reason(self) -> str:
+        """Why `is_alive()` is False, for the run's one-line failure message."""
+        code = self._process.exitcode
+        if code is None or code >= 0:
+            return f"the learner process stopped (exit code {code})"
+        name = signal.Signals(-code).name
+        # In a pod the kernel's OOM killer is what sends SIGKILL to one process of several.
+        hint = " (out of memory?)" if name == "SIGKILL" else ""
+        return f"the learner process was killed by {name}{hint}"
+
+
+class SharedWeights:
+    """The learner's state dict in one shared uint8 buffer (torch shared memory, mapped by the
+    learner process and the driver), as views of each entry's dtype and shape, under a
+    cross-process lock: the process writes a whole optimiser step's weights, the driver reads a
+    whole one."""
+
+    ALIGN = 64
+
+    def __init__(
+        self, flat: Any, layout: list[tuple[str, int, str, tuple[int, ...]]], lock: Any
+    ) -> None:
+        import torch
+
+        self.flat = flat
+        self.layout = layout
+        self.lock = lock
+        self.views: dict[str, Any] = {}
+        for name, offset, dtype, shape in layout:
+            dt = getattr(torch, dtype)
+            size = math.prod(shape) * torch.empty((), dtype=dt).element_size()
+            self.views[name] = flat[offset : offset + size].view(dt).view(shape)
+
+    @classmethod
+    def for_state(cls, state: dict[str, Any], lock: Any) -> SharedWeights:
+        """A buffer laid out for `state` (a model's state dict), in shared memory."""
+        import torch
+
+        layout: list[tuple[str, int, str, tuple[int, ...]]] = []
+        offset = 0
+        for name, tensor in state.items():
+            layout.append((name, offset, str(tensor.dtype).removeprefix("torch."),
+                           tuple(tensor.shape)))  # fmt: skip
+            size = tensor.numel() * tensor.element_size()
+            offset += -(-size // cls.ALIGN) * cls.ALIGN  # each view aligned for its dtype
+        flat = torch.zeros(max(offset, 1), dtype=torch.uint8)
+        flat.share_memory_()  # type: ignore[no-untyped-call]
+        return cls(flat, layout, lock)
+
+    def arrays(self) -> dict[str, Any]:
+        """numpy views of the entries (read them under `lock`)."""
+        return {name: view.numpy() for name, view in self.views.items()}
 
 
 # -- the process -------------------------------------------------------------------------------
@@ -275,12 +333,13 @@ class _Outbox:
     while it waits up to WAIT_SECONDS for room in the learner queue). With the learner thread
     writing the pipe itself, a full pipe stopped the learner until the driver's wait ran out: 50
     updates/s instead of ~500 at numSgdIter 4. Updates that waited together go as one message,
-    with the newest weights pickled once.
+    after the newest weights were written to the shared buffer once.
     """
 
     def __init__(self, out: Connection) -> None:
         self.learner: Any = None
-        """Set once built; only updates read it."""
+        self.weights: SharedWeights | None = None
+        """Both set once built; only updates read them."""
         self.out = out
         self._cond = threading.Condition()
         self._updates: list[tuple[int, dict[str, float]]] = []
@@ -324,14 +383,21 @@ class _Outbox:
                     messages, self._messages = self._messages, []
                     closed = self._closed
                 if updates:
-                    version, weights = self.learner.versioned_weights()
-                    self.out.send(("updates", updates, version, weights))
+                    version = publish(self.learner, self.weights)
+                    self.out.send(("updates", updates, version))
                 for message in messages:
                     self.out.send(message)
                 if closed and not (updates or messages):
                     return
         except OSError:  # the driver is gone
             return
+
+
+def publish(learner: Any, weights: Any) -> int:
+    """The learner's weights into the shared buffer; the policy version they are of."""
+    with weights.lock:
+        version: int = learner.write_weights(weights.views)
+        return version
 
 
 def _name_process(name: bytes) -> None:
@@ -349,6 +415,7 @@ def serve(
     intra_op_threads: int,
     log_level: int,
     inqueue: Any,
+    weights_lock: Any,
     out: Connection,
     ctl: Connection,
 ) -> None:
@@ -372,36 +439,40 @@ def serve(
         torch.manual_seed(seed)  # the same initial weights as a learner in the driver's process
         thread = make_learner_thread(spec, obs_shape, actions, inqueue=inqueue)
         learner = thread.learner
+        weights = SharedWeights.for_state(learner.model.state_dict(), weights_lock)
         ctl.send(("ready", {
             "device": str(learner.device),
             "autocast_dtype": learner.autocast_dtype,
             "weights_nbytes": learner.weights_nbytes(),
-            "policy_version": learner.policy_version,
-            "weights": learner.pickled_weights(),
+            "policy_version": publish(learner, weights),
+            "shared": weights.flat,  # goes as shared memory (torch's reductions), not a copy
+            "layout": weights.layout,
             "stats": thread.stats(),
             "queue_stats": thread.learner_queue_size.stats(),
         }))  # fmt: skip
     except BaseException as exc:
         ctl.send(("failed", _picklable(exc)))
         return
-    outbox.learner = learner
+    outbox.learner, outbox.weights = learner, weights
     thread.outqueue = outbox  # type: ignore[assignment]
-    _serve_requests(thread, learner, outbox, ctl)
+    _serve_requests(thread, learner, weights, outbox, ctl)
 
 
-def _answer(learner: Any, request: tuple[Any, ...]) -> tuple[str, Any]:
+def _answer(learner: Any, weights: SharedWeights, request: tuple[Any, ...]) -> tuple[str, Any]:
     """A state for a checkpoint, or a checkpoint's state loaded; ("failed", why) instead of the
     process's death when that raises (a checkpoint of another model, say)."""
     try:
         if request[0] == "state":
             return "state", _dumps(learner.state_dict())
         learner.load_state_dict(pickle.loads(request[1]))
-        return "loaded", (learner.policy_version, learner.pickled_weights())
+        return "loaded", publish(learner, weights)
     except Exception as exc:
         return "failed", _picklable(exc)
 
 
-def _serve_requests(thread: Any, learner: Any, outbox: _Outbox, ctl: Connection) -> None:
+def _serve_requests(
+    thread: Any, learner: Any, weights: SharedWeights, outbox: _Outbox, ctl: Connection
+) -> None:
     last_stats = time.monotonic()
     try:
         while True:
@@ -411,7 +482,7 @@ def _serve_requests(thread: Any, learner: Any, outbox: _Outbox, ctl: Connection)
                     learner.global_timestep = request[1]
                     thread.start()
                 elif request[0] in ("state", "load"):
-                    ctl.send(_answer(learner, request))
+                    ctl.send(_answer(learner, weights, request))
                 elif request[0] == "stop":
                     break
             if thread.is_alive() and time.monotonic() - last_stats >= STATS_SECONDS:
