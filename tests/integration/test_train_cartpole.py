@@ -311,6 +311,13 @@ def test_sigterm_stops_the_run_with_a_checkpoint_and_exit_130(tmp_path: Path) ->
     assert list((run / "checkpoints").iterdir()), "the run stopped without its final checkpoint"
 
 
+def _interruptible() -> None:
+    # A command a non-interactive shell starts in the background (as CI may run the suite)
+    # inherits SIGINT ignored, and Python then never raises KeyboardInterrupt: a terminal's
+    # process, which these tests stand for, has it at its default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_training(run: Path, *sets: str) -> subprocess.Popen[str]:
     """`impalajob train` of the example in a session of its own, until its first update."""
     args = [a for s in sets for a in ("--set", s)]
@@ -318,7 +325,7 @@ def _start_training(run: Path, *sets: str) -> subprocess.Popen[str]:
         [sys.executable, "-m", "impala_cli.main", "train", "-f", EXAMPLE, "--run-dir", str(run),
          "--set", "stop.episodeReturnMean=null", "--set", "stop.timeLimitSeconds=600", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+        preexec_fn=_interruptible, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
     )  # fmt: skip
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
