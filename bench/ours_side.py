@@ -56,7 +56,8 @@ def learner_only(
     seconds: float,
     warmup_s: float,
 ) -> dict[str, Any]:
-    """Samples/s of our learner thread fed one pre-built batch as fast as its inqueue takes it.
+    """Samples/s of our learner thread fed one pre-built batch as fast as its inqueue takes it
+    (`learner.process: separate`: the learner process, each batch pickled through its queue).
 
     samples/s = optimiser updates/s x batch env steps / numSgdIter, i.e. env steps of *new* train
     batches consumed per second (each is trained on numSgdIter times).
@@ -69,7 +70,15 @@ def learner_only(
     t = spec.training
     b = t.train_batch_size // t.rollout_fragment_length
     batch = synthetic_batch(t.rollout_fragment_length, b, obs_shape, num_actions, dtype)
-    thread = make_learner_thread(spec, obs_shape, num_actions)
+    thread: Any
+    if spec.learner.process == "separate":  # the learner in a process of its own, as a run has it
+        import torch
+
+        from impala_trainer.learning.learner_process import LearnerProcess
+
+        thread = LearnerProcess(spec, obs_shape, num_actions, 0, torch.get_num_threads())
+    else:
+        thread = make_learner_thread(spec, obs_shape, num_actions)
     thread.start()
     updates = 0
     start = time.perf_counter()

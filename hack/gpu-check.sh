@@ -9,9 +9,10 @@
 # learner and its threads run without Ray.
 #
 #   CASES="cnn-rllib cnn-fp32" bash hack/gpu-check.sh      # a subset; the default runs them all
+#   CASES=none TESTS=tests/unit/trainer/test_learner_cuda.py bash hack/gpu-check.sh  # tests only
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-check}
-CASES=${CASES:-cpu cuda cuda-stacks cnn4k-cpu cnn4k-cuda cnn-rllib cnn-fp32 cnn4k-rllib}
+CASES=${CASES:-cpu cuda cuda-stacks cnn4k-cpu cnn4k-cuda cnn-cuda cnn-cuda-separate cnn-rllib cnn-fp32 cnn4k-rllib}
 mkdir -p "$OUT"
 tag=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 if [ -f ".whl/site-$tag.tar.xz" ]; then
@@ -30,10 +31,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())' \
   | tee -a "$OUT/gpu.txt"
 
-python3 -m pytest -q -p no:cacheprovider -rs \
-  tests/unit/trainer/test_learner_cuda.py tests/unit/trainer/test_learner.py \
-  tests/unit/trainer/test_learner_thread.py tests/unit/trainer/test_multi_gpu_learner_thread.py \
-  tests/unit/trainer/test_losses.py tests/unit/trainer/test_vtrace.py 2>&1 | tee "$OUT/pytest.log" \
+t=tests/unit/trainer
+TESTS=${TESTS:-$t/test_learner_cuda.py $t/test_learner.py $t/test_learner_thread.py \
+$t/test_multi_gpu_learner_thread.py $t/test_learner_process.py $t/test_losses.py $t/test_vtrace.py}
+# shellcheck disable=SC2086  # TESTS is a list of paths
+python3 -m pytest -q -p no:cacheprovider -rs --durations=5 $TESTS 2>&1 | tee "$OUT/pytest.log" \
   | tail -15
 
 seconds=${SECONDS_PER_CASE:-6}
@@ -56,6 +58,9 @@ bench cuda-stacks ours "${gpu[@]}" --set training.numMultiGpuTowerStacks=2
 # A GPU learner's usual batch.
 bench cnn4k-cpu ours --models cnn --set training.trainBatchSize=4000
 bench cnn4k-cuda ours --models cnn --set training.trainBatchSize=4000 "${gpu[@]}"
+# The example's CNN batch on cuda:0, the learner in the driver's process and in its own.
+bench cnn-cuda ours --models cnn "${gpu[@]}"
+bench cnn-cuda-separate ours --models cnn "${gpu[@]}" --set learner.process=separate
 # Against RLlib's old-stack LearnerThread and new-stack Learner on the same GPU (float32 there).
 bench cnn-rllib ours,rllib_old,rllib --models cnn "${gpu[@]}"
 bench cnn-fp32 ours --models cnn "${gpu[@]}" --set learner.precision=float32

@@ -160,28 +160,35 @@ def test_the_learner_threads_train_every_batch_on_cuda(stacks: int) -> None:
 
 @pytest.mark.parametrize("stacks", [1, 2], ids=["learner-thread", "multi-gpu-thread"])
 def test_a_learner_process_trains_on_cuda(stacks: int) -> None:
-    """learner.process: separate with a GPU: CUDA initialised in the spawned process."""
-    spec = learner_spec(learner={"gpus": 1}, numMultiGpuTowerStacks=stacks, numSgdIter=2)
-    process = LearnerProcess(spec, (4,), 2, seed=0, intra_op_threads=1)
+    """learner.process: separate with a GPU: CUDA initialised in the spawned process, the frames
+    copied to the device from the shared-memory slots they came in (learning/batch_slots.py)."""
+    training = {"numMultiGpuTowerStacks": stacks, "numSgdIter": 2}
+    spec = make_spec(CNN, training=training, learner={"gpus": 1})
+    process = LearnerProcess(spec, CNN_OBS, 6, seed=0, intra_op_threads=1)
     try:
         assert process.learner.device.startswith("cuda")
         process.start()
-        batches = [make_batch(T=6, B=4, seed=i) for i in range(3)]
+        # An even number: with two stacks the passes alternate between them (RLlib's
+        # MinibatchBuffer), so a third batch's second pass waits for a fourth batch (a lent H200
+        # ran 3 batches here and got 5 updates, not 6).
+        batches = [cnn_batch(seed=i) for i in range(4)]
         for b in batches:
             process.inqueue.put(b, timeout=10)
         got: list[tuple[int, dict[str, float]]] = []
         deadline = time.monotonic() + 120
-        while len(got) < 6 and time.monotonic() < deadline:
+        while len(got) < 8 and time.monotonic() < deadline:
             try:
                 got.append(process.outqueue.get_nowait())
             except queue.Empty:
                 time.sleep(0.01)
         assert sum(steps for steps, _ in got) == sum(b.env_steps for b in batches)
-        assert process.learner.policy_version == 6 and process.error is None
+        assert all(np.isfinite(s["total_loss"]) for _, s in got)
+        assert process.learner.policy_version == 8 and process.error is None
+        assert process.inqueue.flat is not None  # the frames went through the slots
     finally:
         process.stop()
         process.join(timeout=60)
-    assert process.state_dict()["policy_version"] == 6
+    assert process.state_dict()["policy_version"] == 8
 
 
 def test_checkpoints_move_between_a_gpu_and_a_cpu_learner(tmp_path) -> None:

@@ -32,8 +32,8 @@ def single_torch_thread() -> Iterator[None]:
         yield
 
 
-def _process(**training: Any) -> LearnerProcess:
-    return LearnerProcess(learner_spec(**training), (4,), 2, SEED, intra_op_threads=1)
+def _process(obs_shape: tuple[int, ...] = (4,), **training: Any) -> LearnerProcess:
+    return LearnerProcess(learner_spec(**training), obs_shape, 2, SEED, intra_op_threads=1)
 
 
 def _wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
@@ -63,12 +63,21 @@ def _close(process: LearnerProcess) -> None:
     assert not process.is_alive()
 
 
-def test_updates_weights_and_state_come_back_as_from_a_learner_in_the_driver() -> None:
-    batches = [make_batch(seed=i) for i in range(3)]
+@pytest.mark.parametrize(
+    "obs_shape",
+    # Small batches go pickled through the queue; observations of 16 KiB and more go through
+    # shared-memory slots (learning/batch_slots.py).
+    [(4,), (512,)],
+    ids=["pickled", "slots"],
+)
+def test_updates_weights_and_state_come_back_as_from_a_learner_in_the_driver(
+    obs_shape: tuple[int, ...],
+) -> None:
+    batches = [make_batch(obs_shape=obs_shape, seed=i) for i in range(3)]
     # A rate that falls with the env steps trained: equal weights below also mean the process
     # kept the schedules' clock as the driver does.
     training = {"numSgdIter": 2, "lrSchedule": [[0, 0.01], [2000, 0.0]]}
-    process = _process(**training)
+    process = _process(obs_shape, **training)
     try:
         assert process.learner.policy_version == 0 and process.learner.weights_nbytes() > 0
         process.learner.global_timestep = 1000  # a resumed run's trained steps
@@ -88,7 +97,7 @@ def test_updates_weights_and_state_come_back_as_from_a_learner_in_the_driver() -
         _close(process)
     # The same seed and batches in a learner here: the same initial weights, the same updates.
     torch.manual_seed(SEED)
-    here = Learner(learner_spec(**training), (4,), 2)
+    here = Learner(learner_spec(**training), obs_shape, 2)
     here.global_timestep = 1000
     for batch in batches:
         here.learn_on_batch(batch, keep=True)

@@ -6,7 +6,8 @@ back: CartPole's example measured 3.1 ms of wall time per update against 1.4 ms 
 actors waited on a driver that waited on the GIL (docs/benchmarks.md, 1a).
 
 `LearnerProcess` offers the driver what it uses of a learner thread: `inqueue` (a multiprocessing
-queue of learnerQueueSize, so `put_nowait` raises queue.Full as before), `outqueue`
+queue of learnerQueueSize, so `put_nowait` raises queue.Full as before; large arrays go through
+shared-memory slots, learning/batch_slots.py), `outqueue`
 (`get_nowait` -> (env_steps, stats)), `stats()`, `learner_queue_size.stats()`, `error`,
 `start/stop/join/is_alive`, and `learner`, a `LearnerView` of what the driver reads from a
 learner: its policy version, its newest weights, its state on request.
@@ -34,10 +35,14 @@ import threading
 import time
 from collections import deque
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, cast
 
 from impala_api.spec import ImpalaJobSpec
+from impala_trainer.learning.batch_slots import SlotQueue, SlotReader, slot_count
 from impala_trainer.learning.distributions import ActionDistribution
+from impala_trainer.learning.learner_thread import BatchQueue
+from impala_trainer.learning.threads import batches_held_by_learner, make_learner_thread
+from impala_trainer.node.allocator import keep_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -127,16 +132,16 @@ class LearnerProcess:
         # spawn, not fork: the driver holds Ray's threads and sockets, which a fork would copy
         # half-alive.
         ctx = multiprocessing.get_context("spawn")
-        self.inqueue: Any = ctx.Queue(maxsize=spec.training.learner_queue_size)
-        # A batch still in the queue's pipe when the run ends is not worth waiting for.
-        self.inqueue.cancel_join_thread()
+        # Batches go through shared-memory slots (learning/batch_slots.py), not the pipe.
+        size = spec.training.learner_queue_size
+        self.inqueue = SlotQueue(ctx, size, slot_count(size, batches_held_by_learner(spec)))
         self._out, child_out = ctx.Pipe(duplex=False)
         self._ctl, child_ctl = ctx.Pipe()
         weights_lock = ctx.Lock()
         self._process = ctx.Process(
             target=serve,
             args=(spec, obs_shape, actions, seed, intra_op_threads,
-                  logging.getLogger().getEffectiveLevel(), self.inqueue, weights_lock,
+                  logging.getLogger().getEffectiveLevel(), self.inqueue.reader_args(), weights_lock,
                   child_out, child_ctl),
             name="impala-learner",
             daemon=True,
@@ -414,7 +419,7 @@ def serve(
     seed: int,
     intra_op_threads: int,
     log_level: int,
-    inqueue: Any,
+    inqueue: tuple[Any, Any, Any],
     weights_lock: Any,
     out: Connection,
     ctl: Connection,
@@ -426,6 +431,10 @@ def serve(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _name_process(b"impala-learner")
+    # As the driver's process does before its learner thread (node/allocator.py): a spawned
+    # process starts with glibc's defaults again, which return a CNN update's large buffers to
+    # the kernel and fault them in again on the next update.
+    keep_freed_memory()
     outbox = _Outbox(out)
     root = logging.getLogger()
     root.handlers = [logging.handlers.QueueHandler(outbox)]  # type: ignore[arg-type]
@@ -433,11 +442,11 @@ def serve(
     try:
         import torch
 
-        from impala_trainer.learning.threads import make_learner_thread
-
         torch.set_num_threads(intra_op_threads)
         torch.manual_seed(seed)  # the same initial weights as a learner in the driver's process
-        thread = make_learner_thread(spec, obs_shape, actions, inqueue=inqueue)
+        # The thread only gets from its inqueue: the driver puts into the SlotQueue end.
+        reader = cast(BatchQueue, SlotReader(*inqueue))
+        thread = make_learner_thread(spec, obs_shape, actions, inqueue=reader)
         learner = thread.learner
         weights = SharedWeights.for_state(learner.model.state_dict(), weights_lock)
         ctl.send(("ready", {

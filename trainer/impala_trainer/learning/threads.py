@@ -31,6 +31,25 @@ def _take_intra_op_threads() -> int:
     return _process_threads
 
 
+def uses_multi_gpu_thread(spec: ImpalaJobSpec) -> bool:
+    """Several devices (gpus > 1 or fakeDevices > 0), or one GPU with several tower stacks."""
+    gpus = spec.learner.gpus
+    return (
+        gpus > 1
+        or spec.learner.fake_devices > 0
+        or (gpus == 1 and spec.training.num_multi_gpu_tower_stacks > 1)
+    )
+
+
+def batches_held_by_learner(spec: ImpalaJobSpec) -> int:
+    """How many batches the learner thread may hold out of its inqueue at once: the minibatch
+    buffer's, or one per loader thread waiting for an idle tower stack."""
+    t = spec.training
+    if uses_multi_gpu_thread(spec):
+        return t.num_gpu_loader_threads
+    return t.minibatch_buffer_size
+
+
 def make_learner_thread(
     spec: ImpalaJobSpec,
     obs_shape: tuple[int, ...],
@@ -53,12 +72,7 @@ def make_learner_thread(
     threads = _take_intra_op_threads()
 
     t, gpus = spec.training, spec.learner.gpus
-    multi = (
-        gpus > 1
-        or spec.learner.fake_devices > 0
-        or (gpus == 1 and t.num_multi_gpu_tower_stacks > 1)
-    )
-    if multi:
+    if uses_multi_gpu_thread(spec):
         return MultiGPULearnerThread(
             MultiDeviceLearner(spec, obs_shape, actions),
             num_sgd_iter=t.num_sgd_iter,
