@@ -30,7 +30,7 @@ from cluster.s3 import S3Server
 from impala_api.names import STATUS_ACCESS_LABEL
 from impala_api.roles import STATUS_PORT, RayPorts
 from tests.support import queues
-from tests.support.jobs import EXAMPLES, example_manifest, static_volume
+from tests.support.jobs import EXAMPLES, example_documents, example_manifest, static_volume
 
 from .conftest import REAL_NODE_REPORT
 
@@ -352,6 +352,36 @@ def test_a_job_image_built_from_the_product_image_trains(real_kube: Kube, operat
         assert progress["bestCheckpoint"] == "checkpoints/best"
         images = {c["image"] for p in kube.pods(ns) for c in p["spec"]["containers"]}
         assert images == {"my-impala:0.1.0"}, images
+
+
+def test_a_learner_process_trains_on_pong_frames_in_a_real_pod(
+    real_kube: Kube, operator: None
+) -> None:
+    """`learner.process: separate` in a learner pod: the spawned process, its semaphores and the
+    frames' shared-memory slots in the pod's /dev/shm (a memory-backed emptyDir), as its user."""
+    kube = real_kube
+    with kube.namespace("pongsep") as ns, diagnosed(kube, ns):
+        (claim,) = [d for d in example_documents("pong") if d["kind"] == "PersistentVolumeClaim"]
+        claim["metadata"]["namespace"] = ns
+        manifest = example_manifest(
+            "pong", name="pong", namespace=ns, learner={"process": "separate"},
+            rollouts={"minReplicas": 1, "maxReplicas": 1}, stop={"timeLimitSeconds": 30},
+        )  # fmt: skip
+        t0 = time.monotonic()
+        kube.apply(claim)
+        kube.apply(manifest)
+        st = wait_finished(kube, ns, "pong", timeout=600)
+        steps = int((st.get("progress") or {}).get("timesteps") or 0)
+        log(f"pong, learner process: {st['phase']} {time.monotonic() - t0:.0f} s after apply; "
+            f"{steps} env steps")  # fmt: skip
+        assert st["phase"] == "Succeeded", diagnose(kube, ns)
+        results = provisioned_path(kube, ns, manifest["spec"]["checkpoint"]["volumeClaim"])
+        trainer_log = (results / "trainer.log").read_text()
+        assert "in a process of its own" in trainer_log, trainer_log[-3000:]
+        assert "shared-memory slots" in trainer_log, trainer_log[-3000:]
+        # Trained, not only sampled: the learner process took the batches out of the slots.
+        last = json.loads((results / "history.jsonl").read_text().splitlines()[-1])
+        assert last["learner_updates"] > 0 and last["env_steps"] > 0, last
 
 
 # ---- faults on the real node --------------------------------------------------------------------

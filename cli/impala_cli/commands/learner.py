@@ -85,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
     if not resume and run_dir.has_previous_run():
         run_dir.clear()  # no --resume, or nothing to resume from: a fresh run
     run_dir.prepare(job)
+    # The run's log on the claim beside its results, as a local run writes it, and in the pod's
+    # log: the learner's device and precision, membership, checkpoints, warnings.
+    run_dir.log_to_file(also_stderr=True)
 
     # Before any thread starts: the learner's large per-update tensors reuse freed memory.
     keep_freed_memory()

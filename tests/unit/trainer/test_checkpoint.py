@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -115,6 +116,33 @@ def test_run_dir_writes_config_status_history_summary(tmp_path: Path) -> None:
     ]  # fmt: skip
     run.clear()
     assert not run.has_previous_run() and not run.history_file.exists()
+
+
+def test_the_run_log_goes_to_its_own_directory_and_a_pods_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """trainer.log beside the results; in a learner pod also stderr (`kubectl logs`); a second
+    run in the same process logs to its own directory only."""
+    log = logging.getLogger("impala_trainer.driver.impala")
+    first, second = RunDir(tmp_path / "a"), RunDir(tmp_path / "b")
+    try:
+        for run in (first, second):
+            run.path.mkdir()
+        first.log_to_file()
+        log.info("first run")
+        second.log_to_file(also_stderr=True)
+        log.info("learner on cpu, in a process of its own")
+        assert "learner on cpu" in capsys.readouterr().err
+        assert "first run" in (first.path / "trainer.log").read_text()
+        assert "learner on cpu" not in (first.path / "trainer.log").read_text()
+        assert "learner on cpu" in (second.path / "trainer.log").read_text()
+    finally:
+        parent = logging.getLogger("impala_trainer")
+        for handler in list(parent.handlers):
+            parent.removeHandler(handler)
+            handler.close()
+        parent.propagate = True
+        parent.setLevel(logging.NOTSET)
 
 
 def test_checkpoints_at_a_claims_root_are_adopted(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import logging
 import math
 import queue
 import threading
@@ -33,6 +34,8 @@ from typing import Any
 import numpy as np
 
 from impala_trainer.batches import TrainBatch
+
+logger = logging.getLogger(__name__)
 
 MIN_SLOT_BYTES = 16 * 1024
 """Arrays smaller than this go pickled with the message: a CartPole batch's are all smaller, and
@@ -107,6 +110,11 @@ class SlotQueue:
         self.slot_bytes = _aligned(math.ceil(needed * SLOT_HEADROOM))
         self.flat = torch.zeros(self.count * self.slot_bytes, dtype=torch.uint8)
         self.flat.share_memory_()
+        # /dev/shm holds them (in a pod, its memory-backed emptyDir, counted as the pod's memory).
+        logger.info(
+            "batches to the learner process through %d shared-memory slots of %.1f MiB",
+            self.count, self.slot_bytes / 2**20,
+        )  # fmt: skip
 
     def _write(
         self, index: int, batch: TrainBatch, large: list[tuple[str, np.ndarray]]

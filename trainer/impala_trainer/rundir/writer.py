@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -34,6 +35,8 @@ from impala_trainer.rundir.checkpoint import list_checkpoints
 from impala_trainer.rundir.tensorboard import TENSORBOARD_DIR, EventFileWriter
 
 LOG_FILE = "trainer.log"
+_RUN_LOG = "impala_run_log"
+"""Marks the handlers `log_to_file` installed."""
 MAX_VIDEOS = 20
 """Evaluation videos kept in videos/ (a Pong episode's is about a megabyte)."""
 """The trainer's log (actor failures, tracebacks); the console only gets progress and a reason."""
@@ -163,13 +166,24 @@ class RunDir:
         self._last_history = now
         return True
 
-    def log_to_file(self) -> None:
-        """Send the `impala_trainer` loggers to trainer.log in this directory (appending)."""
-        handler = logging.FileHandler(self.path / LOG_FILE)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    def log_to_file(self, also_stderr: bool = False) -> None:
+        """Send the `impala_trainer` loggers to trainer.log in this directory (appending), and
+        to stderr with `also_stderr` (a pod's log, which `kubectl logs` reads)."""
+        handlers: list[logging.Handler] = [logging.FileHandler(self.path / LOG_FILE)]
+        if also_stderr:
+            handlers.append(logging.StreamHandler(sys.stderr))
         log = logging.getLogger("impala_trainer")
+        # A second run in the same process (tests, notebooks) logs to its own directory only.
+        for old in [h for h in log.handlers if getattr(h, _RUN_LOG, False)]:
+            log.removeHandler(old)
+            old.close()
         log.setLevel(logging.INFO)
-        log.addHandler(handler)
+        for handler in handlers:
+            handler.setFormatter(
+                logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+            )
+            setattr(handler, _RUN_LOG, True)
+            log.addHandler(handler)
         log.propagate = False
 
     def write_summary(self, summary: Summary) -> None:
