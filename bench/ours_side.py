@@ -57,7 +57,7 @@ def learner_only(
     warmup_s: float,
 ) -> dict[str, Any]:
     """Samples/s of our learner thread fed one pre-built batch as fast as its inqueue takes it
-    (`learner.process: separate`: the learner process, each batch pickled through its queue).
+    (`learner.process: separate`: the learner process, fed through its inqueue as a run feeds it).
 
     samples/s = optimiser updates/s x batch env steps / numSgdIter, i.e. env steps of *new* train
     batches consumed per second (each is trained on numSgdIter times).

@@ -16,7 +16,8 @@ import torch
 
 from impala_trainer.batches import TrainBatch
 from impala_trainer.learning.batch_slots import MIN_SLOT_BYTES, SlotQueue, SlotReader, slot_count
-from tests.support.learner import make_batch
+from impala_trainer.learning.threads import batches_held_by_learner
+from tests.support.learner import learner_spec, make_batch
 
 FRAMES = (4, 84, 84)
 
@@ -138,6 +139,13 @@ def test_the_queue_bound_holds_with_free_slots() -> None:
 
 def test_slot_count_covers_a_full_queue_and_what_the_learner_holds() -> None:
     assert slot_count(learner_queue_size=8, held_by_learner=1) == 11
+    # The learner thread holds its minibatch buffer's batches; the multi-GPU thread one per
+    # loader thread waiting for a stack and one per loaded stack.
+    assert batches_held_by_learner(learner_spec(minibatchBufferSize=4)) == 4
+    multi = learner_spec(
+        learner={"fakeDevices": 2}, numMultiGpuTowerStacks=2, numGpuLoaderThreads=3
+    )
+    assert batches_held_by_learner(multi) == 5
 
 
 def test_a_batch_read_before_the_buffer_it_lives_in_waits_for_it() -> None:

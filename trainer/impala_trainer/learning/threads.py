@@ -43,10 +43,11 @@ def uses_multi_gpu_thread(spec: ImpalaJobSpec) -> bool:
 
 def batches_held_by_learner(spec: ImpalaJobSpec) -> int:
     """How many batches the learner thread may hold out of its inqueue at once: the minibatch
-    buffer's, or one per loader thread waiting for an idle tower stack."""
+    buffer's, or one per loader thread waiting for an idle tower stack and one per stack (a CPU
+    tower's buffer may be a view of the batch it loaded)."""
     t = spec.training
     if uses_multi_gpu_thread(spec):
-        return t.num_gpu_loader_threads
+        return t.num_gpu_loader_threads + t.num_multi_gpu_tower_stacks
     return t.minibatch_buffer_size
 
 
