@@ -217,7 +217,8 @@ class StatusSnapshot(Snap):
     """The latest evaluation (spec.evaluation), None before the first."""
     stop: StopProgress = Field(default_factory=StopProgress)
     policy_lag_mean: float = 0.0
-    """Mean learner-version minus behaviour-version of trained batches (off-policy lag)."""
+    """Mean learner-version minus behaviour-version of trained batches (off-policy lag), taken
+    at each batch's first update: the time it waited in the learner queue counts."""
 
 
 class HistoryPoint(Snap):

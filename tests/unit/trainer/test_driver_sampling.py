@@ -24,6 +24,7 @@ from impala_trainer.batches import Fragment, FragmentMeta
 from impala_trainer.driver.impala import ImpalaDriver
 from impala_trainer.driver.launch import Wiring, build_driver
 from impala_trainer.driver.local_backend import LocalActor, LocalBackend, LocalRef
+from impala_trainer.learning.learner_thread import POLICY_LAG
 from impala_trainer.rollouts.worker import RolloutWorker
 from impala_trainer.rundir.writer import RunDir
 
@@ -204,6 +205,19 @@ def test_schedules_run_on_env_steps_trained_not_sampled(tmp_path: Path) -> None:
     driver._drain_learner()
     assert driver.learner.global_timestep == driver.stats.counters.num_env_steps_trained == 32
     assert driver.learner.lr_schedule(driver.learner.global_timestep) == 5e-4
+
+
+def test_policy_lag_is_the_learners_at_a_batchs_first_update(tmp_path: Path) -> None:
+    """The lag the status reports is taken when the learner trains on a batch, so the time a
+    batch waited in a full learner queue counts; the driver's enqueue records none."""
+    driver, _, _ = _driver(tmp_path, _job())
+    driver._step()  # two batches into the learner queue
+    assert driver.stats.policy_lag_mean == 0.0
+    driver.thread.outqueue.put((32, {POLICY_LAG: 0.0}))
+    driver.thread.outqueue.put((0, {}))  # a second pass reports no lag
+    driver.thread.outqueue.put((32, {POLICY_LAG: 2.0}))
+    driver._drain_learner()
+    assert driver.stats.policy_lag_mean == 1.0
 
 
 def test_broadcast_weights_ride_on_each_actors_next_sample_request(

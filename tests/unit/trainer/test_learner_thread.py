@@ -11,7 +11,11 @@ import pytest
 
 from impala_trainer.batches import TrainBatch
 from impala_trainer.learning.learner import Learner, MultiDeviceLearner
-from impala_trainer.learning.learner_thread import LearnerStarvedError, LearnerThread
+from impala_trainer.learning.learner_thread import (
+    POLICY_LAG,
+    LearnerStarvedError,
+    LearnerThread,
+)
 from impala_trainer.learning.minibatch_buffer import MinibatchBuffer
 from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
 from impala_trainer.learning.threads import make_learner_thread
@@ -33,12 +37,14 @@ class CountingLearner:
         self.seen: list[int] = []
         self.kept: list[bool] = []
         self.fail_after = fail_after
+        self.policy_version = 0
 
     def learn_on_batch(self, batch: TrainBatch, keep: bool = False) -> dict[str, float]:
         if self.fail_after is not None and len(self.seen) >= self.fail_after:
             raise FloatingPointError("loss is nan")
         self.seen.append(id(batch))
         self.kept.append(keep)
+        self.policy_version += 1
         return {"total_loss": float(len(self.seen))}
 
 
@@ -77,6 +83,25 @@ def test_each_batch_is_replayed_num_sgd_iter_times_with_steps_counted_once() -> 
     assert [steps for steps, _ in out] == [10, 0, 0, 15, 0, 0, 20, 0, 0]
     assert [s["total_loss"] for _, s in out] == list(range(1, 10))
     assert thread.num_steps == 9 and thread.error is None
+
+
+def test_a_batchs_first_update_reports_its_policy_lag_with_the_queue_wait() -> None:
+    # Three batches sampled by policy 0 (columns by versions 0 and 2 for the last), queued
+    # together: each waited while the learner made numSgdIter updates on the ones before it,
+    # which the lag counts (the IMPALA paper's policy lag, at the update).
+    learner = CountingLearner()
+    thread = LearnerThread(
+        learner, 1, num_sgd_iter=2, learner_queue_size=8, learner_queue_timeout=30
+    )
+    batches = [make_batch(T=3, B=2, seed=i) for i in range(3)]
+    batches[2].policy_versions[:] = [0, 2]
+    for b in batches:
+        thread.inqueue.put(b)
+    thread.start()
+    out = drain(thread, 6)
+    stop(thread)
+    assert [s.get(POLICY_LAG) for _, s in out] == [0.0, None, 2.0, None, 3.0, None]
+    assert POLICY_LAG not in thread.learner_info  # the stats of the update itself are unchanged
 
 
 def test_minibatch_buffer_interleaves_slots() -> None:

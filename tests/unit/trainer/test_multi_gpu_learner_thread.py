@@ -11,6 +11,7 @@ import torch
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.learning.learner import Learner, MultiDeviceLearner
 from impala_trainer.learning.losses import model_inputs
+from impala_trainer.learning.learner_thread import POLICY_LAG
 from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
 from tests.support.learner import learner_spec, make_batch, one_torch_thread
 
@@ -49,6 +50,10 @@ def test_processes_every_batch_with_two_towers_two_stacks_two_loaders() -> None:
     assert all(not t.is_alive() for t in thread.loader_threads)
     assert sum(steps for steps, _ in out) == sum(b.env_steps for b in batches)
     assert sum(1 for steps, _ in out if steps) == 6  # steps reported on first passes only
+    # Every batch was sampled by policy 0: a first pass's lag is the updates made before it.
+    lags = [s[POLICY_LAG] for steps, s in out if steps]
+    assert lags == sorted(lags) and lags[0] in (0.0, 1.0) and lags[-1] <= 11.0
+    assert all(POLICY_LAG not in s for steps, s in out if not steps)
     assert learner.policy_version == 12
     assert stats["learner_load_time_ms"] > 0.0
     # every stack went back to idle

@@ -24,7 +24,6 @@ import time
 from collections import deque
 from typing import Any
 
-import numpy as np
 import torch
 
 from impala_api.spec import ImpalaJob
@@ -35,7 +34,7 @@ from impala_trainer.driver.base import WAIT_SECONDS, Driver
 from impala_trainer.driver.ledger import Ledger
 from impala_trainer.learning.learner import LearnerState
 from impala_trainer.learning.learner_process import LearnerProcess
-from impala_trainer.learning.learner_thread import LearnerThread
+from impala_trainer.learning.learner_thread import POLICY_LAG, LearnerThread
 from impala_trainer.learning.threads import make_learner_thread
 from impala_trainer.rollouts.aggregation import Aggregator
 from impala_trainer.rundir.writer import RunDir
@@ -144,8 +143,6 @@ class ImpalaDriver(Driver):
         self._head_counted_full = False
         if batch.replayed:
             self.stats.counters.replayed_batches += 1
-        version = self.learner.policy_version
-        self.stats.add_policy_lag(float(version - np.mean(batch.policy_versions)))
 
     def _wait_on_learner(self) -> None:
         # The learner is the bottleneck: block on its queue, not on the actors.
@@ -320,6 +317,9 @@ class ImpalaDriver(Driver):
             c.num_env_steps_trained += env_steps
             c.learner_updates += 1
             updates += 1
+            lag = stats.pop(POLICY_LAG, None)
+            if lag is not None:  # a batch's first update: its lag includes the learner queue
+                self.stats.add_policy_lag(lag)
             self.stats.add_learner_stats(stats)
         # Schedules run on env steps trained, the clock of RLlib's old stack (its global_vars
         # "timestep" is NUM_AGENT_STEPS_TRAINED): a backlog in the queue does not decay them.

@@ -2,8 +2,8 @@
 
 Ray calls stay on the driver's main thread; this thread only moves batches from `inqueue`
 through a MinibatchBuffer into `learner.learn_on_batch` and reports (env_steps, stats) on
-`outqueue`. The driver counts `queue.Full` from `inqueue.put_nowait` as
-num_times_learner_queue_full.
+`outqueue`; a batch's first update adds its policy lag to the stats (POLICY_LAG). The driver
+counts `queue.Full` from `inqueue.put_nowait` as num_times_learner_queue_full.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from impala_trainer.learning.minibatch_buffer import BufferItem, ItemQueue, Mini
 logger = logging.getLogger(__name__)
 
 STATS_WINDOW = 50
+POLICY_LAG = "policy_lag"
+"""Key of the first update of a batch's stats on `outqueue`: the updates the learner had made
+since the policy that sampled it (the IMPALA paper's policy lag, queue wait included)."""
 # How often a waiting thread wakes to notice stop(); short so shutdown never lags.
 POLL_SECONDS = 0.1
 
@@ -101,6 +104,11 @@ class WindowStat:
             f"{n}_std": float(values.std()),
             f"{n}_quantiles": [float(q) for q in np.percentile(values, self.QUANTILES)],
         }
+
+
+def sampled_version(batch: TrainBatch) -> float:
+    """The policy version that sampled `batch` (the mean over its columns)."""
+    return float(np.mean(batch.policy_versions))
 
 
 def starved_message(timeout: float) -> str:
@@ -182,10 +190,11 @@ class LearnerThread(threading.Thread):
         """Wait for the next batch (or pass over a buffered one), learn, report."""
         got = self._wait_for(self.minibatch_buffer)
         start = time.perf_counter()
+        lag = self.learner.policy_version - sampled_version(got.item) if got.first_pass else None
         # The batch's device tensors and prepared observations stay with the learner until its
         # last pass.
         stats = self.learner.learn_on_batch(got.item, keep=not got.released)
-        self._record_update(start, got.item.env_steps if got.first_pass else 0, stats)
+        self._record_update(start, got.item.env_steps if got.first_pass else 0, stats, lag)
 
     def _wait_for(self, buffer: MinibatchBuffer[Any]) -> BufferItem[Any]:
         """buffer.get(), polling so stop() is noticed; raises LearnerStarvedError at the timeout."""
@@ -208,13 +217,15 @@ class LearnerThread(threading.Thread):
             self.queue_timer.push(waited)
             self._waits.append(waited)
 
-    def _record_update(self, start: float, env_steps: int, stats: dict[str, float]) -> None:
+    def _record_update(
+        self, start: float, env_steps: int, stats: dict[str, float], lag: float | None = None
+    ) -> None:
         busy = time.perf_counter() - start
         self.grad_timer.push(busy)
         self._busy.append(busy)
         self.learner_info = stats
         self.num_steps += 1
-        self.outqueue.put((env_steps, stats))
+        self.outqueue.put((env_steps, stats if lag is None else {**stats, POLICY_LAG: lag}))
         self.learner_queue_size.push(self.inqueue.qsize())
 
     def idle_fraction(self) -> float:

@@ -19,7 +19,12 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from impala_trainer.learning.learner_thread import POLL_SECONDS, BatchQueue, LearnerThread
+from impala_trainer.learning.learner_thread import (
+    POLL_SECONDS,
+    BatchQueue,
+    LearnerThread,
+    sampled_version,
+)
 from impala_trainer.learning.minibatch_buffer import MinibatchBuffer
 
 if TYPE_CHECKING:
@@ -61,6 +66,9 @@ class MultiGPULearnerThread(LearnerThread):
         self.ready_tower_stacks: queue.Queue[int] = queue.Queue()
         for index in range(num_multi_gpu_tower_stacks):
             self.idle_tower_stacks.put(index)
+        # Per loaded stack, the version that sampled its batch, for the policy lag at the
+        # stack's first pass.
+        self._sampled_version: dict[int, float] = {}
         # One slot per stack, as RLlib: passes over different stacks interleave.
         self.ready_tower_stacks_buffer: MinibatchBuffer[int] = MinibatchBuffer(
             self.ready_tower_stacks, num_multi_gpu_tower_stacks, learner_queue_timeout, num_sgd_iter
@@ -80,12 +88,15 @@ class MultiGPULearnerThread(LearnerThread):
         got = self._wait_for(self.ready_tower_stacks_buffer)
         index = got.item
         start = time.perf_counter()
+        lag = None
+        if got.first_pass:
+            lag = self.learner.policy_version - self._sampled_version.pop(index)
         stats = self.learner.learn_on_loaded_batch(index)
         # Read before releasing: once idle, a loader may overwrite the stack.
         env_steps = self.learner.get_num_samples_loaded_into_buffer(index) if got.first_pass else 0
         if got.released:
             self.idle_tower_stacks.put(index)
-        self._record_update(start, env_steps, stats)
+        self._record_update(start, env_steps, stats, lag)
 
     def _load_loop(self) -> None:
         try:
@@ -101,6 +112,7 @@ class MultiGPULearnerThread(LearnerThread):
                 self.load_wait_timer.push(time.perf_counter() - wait_start)
                 with self.load_timer.timing():
                     self.learner.load_batch_into_buffer(batch, index)
+                self._sampled_version[index] = sampled_version(batch)
                 self.ready_tower_stacks.put(index)
         except BaseException as exc:  # a dead loader would starve the learner: fail loudly
             if self.error is None:

@@ -85,6 +85,11 @@ class RunStats:
     def add_policy_lag(self, lag: float) -> None:
         self._lags.append(lag)
 
+    @property
+    def policy_lag_mean(self) -> float:
+        """Over the recent batches' lags (0 before the first)."""
+        return sum(self._lags) / len(self._lags) if self._lags else 0.0
+
     def add_rollout_busy(self, seconds: float) -> None:
         """A received fragment's `busy_seconds`: its actor's time on the request."""
         self._rollout_busy += seconds
@@ -226,7 +231,7 @@ class RunStats:
             stop=StopProgress(
                 criteria=self.criteria(), progress=self.progress(), stopped_by=stopped_by
             ),
-            policy_lag_mean=sum(self._lags) / len(self._lags) if self._lags else 0.0,
+            policy_lag_mean=self.policy_lag_mean,
         )
 
     def history_point(self) -> HistoryPoint:
