@@ -26,8 +26,9 @@ logger = logging.getLogger(__name__)
 
 STATS_WINDOW = 50
 POLICY_LAG = "policy_lag"
-"""Key of the first update of a batch's stats on `outqueue`: the updates the learner had made
-since the policy that sampled it (the IMPALA paper's policy lag, queue wait included)."""
+"""The key a batch's first update adds to its stats on `outqueue`: the updates the learner had
+made since the policy that sampled the batch (the IMPALA paper's policy lag; the time the batch
+waited in the learner queue counts)."""
 # How often a waiting thread wakes to notice stop(); short so shutdown never lags.
 POLL_SECONDS = 0.1
 
