@@ -10,8 +10,8 @@ import torch
 
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.learning.learner import Learner, MultiDeviceLearner
-from impala_trainer.learning.losses import model_inputs
 from impala_trainer.learning.learner_thread import POLICY_LAG
+from impala_trainer.learning.losses import model_inputs
 from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
 from tests.support.learner import learner_spec, make_batch, one_torch_thread
 
