@@ -8,8 +8,9 @@ CartPole example's rollout actors do. The driver keeps one request in flight per
 - `compiled`: one Compiled Graph per actor (`actor.sample.bind(InputNode())`,
   `experimental_compile()`), `execute` and `get` in turn (a compiled ref cannot be waited on
   with `ray.wait`).
-Reported: requests/s, and CPU per request over the driver, both actors, the raylet and the GCS
-(psutil), so the cost of the transport is CPU per request minus the work.
+Reported: requests/s, and CPU per request over this process and every process Ray started for
+it (both actors, the raylet, the GCS; psutil), so the cost of the transport is CPU per request
+minus the work.
 
     python bench/ray_calls.py                  # 2 alternating rounds of 10 s each
     python bench/ray_calls.py --seconds 5 --rounds 1
@@ -18,7 +19,6 @@ Reported: requests/s, and CPU per request over the driver, both actors, the rayl
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from typing import Any
 
@@ -36,9 +36,6 @@ class Sampler:
     def __init__(self) -> None:
         self.state = np.random.default_rng(0).random((64, 64))
 
-    def pid(self) -> int:
-        return os.getpid()
-
     def sample(self, weights: bytes) -> dict[str, np.ndarray]:
         start = time.perf_counter()
         while time.perf_counter() - start < WORK_SECONDS:  # stands in for 128 env steps
@@ -50,17 +47,10 @@ class Sampler:
         }
 
 
-def _processes(actor_pids: list[int]) -> list[psutil.Process]:
-    procs = [psutil.Process(pid) for pid in actor_pids] + [psutil.Process()]
-    for p in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(p.info["cmdline"] or [])
-        if "raylet" in cmdline or "gcs_server" in cmdline:
-            procs.append(p)
-    return procs
-
-
-def _cpu_seconds(procs: list[psutil.Process]) -> float:
-    return sum(sum(p.cpu_times()[:2]) for p in procs)
+def _cpu_seconds() -> float:
+    """User + system CPU of this process and its descendants (ray.init started them all)."""
+    me = psutil.Process()
+    return sum(sum(p.cpu_times()[:2]) for p in [me, *me.children(recursive=True)])
 
 
 def calls(actors: list[Any], weights: bytes, seconds: float) -> int:
@@ -108,14 +98,13 @@ def main() -> None:
     quiet_ray_logs()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     actors = [Sampler.remote() for _ in range(2)]  # type: ignore[attr-defined]
-    procs = _processes(ray.get([a.pid.remote() for a in actors]))
     weights = bytes(16 * 1024)
     rows = []
     for r in range(args.rounds):
         for name, loop in (("calls", calls), ("compiled", compiled)):
-            cpu, start = _cpu_seconds(procs), time.perf_counter()
+            cpu, start = _cpu_seconds(), time.perf_counter()
             n = loop(actors, weights, args.seconds)
-            elapsed, used = time.perf_counter() - start, _cpu_seconds(procs) - cpu
+            elapsed, used = time.perf_counter() - start, _cpu_seconds() - cpu
             rows.append([r + 1, name, f"{n / elapsed:,.0f}", f"{1e3 * used / n:.2f}"])
     print(table(["round", "transport", "requests/s", "CPU ms per request"], rows))
     print(f"work per request: {1e3 * WORK_SECONDS:.1f} ms; {machine_line()}")
