@@ -1,4 +1,4 @@
-"""What one sample request costs in Ray itself: actor calls against Ray Compiled Graphs.
+"""What one sample request costs in Ray itself: actor calls, Ray Compiled Graphs, a socket.
 
 Two actors each answer a request with ~0.8 ms of work and a CartPole-sized fragment (136 x 4
 float32 observations, 128 actions and rewards), given ~16 KiB of inline weights, as the
@@ -7,7 +7,12 @@ CartPole example's rollout actors do. The driver keeps one request in flight per
   driver loop's path);
 - `compiled`: one Compiled Graph per actor (`actor.sample.bind(InputNode())`,
   `experimental_compile()`), `execute` and `get` in turn (a compiled ref cannot be waited on
-  with `ray.wait`).
+  with `ray.wait`);
+- `socket`: what a data channel of our own beside Ray would cost. Each actor connects to a
+  listener of the driver (`multiprocessing.connection`, TCP, as a rollout pod would reach the
+  learner pod) and then serves requests on it until told to stop; the driver waits on both
+  connections (`connection.wait`, blocking, no polling), reads a fragment, sends the next request.
+  Ray only places and starts the actors.
 Reported: requests/s, and CPU per request over this process and every process Ray started for
 it (both actors, the raylet, the GCS; psutil), so the cost of the transport is CPU per request
 minus the work.
@@ -19,7 +24,10 @@ minus the work.
 from __future__ import annotations
 
 import argparse
+import secrets
+import socket as sockets
 import time
+from multiprocessing.connection import Client, Connection, Listener, wait
 from typing import Any
 
 import numpy as np
@@ -45,6 +53,23 @@ class Sampler:
             "actions": np.zeros(128, np.int64),
             "rewards": np.zeros(128, np.float32),
         }
+
+    def serve(self, address: tuple[str, int], authkey: bytes) -> int:
+        """Answer requests on a connection to the driver until it sends None; -> requests served."""
+        n = 0
+        with Client(address, authkey=authkey) as conn:
+            _no_delay(conn)
+            while (weights := conn.recv()) is not None:
+                conn.send(self.sample(weights))
+                n += 1
+        return n
+
+
+def _no_delay(conn: Connection) -> None:
+    """TCP_NODELAY: a message is a header and a body, two sends, and Nagle's algorithm holds the
+    second until the first is acknowledged, which a delayed ACK takes ~40 ms to do."""
+    with sockets.fromfd(conn.fileno(), sockets.AF_INET, sockets.SOCK_STREAM) as s:
+        s.setsockopt(sockets.IPPROTO_TCP, sockets.TCP_NODELAY, 1)
 
 
 def _cpu_seconds() -> float:
@@ -90,6 +115,30 @@ def compiled(actors: list[Any], weights: bytes, seconds: float) -> int:
     return n
 
 
+def socket(actors: list[Any], weights: bytes, seconds: float) -> int:
+    authkey = secrets.token_bytes(16)
+    with Listener(("127.0.0.1", 0), authkey=authkey) as listener:
+        served = [a.serve.remote(listener.address, authkey) for a in actors]
+        conns: list[Connection] = [listener.accept() for _ in actors]
+        for conn in conns:
+            _no_delay(conn)
+            conn.send(weights)
+        n = 0
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            for conn in wait(conns):
+                conn.recv()  # type: ignore[union-attr]
+                n += 1
+                conn.send(weights)  # type: ignore[union-attr]
+        for conn in conns:
+            conn.recv()
+            conn.send(None)
+        ray.get(served)
+        for conn in conns:
+            conn.close()
+    return n
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -101,7 +150,7 @@ def main() -> None:
     weights = bytes(16 * 1024)
     rows = []
     for r in range(args.rounds):
-        for name, loop in (("calls", calls), ("compiled", compiled)):
+        for name, loop in (("calls", calls), ("compiled", compiled), ("socket", socket)):
             cpu, start = _cpu_seconds(), time.perf_counter()
             n = loop(actors, weights, args.seconds)
             elapsed, used = time.perf_counter() - start, _cpu_seconds() - cpu

@@ -147,6 +147,14 @@ class RolloutsSpec(ReplicaGroupSpec):
     workers_per_pod: int = Field(default=1, ge=1, le=256)
     """Rollout workers (Ray actors) per pod; locally, workers per simulated pod."""
 
+    transport: Literal["auto", "ray"] = "auto"
+    """How sample requests and their fragments travel between the driver and the rollout
+    workers. auto: over a TCP connection of their own from each worker to the learner pod (any
+    port between the job's pods, which its NetworkPolicy allows) where they are small (weights
+    up to 64 KiB, fragments up to 1 MiB: a CartPole-sized MLP, not Atari frames) and no
+    aggregator pod takes the fragments; as Ray actor calls otherwise. ray: always as Ray actor
+    calls, each ~1 ms of CPU more than over the connection."""
+
 
 class AggregatorsSpec(ReplicaGroupSpec):
     """Aggregator pods: concatenate fragments into train batches and mix in replay."""

@@ -60,9 +60,13 @@ class Backend(Protocol):
         aggregator actor unread; loads `weights` first when given."""
         ...
 
-    def sample_whole(self, handle: Handle, weights: Weights | None, version: int) -> Ref:
+    def sample_whole(
+        self, handle: Handle, weights: Weights | None, version: int, direct: bool = False
+    ) -> Ref:
         """-> (Fragment, FragmentMeta) as one object: a sample whose fragment the driver reads
-        itself (no aggregator actor), for one return's cost instead of two."""
+        itself (no aggregator actor), for one return's cost instead of two. `direct`: the
+        request and its reply may go over a connection of their own to the actor rather than
+        as a Ray call (small weights and fragments: `rollouts/channel.py`)."""
         ...
 
     def aggregate(self, handle: Handle, fragment: Ref) -> Ref:

@@ -110,6 +110,7 @@ class Driver:
         torch.manual_seed(self.seed)
         spaces = env_spaces(self.spec.env)
         self.obs_shape, self.actions = spaces.obs_shape, spaces.actions
+        self.obs_dtype = spaces.obs_dtype
 
     # -- the run --------------------------------------------------------------------------------
 

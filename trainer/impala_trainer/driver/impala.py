@@ -6,8 +6,9 @@ when small, else one `Backend.put`); move finished train batches into the learne
 inqueue; wait up to WAIT_SECONDS for sample (or aggregator) results and route them: fragment ->
 aggregator (an actor, by reference, or the local Aggregator) -> train batches. Each rollout actor
 keeps `maxRequestsInFlightPerWorker` sample requests outstanding, and the newest broadcast rides
-on the next sample request of an actor that has not got it yet: one Ray call per fragment, not
-two.
+on the next sample request of an actor that has not got it yet: one request per fragment, not
+two (a Ray call, or for small weights and fragments a message on a direct connection,
+`rollouts.transport`).
 
 Backpressure instead of dropping: a batch that finds the learner queue full is counted
 (`num_times_learner_queue_full`) and kept; while one waits, returning actors are parked instead of
@@ -24,9 +25,10 @@ import time
 from collections import deque
 from typing import Any
 
+import numpy as np
 import torch
 
-from impala_api.spec import ImpalaJob
+from impala_api.spec import ImpalaJob, ImpalaJobSpec
 from impala_trainer.batches import Fragment, FragmentMeta, TrainBatch
 from impala_trainer.driver.actor_manager import ManagedActor
 from impala_trainer.driver.backend import Ref, Weights
@@ -41,8 +43,25 @@ from impala_trainer.rundir.writer import RunDir
 
 # Below Ray's max_direct_call_object_size (100 KiB), with room for the pickled dict around them.
 INLINE_WEIGHTS_BYTES = 64 * 1024
+# Fragments up to this go over a direct connection (spec.rollouts.transport auto): beyond it the
+# copies through a socket cost more than Ray's per-call overhead saves (a Pong fragment, 7 MB of
+# frames, is read from Ray's shared memory without one).
+DIRECT_FRAGMENT_BYTES = 1024 * 1024
 
 logger = logging.getLogger(__name__)
+
+
+def direct_samples(
+    spec: ImpalaJobSpec, obs_shape: tuple[int, ...], obs_dtype: np.dtype, weights_nbytes: int
+) -> bool:
+    """Whether whole samples go over direct connections (`spec.rollouts.transport` auto): the
+    weights ride inline and a fragment's observations (its bootstrap ones too) are small."""
+    if spec.rollouts.transport == "ray":
+        return False
+    t, env = spec.training, spec.env
+    steps = (t.rollout_fragment_length + 1) * env.num_envs_per_worker
+    fragment_bytes = steps * int(np.prod(obs_shape)) * obs_dtype.itemsize
+    return weights_nbytes <= INLINE_WEIGHTS_BYTES and fragment_bytes <= DIRECT_FRAGMENT_BYTES
 
 
 class ImpalaDriver(Driver):
@@ -76,6 +95,10 @@ class ImpalaDriver(Driver):
         self.weights_ref: Weights | None = None  # the latest broadcast: pickled, or a ref
         self._weights_nbytes = self.learner.weights_nbytes()
         self.weights_version = -1
+        self.direct_samples = direct_samples(
+            self.spec, self.obs_shape, self.obs_dtype, self._weights_nbytes
+        )
+        """Whole samples (no aggregator actor) over connections of their own, not Ray calls."""
 
     def _begin(self) -> None:
         self.thread.start()
@@ -247,7 +270,9 @@ class ImpalaDriver(Driver):
             if split:
                 fragment_ref, ref = self.backend.sample(actor.handle, weights, self.weights_version)
             else:
-                ref = self.backend.sample_whole(actor.handle, weights, self.weights_version)
+                ref = self.backend.sample_whole(
+                    actor.handle, weights, self.weights_version, direct=self.direct_samples
+                )
             self.ledger.sent_sample(actor.actor_id, ref, fragment_ref)
 
     def on_new_actor(self, actor: ManagedActor) -> None:

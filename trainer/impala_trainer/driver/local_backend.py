@@ -128,7 +128,10 @@ class LocalBackend:
             return fragment, LocalRef(error=fragment.error)
         return fragment, LocalRef(fragment.value.meta())
 
-    def sample_whole(self, handle: LocalActor, weights: Any | None, version: int) -> LocalRef:
+    def sample_whole(
+        self, handle: LocalActor, weights: Any | None, version: int, direct: bool = False
+    ) -> LocalRef:
+        # In process there is no transport to choose: `direct` changes nothing.
         fragment, meta = self.sample(handle, weights, version)
         if fragment.error is not None:
             return fragment

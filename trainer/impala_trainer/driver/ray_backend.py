@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import ray
@@ -9,6 +10,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.driver.backend import ROLES, Handle, NodeView, Ref, Role, Weights
+from impala_trainer.driver.channels import ChannelRef, SampleChannels, wait_mixed
 from impala_trainer.policy.actor import EvaluationActor
 from impala_trainer.rollouts.actors import (
     AGGREGATOR_RESOURCE,
@@ -16,6 +18,8 @@ from impala_trainer.rollouts.actors import (
     AggregatorActor,
     RolloutActor,
 )
+
+logger = logging.getLogger(__name__)
 
 RESOURCE: dict[Role, str] = {"rollout": ROLLOUT_RESOURCE, "aggregator": AGGREGATOR_RESOURCE}
 
@@ -25,6 +29,16 @@ class RayBackend:
 
     failure = ray.exceptions.RayError
 
+    def __init__(self) -> None:
+        self._channels: SampleChannels | None = None
+        """Direct sample connections (`sample_whole(direct=True)`), made on first use."""
+        self._warned_unreachable = False
+
+    def _release(self, handle: Handle) -> None:
+        """Before any Ray call on an actor: end its serve loop (a call would queue behind it)."""
+        if self._channels is not None:
+            self._channels.release(handle)
+
     def start(self, role: Role, spec: ImpalaJobSpec, actor_id: str, seed: int) -> Handle:
         cls: Any = RolloutActor if role == "rollout" else AggregatorActor
         # num_cpus=0: one actor per unit of the role's resource is the only placement rule.
@@ -33,19 +47,38 @@ class RayBackend:
         )
 
     def kill(self, handle: Handle) -> None:
+        if self._channels is not None:
+            self._channels.kill(handle)
         ray.kill(handle, no_restart=True)
 
     def node_info(self, handle: Handle) -> Ref:
+        self._release(handle)
         return handle.node_info.remote()
 
     def sample(self, handle: Handle, weights: Weights | None, version: int) -> tuple[Ref, Ref]:
+        self._release(handle)
         if weights is None:
             refs: tuple[Ref, Ref] = handle.sample.remote()
         else:
             refs = handle.sample.remote(weights, version)
         return refs
 
-    def sample_whole(self, handle: Handle, weights: Weights | None, version: int) -> Ref:
+    def sample_whole(
+        self, handle: Handle, weights: Weights | None, version: int, direct: bool = False
+    ) -> Ref:
+        if direct and (weights is None or isinstance(weights, bytes)):
+            if self._channels is None:
+                self._channels = SampleChannels(ray.util.get_node_ip_address())
+            if self._channels.unreachable is None:
+                return self._channels.sample(handle, weights, version)
+            if not self._warned_unreachable:
+                self._warned_unreachable = True
+                logger.warning(
+                    "rollout actors cannot reach the driver's direct sample port, so samples go "
+                    "as Ray calls (to skip this, set spec.rollouts.transport: ray): %s",
+                    self._channels.unreachable,
+                )
+        self._release(handle)
         # The same actor method with one return: its (fragment, meta) tuple is one object. Each
         # return is an object the actor stores and the driver tracks, waits on and fetches; in
         # a loop of 128-step CartPole fragments one return took 12-17% less driver CPU per
@@ -60,9 +93,11 @@ class RayBackend:
     def compute_gradients(
         self, handle: Handle, weights: Weights | None, version: int, global_timestep: int
     ) -> Ref:
+        self._release(handle)
         return handle.compute_gradients.remote(weights, version, global_timestep)
 
     def handover(self, handle: Handle) -> Ref:
+        self._release(handle)
         return handle.handover.remote()
 
     def start_evaluator(self, spec: ImpalaJobSpec, actor_id: str, seed: int) -> Handle:
@@ -80,13 +115,20 @@ class RayBackend:
     def wait(
         self, refs: list[Ref], num_returns: int, timeout: float
     ) -> tuple[list[Ref], list[Ref]]:
+        if self._channels is not None and any(isinstance(r, ChannelRef) for r in refs):
+            return wait_mixed(self._channels, refs, num_returns, timeout)
         ready, rest = ray.wait(refs, num_returns=num_returns, timeout=timeout)
         return ready, rest
 
     def get(self, ref: Ref) -> Any:
+        if isinstance(ref, ChannelRef):
+            assert self._channels is not None
+            return self._channels.result(ref)
         return ray.get(ref)
 
     def get_many(self, refs: list[Ref]) -> list[Any]:
+        if any(isinstance(r, ChannelRef) for r in refs):
+            return [self.get(r) for r in refs]
         values: list[Any] = ray.get(refs)
         return values
 

@@ -23,6 +23,7 @@ from impala_trainer.batches import (
     NodeInfo,
     TrainBatch,
 )
+from impala_trainer.rollouts import channel
 from impala_trainer.rollouts.aggregation import Aggregator
 from impala_trainer.rollouts.worker import RolloutWorker
 
@@ -54,6 +55,16 @@ class RolloutActor:
         The driver reads the metadata without pulling the fragment, which can go by reference
         straight to an aggregator actor; a job without aggregator actors asks for the pair as
         one object instead (`num_returns=1`, `RayBackend.sample_whole`)."""
+        return self._sample(weights, policy_version)
+
+    def serve(self, address: tuple[str, int], token: bytes) -> int:
+        """Answer sample requests on a direct connection to the driver until it says stop
+        (`rollouts/channel.py`); other calls on this actor wait until then."""
+        return channel.serve(address, token, self._sample)
+
+    def _sample(
+        self, weights: dict[str, Any] | bytes | None, policy_version: int
+    ) -> tuple[Fragment, FragmentMeta]:
         if weights is not None:
             self.worker.set_weights(weights, policy_version)
         fragment = self.worker.sample()

@@ -1,0 +1,265 @@
+"""The driver's end of the direct sample connections (`rollouts/channel.py`).
+
+`SampleChannels` listens on the driver's node, opens a connection to a rollout actor on its first
+direct request (a Ray call, `RolloutActor.serve`, makes the actor connect back and serve requests
+until told to stop), and hands out `ChannelRef`s that `RayBackend.wait` and `get` treat like Ray's
+object refs. A connection that breaks fails the requests still pending on it, as an actor's death
+fails its Ray calls; an actor that died before it connected is found through its `serve` call.
+"""
+
+from __future__ import annotations
+
+import secrets
+import selectors
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from impala_trainer.rollouts.channel import (
+    STOP,
+    TOKEN_BYTES,
+    ChannelClosed,
+    no_delay,
+    recv_exactly,
+    recv_message,
+    send_message,
+)
+
+OPENING_POLL_SECONDS = 0.01
+"""How often the serve calls of actors that have not connected yet are checked (they fail only
+if the actor died first)."""
+IO_TIMEOUT_SECONDS = 60.0
+"""A message that stops arriving half-way (a peer gone without closing) fails after this."""
+AUTH_TIMEOUT_SECONDS = 5.0
+"""A new connection must present its token within this (the driver waits for it)."""
+
+
+class SampleChannelError(ray.exceptions.RayError):  # type: ignore[misc]  # ray is untyped here
+    """A direct sample request failed: its actor died, raised, or the connection broke."""
+
+
+class ChannelRef:
+    """One direct request's result, once its reply is in (hashable by identity, like a Ray ref)."""
+
+    __slots__ = ("done", "error", "value")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.value: Any = None
+        self.error: SampleChannelError | None = None
+
+
+@dataclass(eq=False)
+class _Channel:
+    handle: Any
+    token: bytes
+    serve_ref: Any
+    sock: socket.socket | None = None
+    pending: deque[ChannelRef] = field(default_factory=deque)
+    unsent: list[Any] = field(default_factory=list)
+    """Requests made before the actor connected, sent once it has."""
+    stopping: bool = False
+
+
+class SampleChannels:
+    """A listener on this node and one connection per served rollout actor."""
+
+    def __init__(self, host_ip: str) -> None:
+        family = socket.AF_INET6 if ":" in host_ip else socket.AF_INET
+        self._listener = socket.create_server(("", 0), family=family, backlog=256)
+        self._listener.setblocking(False)
+        self.address = (host_ip, int(self._listener.getsockname()[1]))
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ, None)
+        self._by_handle: dict[Any, _Channel] = {}
+        self._opening: dict[bytes, _Channel] = {}
+        """By token: channels whose actor has not connected yet."""
+        self.unreachable: str | None = None
+        """Why an actor could not connect to the listener (a network that lets Ray's ports
+        through but not this one): then the backend makes Ray calls for the rest of the run."""
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def sample(self, handle: Any, weights: bytes | None, version: int) -> ChannelRef:
+        channel = self._by_handle.get(handle)
+        if channel is None:
+            channel = self._open(handle)
+        ref = ChannelRef()
+        channel.pending.append(ref)
+        self._send(channel, (weights, version))
+        return ref
+
+    def release(self, handle: Any) -> None:
+        """End the actor's serve loop after the requests already sent, so that Ray calls on it
+        run again (they queue behind the loop); its pending requests still complete."""
+        channel = self._by_handle.pop(handle, None)
+        if channel is not None:
+            channel.stopping = True
+            self._send(channel, STOP)
+
+    def kill(self, handle: Any) -> None:
+        channel = self._by_handle.pop(handle, None)
+        if channel is not None:
+            self._fail(channel, "its rollout actor was stopped")
+
+    def close(self) -> None:
+        for channel in list(self._by_handle.values()):
+            self._fail(channel, "the driver closed its connections")
+        self._selector.close()
+        self._listener.close()
+
+    # -- progress -------------------------------------------------------------------------------
+
+    def poll(self, timeout: float | None) -> None:
+        """Accept connections and read the replies that have arrived, waiting up to `timeout`
+        seconds (None: until something arrives) for the first."""
+        if self._opening:
+            self._check_opening()
+            # Until they connect, their serve calls are looked at every OPENING_POLL_SECONDS.
+            timeout = OPENING_POLL_SECONDS if timeout is None else timeout
+            timeout = min(timeout, OPENING_POLL_SECONDS)
+        for key, _ in self._selector.select(timeout):
+            if key.data is None:
+                self._accept()
+            elif key.data == "auth":
+                self._authenticate(key.fileobj)  # type: ignore[arg-type]
+            else:
+                self._read(key.data)
+
+    def result(self, ref: ChannelRef) -> Any:
+        """The reply (waiting for it if need be), or raise SampleChannelError."""
+        while not ref.done:
+            self.poll(None)
+        if ref.error is not None:
+            raise ref.error
+        return ref.value
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _open(self, handle: Any) -> _Channel:
+        token = secrets.token_bytes(TOKEN_BYTES)
+        channel = _Channel(handle, token, handle.serve.remote(self.address, token))
+        self._by_handle[handle] = channel
+        self._opening[token] = channel
+        return channel
+
+    def _send(self, channel: _Channel, message: Any) -> None:
+        if channel.sock is None:
+            channel.unsent.append(message)
+            return
+        try:
+            send_message(channel.sock, message)
+        except OSError as err:
+            self._fail(channel, f"sending a request failed: {err}")
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except BlockingIOError:
+                return
+            sock.settimeout(AUTH_TIMEOUT_SECONDS)
+            no_delay(sock)
+            self._selector.register(sock, selectors.EVENT_READ, "auth")
+
+    def _authenticate(self, sock: socket.socket) -> None:
+        """Match a new connection to its channel by the token it presents first; a connection
+        without a known token is closed unread."""
+        self._selector.unregister(sock)
+        try:
+            token = recv_exactly(sock, TOKEN_BYTES)
+        except (OSError, ChannelClosed):
+            sock.close()
+            return
+        channel = self._opening.pop(token, None)
+        if channel is None or not secrets.compare_digest(token, channel.token):
+            sock.close()
+            return
+        sock.settimeout(IO_TIMEOUT_SECONDS)
+        channel.sock = sock
+        self._selector.register(sock, selectors.EVENT_READ, channel)
+        unsent, channel.unsent = channel.unsent, []
+        for message in unsent:
+            self._send(channel, message)
+
+    def _read(self, channel: _Channel) -> None:
+        assert channel.sock is not None
+        try:
+            status, payload = recv_message(channel.sock)
+        except (OSError, ChannelClosed) as err:
+            if channel.pending or not channel.stopping:
+                self._fail(channel, f"its connection closed ({err})")
+            else:
+                self._close(channel)  # a released actor left its loop, as asked
+            return
+        if not channel.pending:
+            self._fail(channel, "an unrequested reply")
+            return
+        ref = channel.pending.popleft()
+        ref.done = True
+        if status == "ok":
+            ref.value = payload
+        else:
+            ref.error = SampleChannelError(f"the rollout actor raised:\n{payload}")
+            self._fail(channel, "its sample raised")
+
+    def _check_opening(self) -> None:
+        """Fail the channels whose serve call ended before their actor connected."""
+        refs = {channel.serve_ref: channel for channel in self._opening.values()}
+        ended, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        for ref in ended:
+            channel = refs[ref]
+            try:
+                ray.get(ref)
+                reason = "its actor's serve call ended before it connected"
+            except ray.exceptions.RayTaskError as err:  # the actor lives: it could not connect
+                reason = f"its actor could not connect to {self.address}: {err}"
+                self.unreachable = reason
+            except ray.exceptions.RayError as err:
+                reason = f"its actor failed before it connected: {err}"
+            self._opening.pop(channel.token, None)
+            self._by_handle.pop(channel.handle, None)
+            self._fail(channel, reason)
+
+    def _fail(self, channel: _Channel, reason: str) -> None:
+        for ref in channel.pending:
+            ref.done = True
+            ref.error = SampleChannelError(f"direct sample request failed: {reason}")
+        channel.pending.clear()
+        channel.unsent.clear()
+        self._close(channel)
+
+    def _close(self, channel: _Channel) -> None:
+        self._opening.pop(channel.token, None)
+        if self._by_handle.get(channel.handle) is channel:
+            del self._by_handle[channel.handle]
+        if channel.sock is not None:
+            self._selector.unregister(channel.sock)
+            channel.sock.close()
+            channel.sock = None
+
+
+def wait_mixed(
+    channels: SampleChannels, refs: list[Any], num_returns: int, timeout: float
+) -> tuple[list[Any], list[Any]]:
+    """`ray.wait` over Ray refs and ChannelRefs together: blocks on the connections, and wakes
+    every OPENING_POLL_SECONDS to look at the Ray refs only while there are any."""
+    deadline = time.monotonic() + timeout
+    others = [r for r in refs if not isinstance(r, ChannelRef)]
+    while True:
+        channels.poll(0)
+        ready = [r for r in refs if isinstance(r, ChannelRef) and r.done]
+        if others and len(ready) < num_returns:
+            want = min(len(others), num_returns - len(ready))
+            ready += ray.wait(others, num_returns=want, timeout=0)[0]
+        remaining = deadline - time.monotonic()
+        if len(ready) >= num_returns or remaining <= 0:
+            break
+        channels.poll(min(remaining, OPENING_POLL_SECONDS) if others else remaining)
+    ready = ready[:num_returns]
+    chosen = {id(r) for r in ready}
+    return ready, [r for r in refs if id(r) not in chosen]
