@@ -109,11 +109,26 @@ def test_an_actor_that_dies_fails_its_pending_direct_requests(backend: Any) -> N
             backend.get(ref)
 
 
+def test_a_request_that_raises_in_the_actor_fails_with_its_traceback(backend: Any) -> None:
+    handle = _actor(backend, "raises")
+    broken = backend.sample_whole(handle, b"not a pickle", 1, direct=True)
+    after = backend.sample_whole(handle, None, 1, direct=True)  # behind it on the connection
+    ready, _ = backend.wait([broken, after], num_returns=2, timeout=60)
+    assert len(ready) == 2
+    with pytest.raises(backend.failure, match=r"(?s)the rollout actor raised.*Unpickling"):
+        backend.get(broken)
+    with pytest.raises(backend.failure):  # its loop ended: the driver replaces the actor
+        backend.get(after)
+    backend.kill(handle)
+
+
 def test_an_actor_that_dies_before_it_connects_fails_its_requests(backend: Any) -> None:
     import ray
 
     handle = _actor(backend, "never-connects")
+    process = psutil.Process(ray._private.state.actors(actor_id=handle._actor_id.hex())["Pid"])
     ray.kill(handle, no_restart=True)
+    process.wait(timeout=60)
     ref = backend.sample_whole(handle, None, 0, direct=True)  # its serve call cannot run
     ready, _ = backend.wait([ref], num_returns=1, timeout=60)
     assert ready == [ref]

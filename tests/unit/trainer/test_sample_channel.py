@@ -27,6 +27,17 @@ def test_messages_cross_whole_however_the_bytes_arrive() -> None:
         assert got["n"] == 3 and np.array_equal(got["x"], big)
 
 
+def test_unframe_takes_the_whole_messages_and_keeps_the_rest() -> None:
+    stream = b"".join(channel.frame(m) for m in ("a", {"b": 2}, None, "last"))
+    buffer = bytearray()
+    got: list[Any] = []
+    for i in range(0, len(stream), 5):  # the bytes in 5-byte pieces, as a socket may give them
+        buffer += stream[i : i + 5]
+        got += channel.unframe(buffer)
+        assert len(buffer) < len(stream)
+    assert got == ["a", {"b": 2}, None, "last"] and buffer == bytearray()
+
+
 def test_a_connection_closed_mid_message_is_channel_closed() -> None:
     a, b = socket.socketpair()
     with b:

@@ -19,23 +19,12 @@ from typing import Any
 
 import ray
 
-from impala_trainer.rollouts.channel import (
-    STOP,
-    TOKEN_BYTES,
-    ChannelClosed,
-    no_delay,
-    recv_exactly,
-    recv_message,
-    send_message,
-)
+from impala_trainer.rollouts.channel import STOP, TOKEN_BYTES, frame, no_delay, unframe
 
 OPENING_POLL_SECONDS = 0.01
 """How often the serve calls of actors that have not connected yet are checked (they fail only
-if the actor died first)."""
-IO_TIMEOUT_SECONDS = 60.0
-"""A message that stops arriving half-way (a peer gone without closing) fails after this."""
-AUTH_TIMEOUT_SECONDS = 5.0
-"""A new connection must present its token within this (the driver waits for it)."""
+if the actor died first or cannot reach the listener)."""
+RECV_BYTES = 1 << 20
 
 
 class SampleChannelError(ray.exceptions.RayError):  # type: ignore[misc]  # ray is untyped here
@@ -54,13 +43,24 @@ class ChannelRef:
 
 
 @dataclass(eq=False)
+class _Connection:
+    """A socket and its bytes in and out. The driver's sockets never block: a reply is read as
+    its bytes arrive, a request written as the actor takes it, so neither side can wait on the
+    other's full buffer (an actor blocked writing a reply reads no requests meanwhile)."""
+
+    sock: socket.socket
+    inbox: bytearray = field(default_factory=bytearray)
+    outbox: bytearray = field(default_factory=bytearray)
+
+
+@dataclass(eq=False)
 class _Channel:
     handle: Any
     token: bytes
     serve_ref: Any
-    sock: socket.socket | None = None
+    conn: _Connection | None = None
     pending: deque[ChannelRef] = field(default_factory=deque)
-    unsent: list[Any] = field(default_factory=list)
+    unsent: list[bytes] = field(default_factory=list)
     """Requests made before the actor connected, sent once it has."""
     stopping: bool = False
 
@@ -90,7 +90,7 @@ class SampleChannels:
             channel = self._open(handle)
         ref = ChannelRef()
         channel.pending.append(ref)
-        self._send(channel, (weights, version))
+        self._send(channel, frame((weights, version)))
         return ref
 
     def release(self, handle: Any) -> None:
@@ -99,7 +99,7 @@ class SampleChannels:
         channel = self._by_handle.pop(handle, None)
         if channel is not None:
             channel.stopping = True
-            self._send(channel, STOP)
+            self._send(channel, frame(STOP))
 
     def kill(self, handle: Any) -> None:
         channel = self._by_handle.pop(handle, None)
@@ -109,26 +109,33 @@ class SampleChannels:
     def close(self) -> None:
         for channel in list(self._by_handle.values()):
             self._fail(channel, "the driver closed its connections")
+        for key in list(self._selector.get_map().values()):
+            if isinstance(key.data, _Connection):  # a connection still presenting its token
+                key.data.sock.close()
         self._selector.close()
         self._listener.close()
 
     # -- progress -------------------------------------------------------------------------------
 
     def poll(self, timeout: float | None) -> None:
-        """Accept connections and read the replies that have arrived, waiting up to `timeout`
-        seconds (None: until something arrives) for the first."""
+        """Accept connections, read what has arrived and write what the actors can take, waiting
+        up to `timeout` seconds (None: until something happens) for the first."""
         if self._opening:
             self._check_opening()
             # Until they connect, their serve calls are looked at every OPENING_POLL_SECONDS.
             timeout = OPENING_POLL_SECONDS if timeout is None else timeout
             timeout = min(timeout, OPENING_POLL_SECONDS)
-        for key, _ in self._selector.select(timeout):
-            if key.data is None:
+        for key, events in self._selector.select(timeout):
+            data = key.data
+            if data is None:
                 self._accept()
-            elif key.data == "auth":
-                self._authenticate(key.fileobj)  # type: ignore[arg-type]
+            elif isinstance(data, _Connection):
+                self._authenticate(data)
             else:
-                self._read(key.data)
+                if events & selectors.EVENT_WRITE:
+                    self._flush(data)
+                if events & selectors.EVENT_READ and data.conn is not None:
+                    self._read(data)
 
     def result(self, ref: ChannelRef) -> Any:
         """The reply (waiting for it if need be), or raise SampleChannelError."""
@@ -147,14 +154,30 @@ class SampleChannels:
         self._opening[token] = channel
         return channel
 
-    def _send(self, channel: _Channel, message: Any) -> None:
-        if channel.sock is None:
+    def _send(self, channel: _Channel, message: bytes) -> None:
+        if channel.conn is None:
             channel.unsent.append(message)
             return
+        channel.conn.outbox += message
+        self._flush(channel)
+
+    def _flush(self, channel: _Channel) -> None:
+        """Write what the socket takes now; wait for it to take the rest."""
+        conn = channel.conn
+        if conn is None:
+            return
         try:
-            send_message(channel.sock, message)
+            while conn.outbox:
+                sent = conn.sock.send(conn.outbox)
+                del conn.outbox[:sent]
+        except BlockingIOError:
+            pass
         except OSError as err:
             self._fail(channel, f"sending a request failed: {err}")
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.outbox else 0)
+        if self._selector.get_key(conn.sock).events != events:
+            self._selector.modify(conn.sock, events, channel)
 
     def _accept(self) -> None:
         while True:
@@ -162,50 +185,66 @@ class SampleChannels:
                 sock, _ = self._listener.accept()
             except BlockingIOError:
                 return
-            sock.settimeout(AUTH_TIMEOUT_SECONDS)
+            sock.setblocking(False)
             no_delay(sock)
-            self._selector.register(sock, selectors.EVENT_READ, "auth")
+            self._selector.register(sock, selectors.EVENT_READ, _Connection(sock))
 
-    def _authenticate(self, sock: socket.socket) -> None:
+    def _authenticate(self, conn: _Connection) -> None:
         """Match a new connection to its channel by the token it presents first; a connection
-        without a known token is closed unread."""
-        self._selector.unregister(sock)
-        try:
-            token = recv_exactly(sock, TOKEN_BYTES)
-        except (OSError, ChannelClosed):
-            sock.close()
+        without a known token is closed with nothing of it unpickled."""
+        if not self._receive(conn):
+            self._selector.unregister(conn.sock)
+            conn.sock.close()
             return
+        if len(conn.inbox) < TOKEN_BYTES:
+            return  # the rest of the token is on its way
+        token = bytes(conn.inbox[:TOKEN_BYTES])
+        del conn.inbox[:TOKEN_BYTES]
         channel = self._opening.pop(token, None)
         if channel is None or not secrets.compare_digest(token, channel.token):
-            sock.close()
+            self._selector.unregister(conn.sock)
+            conn.sock.close()
             return
-        sock.settimeout(IO_TIMEOUT_SECONDS)
-        channel.sock = sock
-        self._selector.register(sock, selectors.EVENT_READ, channel)
-        unsent, channel.unsent = channel.unsent, []
-        for message in unsent:
-            self._send(channel, message)
+        channel.conn = conn
+        self._selector.modify(conn.sock, selectors.EVENT_READ, channel)
+        for message in channel.unsent:
+            conn.outbox += message
+        channel.unsent.clear()
+        self._flush(channel)
+
+    @staticmethod
+    def _receive(conn: _Connection) -> bool:
+        """Append what has arrived to the inbox; False once the connection has ended."""
+        try:
+            data = conn.sock.recv(RECV_BYTES)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        conn.inbox += data
+        return bool(data)
 
     def _read(self, channel: _Channel) -> None:
-        assert channel.sock is not None
-        try:
-            status, payload = recv_message(channel.sock)
-        except (OSError, ChannelClosed) as err:
+        conn = channel.conn
+        assert conn is not None
+        open_ = self._receive(conn)
+        for status, payload in unframe(conn.inbox):
+            if not channel.pending:
+                self._fail(channel, "a reply nobody asked for")
+                return
+            ref = channel.pending.popleft()
+            ref.done = True
+            if status == "ok":
+                ref.value = payload
+            else:
+                ref.error = SampleChannelError(f"the rollout actor raised:\n{payload}")
+                self._fail(channel, "its sample raised")
+                return
+        if not open_:
             if channel.pending or not channel.stopping:
-                self._fail(channel, f"its connection closed ({err})")
+                self._fail(channel, "its connection closed")
             else:
                 self._close(channel)  # a released actor left its loop, as asked
-            return
-        if not channel.pending:
-            self._fail(channel, "an unrequested reply")
-            return
-        ref = channel.pending.popleft()
-        ref.done = True
-        if status == "ok":
-            ref.value = payload
-        else:
-            ref.error = SampleChannelError(f"the rollout actor raised:\n{payload}")
-            self._fail(channel, "its sample raised")
 
     def _check_opening(self) -> None:
         """Fail the channels whose serve call ended before their actor connected."""
@@ -221,8 +260,6 @@ class SampleChannels:
                 self.unreachable = reason
             except ray.exceptions.RayError as err:
                 reason = f"its actor failed before it connected: {err}"
-            self._opening.pop(channel.token, None)
-            self._by_handle.pop(channel.handle, None)
             self._fail(channel, reason)
 
     def _fail(self, channel: _Channel, reason: str) -> None:
@@ -237,10 +274,10 @@ class SampleChannels:
         self._opening.pop(channel.token, None)
         if self._by_handle.get(channel.handle) is channel:
             del self._by_handle[channel.handle]
-        if channel.sock is not None:
-            self._selector.unregister(channel.sock)
-            channel.sock.close()
-            channel.sock = None
+        if channel.conn is not None:
+            self._selector.unregister(channel.conn.sock)
+            channel.conn.sock.close()
+            channel.conn = None
 
 
 def wait_mixed(

@@ -42,10 +42,33 @@ def no_delay(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-def send_message(sock: socket.socket, obj: Any) -> None:
-    """One length-prefixed pickle, in one send call."""
+def frame(obj: Any) -> bytes:
+    """`obj` as one message: its pickle, prefixed with the pickle's length."""
     body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    sock.sendall(_HEADER.pack(len(body)) + body)
+    return _HEADER.pack(len(body)) + body
+
+
+def unframe(buffer: bytearray) -> list[Any]:
+    """The whole messages at the start of `buffer`, which keeps only the bytes after them (the
+    start of a message still arriving)."""
+    messages = []
+    start = 0
+    view = memoryview(buffer)
+    while len(buffer) - start >= _HEADER.size:
+        (size,) = _HEADER.unpack_from(buffer, start)
+        end = start + _HEADER.size + size
+        if len(buffer) < end:
+            break
+        messages.append(pickle.loads(view[start + _HEADER.size : end]))
+        start = end
+    view.release()
+    del buffer[:start]
+    return messages
+
+
+def send_message(sock: socket.socket, obj: Any) -> None:
+    """One message, in one send call."""
+    sock.sendall(frame(obj))
 
 
 def recv_exactly(sock: socket.socket, n: int) -> bytes:
