@@ -187,13 +187,19 @@ def sample_only(
 ) -> dict[str, Any]:
     """The rollout ceiling: our RolloutActors with fixed (initial) weights and no learner.
 
-    The loop is the driver's sampling half: each actor keeps maxRequestsInFlightPerWorker
-    sample() calls outstanding and every fragment is fetched into this process (as the driver
-    does before aggregation), then dropped. Points once a second, like the training runs.
+    The loop is the driver's sampling half, through the driver's backend: each actor keeps
+    maxRequestsInFlightPerWorker requests outstanding, over the transport the driver would pick
+    (`rollouts.transport`: direct connections for small fragments), and every fragment is
+    fetched into this process (as the driver does before aggregation), then dropped. Points once
+    a second, like the training runs.
     """
     import ray
 
-    from impala_trainer.rollouts.actors import ROLLOUT_RESOURCE, RolloutActor
+    from impala_trainer.driver.impala import direct_samples
+    from impala_trainer.driver.ray_backend import RayBackend
+    from impala_trainer.learning.models import build_model
+    from impala_trainer.rollouts.actors import ROLLOUT_RESOURCE
+    from impala_trainer.rollouts.envs import env_spaces
 
     workers = spec.rollouts.initial_replicas * spec.rollouts.workers_per_pod
     ray.init(
@@ -204,29 +210,28 @@ def sample_only(
         log_to_driver=False,
         logging_level="ERROR",
     )
-    actors = [
-        RolloutActor.options(resources={ROLLOUT_RESOURCE: 1}).remote(spec, f"rollout-{i}", seed + i)
-        for i in range(workers)
-    ]
-    ray.get([a.node_info.remote() for a in actors])  # built: envs made, torch imported
+    spaces = env_spaces(spec.env)
+    model = build_model(spec.model, spaces.obs_shape, spaces.actions)
+    nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    direct = direct_samples(spec, spaces.obs_shape, spaces.obs_dtype, nbytes)
+    backend = RayBackend()
+    actors = [backend.start("rollout", spec, f"rollout-{i}", seed + i) for i in range(workers)]
+    backend.get_many([backend.node_info(a) for a in actors])  # built: envs made, torch imported
     in_flight = spec.training.max_requests_in_flight_per_worker
-    refs: dict[Any, tuple[int, Any]] = {}
+    refs: dict[Any, int] = {}
     for i, actor in enumerate(actors):
         for _ in range(in_flight):
-            fragment_ref, meta_ref = actor.sample.remote()
-            refs[meta_ref] = (i, fragment_ref)
+            refs[backend.sample_whole(actor, None, 0, direct=direct)] = i
     curve = SecondPoints(seconds, process_start)
     steps = 0
     try:
         while not curve.due(steps):
-            ready, _ = ray.wait(list(refs), num_returns=1, timeout=0.05)
-            for meta_ref in ready:
-                i, fragment_ref = refs.pop(meta_ref)
-                meta = ray.get(meta_ref)
-                ray.get(fragment_ref)  # the driver pulls each fragment to aggregate it
+            ready, _ = backend.wait(list(refs), num_returns=1, timeout=0.05)
+            for ref in ready:
+                i = refs.pop(ref)
+                _, meta = backend.get(ref)  # the driver pulls each fragment to aggregate it
                 steps += meta.env_steps
-                new_fragment, new_meta = actors[i].sample.remote()
-                refs[new_meta] = (i, new_fragment)
+                refs[backend.sample_whole(actors[i], None, 0, direct=direct)] = i
     finally:
         ray.shutdown()
     return {"points": curve.points}
