@@ -1123,8 +1123,12 @@ def test_aggregator_variant_trains_and_resumes_from_the_store(
                 "cartpole",
                 namespace=ns,
                 aggregators={"minReplicas": 1, "maxReplicas": 1},
-                # The example's 280 s of training would end it mid-fault on a busy node.
-                stop={"timeLimitSeconds": 900},
+                # Stopped by steps, not at the example's return of 450: the resumed learner
+                # reached 450 within seconds of the store going down (CartPole now samples
+                # ~80K env steps/s), so no training was left to do without the store. 600K steps
+                # leave tens of seconds; the example's 280 s limit would end it mid-fault on a
+                # busy node.
+                stop={"timeLimitSeconds": 900, "episodeReturnMean": None, "timesteps": 600_000},
                 checkpoint={
                     "volumeClaim": None,
                     "storageUri": "s3://results/aggregated",
