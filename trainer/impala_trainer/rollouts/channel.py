@@ -1,8 +1,9 @@
 """A direct connection between the driver and one rollout actor, for small samples.
 
-Each sample request as a Ray actor call costs ~1 ms of CPU across the driver, the actor and Ray's
-threads (`bench/ray_calls.py`: 1.65 CPU-ms per request with 0.8 ms of work, against 0.85-0.87 over a
-TCP connection), which for the CartPole example's 128-step fragments is more than the sampling.
+Each sample request as a Ray actor call costs ~0.85 ms of CPU across the driver, the actor and
+Ray's threads (`bench/ray_calls.py`: 1.65 CPU-ms per request with 0.8 ms of work, against
+0.85-0.87 over a TCP connection), about what sampling a CartPole example's 128-step fragment
+costs.
 So where a request's weights and its fragment are small, the driver opens a TCP connection to
 each rollout actor's process (the actor connects to the driver's listener, the address given by
 a Ray call) and sends requests on it; Ray still places, starts, watches and kills the actors.
