@@ -645,8 +645,9 @@ def members(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
 
 def test_deleted_rollout_pod_is_replaced(real_kube: Kube, faulty_job: tuple[str, Path]) -> None:
     kube, (ns, _) = real_kube, faulty_job
-    pod = running_pods(kube, ns, "rollout")[0]
-    victim, victim_ip = pod["metadata"]["name"], pod["status"]["podIP"]
+    pods = running_pods(kube, ns, "rollout")
+    old = {p["metadata"]["name"] for p in pods}
+    victim, victim_ip = pods[0]["metadata"]["name"], pods[0]["status"]["podIP"]
     before = progress_steps(kube, ns, FAULT_JOB)
     kube.kubectl("delete", "pod", "-n", ns, victim, "--wait=false")
     log(f"deleted rollout pod {victim} ({victim_ip}) at {before} steps")
@@ -655,8 +656,10 @@ def test_deleted_rollout_pod_is_replaced(real_kube: Kube, faulty_job: tuple[str,
 
     def replaced() -> str | None:
         seen.append(progress_steps(kube, ns, FAULT_JOB))
-        pods = [p for p in running_pods(kube, ns, "rollout") if p["metadata"]["name"] != victim]
-        return pods[-1]["status"]["podIP"] if len(pods) == 2 else None
+        # The new pod by name: the list is sorted by name, so its position says nothing (taking
+        # the last one picked the surviving pod half the time, whose actor had long sampled).
+        new = [p for p in running_pods(kube, ns, "rollout") if p["metadata"]["name"] not in old]
+        return new[0]["status"]["podIP"] if new else None
 
     new_ip = wait_for(replaced, timeout=180, interval=2, what="a new rollout pod")
 
@@ -670,10 +673,20 @@ def test_deleted_rollout_pod_is_replaced(real_kube: Kube, faulty_job: tuple[str,
 
     wait_for(joined, timeout=180, interval=3, what=f"an actor on the new pod ({new_ip}) to sample")
     log(f"the new rollout pod's actor sampled {time.monotonic() - t0:.0f} s after the delete")
-    gone = [m for m in members(kube, ns, FAULT_JOB) if m["node_ip"] == victim_ip]
-    # The deleted pod drained: its actor was released, and every env step it sampled reached
-    # the driver (its own count equals the driver's), so the job's counters stay exact.
-    assert gone and all(m["state"] == "dead" for m in gone), gone
+    listed: list[dict[str, Any]] = []
+
+    def released() -> list[dict[str, Any]]:
+        listed[:] = members(kube, ns, FAULT_JOB)
+        gone = [m for m in listed if m["node_ip"] == victim_ip]
+        return gone if gone and all(m["state"] == "dead" for m in gone) else []
+
+    # The deleted pod drains: its actor is released once its in-flight fragment arrived, and
+    # every env step it sampled reached the driver (its own count equals the driver's), so the
+    # job's counters stay exact.
+    try:
+        gone = wait_for(released, timeout=60, interval=2, what=f"the actors on {victim_ip} to go")
+    except TimeoutError as err:
+        raise AssertionError(f"{err}; members: {listed}") from None
     assert all(m["env_steps_produced"] == m["env_steps"] > 0 for m in gone), gone
     assert seen == sorted(seen), seen
     assert job_status(kube, ns, FAULT_JOB)["phase"] == "Running"
