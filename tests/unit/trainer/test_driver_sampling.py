@@ -61,7 +61,7 @@ def _driver(
     # What run() does first, without starting the learner thread: its queue then fills up, and
     # _step only needs to see it alive.
     driver.thread.is_alive = lambda: True  # type: ignore[method-assign]
-    for actor in driver.manager.ensure_targets():
+    for actor in driver._new_actors:
         driver.on_new_actor(actor)
     driver.manager.poll()
     return driver, backend, backend.actors
@@ -387,3 +387,31 @@ def test_a_run_whose_volume_is_full_to_its_end_keeps_its_result(
         caplog.text
     )
     assert not run_dir.summary_file.exists()
+
+
+def test_the_actors_start_before_the_learner_is_built_and_go_if_it_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A learner process (or a GPU's context) takes a second or more to build; the actors start
+    first, so their start-up overlaps it. A learner that cannot be built takes them down."""
+    backend = LocalBackend(rollout_units=2)
+    started: list[int] = []
+    real = driver_mod.make_learner_thread
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        started.append(len(backend.actors))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(driver_mod, "make_learner_thread", build)
+    driver = build_driver(_job(), RunDir(tmp_path / "run"), backend, Wiring(rollout_workers=2))
+    assert started == [2]
+    assert [a.actor_id for a in driver._new_actors] == ["rollout-0", "rollout-1"]
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise MemoryError("the learner does not fit")
+
+    monkeypatch.setattr(driver_mod, "make_learner_thread", fail)
+    again = LocalBackend(rollout_units=2)
+    with pytest.raises(MemoryError):
+        build_driver(_job(), RunDir(tmp_path / "again"), again, Wiring(rollout_workers=2))
+    assert len(again.actors) == 2 and all(a.error is not None for a in again.actors)

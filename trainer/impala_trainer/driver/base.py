@@ -111,6 +111,10 @@ class Driver:
         spaces = env_spaces(self.spec.env)
         self.obs_shape, self.actions = spaces.obs_shape, spaces.actions
         self.obs_dtype = spaces.obs_dtype
+        # The actors start now, before the subclass builds its learner: each actor is a process
+        # that imports torch and makes its envs, as a learner process does, and a GPU learner
+        # makes its CUDA context; they overlap instead of adding up. Asked for work in _setup.
+        self._new_actors = self.manager.ensure_targets()
 
     # -- the run --------------------------------------------------------------------------------
 
@@ -137,7 +141,8 @@ class Driver:
         return result
 
     def _setup(self) -> None:
-        new_actors = self.manager.ensure_targets()
+        new_actors = [*self._new_actors, *self.manager.ensure_targets()]
+        self._new_actors = []
         restored = load_newest_readable(self.run_dir.checkpoints) if self.resume else None
         message = ""
         if isinstance(restored, tuple):

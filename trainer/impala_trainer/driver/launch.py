@@ -63,13 +63,17 @@ def build_driver(
         "on_report": wiring.on_report,
         "mirror": wiring.mirror,
     }
-    if job.spec.training.mode == "async-gradients":
-        from impala_trainer.driver.async_gradients import AsyncGradientsDriver
+    try:
+        if job.spec.training.mode == "async-gradients":
+            from impala_trainer.driver.async_gradients import AsyncGradientsDriver
 
-        return AsyncGradientsDriver(job, run_dir, **collaborators)
-    from impala_trainer.driver.impala import ImpalaDriver
+            return AsyncGradientsDriver(job, run_dir, **collaborators)
+        from impala_trainer.driver.impala import ImpalaDriver
 
-    return ImpalaDriver(job, run_dir, **collaborators)
+        return ImpalaDriver(job, run_dir, **collaborators)
+    except BaseException:  # the actors start in the constructor, before its learner is built
+        manager.shutdown()
+        raise
 
 
 def train(
