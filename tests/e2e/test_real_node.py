@@ -306,6 +306,10 @@ def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
         log(f"learner pod {phase} {time.monotonic() - t_done:.0f} s after the job")
         assert phase == "Succeeded"
         assert "reached after" in impalajob(kube, "logs", "cartpole", "-n", ns)
+        # No CPU request in the example: one intra-op thread, whatever the node's cores.
+        assert "learner: 1 intra-op thread (learner.resources has no CPU request; " in (
+            results / "trainer.log"
+        ).read_text()
         # cleanPodPolicy scaled the rollouts to 0: status says so once they are gone (it once kept
         # `ready: 1` with desired 0, `kubectl get ij` ROLLOUTS 1/0).
         wait_for(
@@ -364,7 +368,9 @@ def test_a_learner_process_trains_on_pong_frames_in_a_real_pod(
         (claim,) = [d for d in example_documents("pong") if d["kind"] == "PersistentVolumeClaim"]
         claim["metadata"]["namespace"] = ns
         manifest = example_manifest(
-            "pong", name="pong", namespace=ns, learner={"process": "separate"},
+            "pong", name="pong", namespace=ns,
+            # The limit is the container's CFS quota: 1.5 CPUs, fewer than the node's 2 cores.
+            learner={"process": "separate", "resources": {"limits": {"cpu": "1500m"}}},
             rollouts={"minReplicas": 1, "maxReplicas": 1}, stop={"timeLimitSeconds": 30},
         )  # fmt: skip
         t0 = time.monotonic()
@@ -379,6 +385,9 @@ def test_a_learner_process_trains_on_pong_frames_in_a_real_pod(
         trainer_log = (results / "trainer.log").read_text()
         assert "in a process of its own" in trainer_log, trainer_log[-3000:]
         assert "shared-memory slots" in trainer_log, trainer_log[-3000:]
+        # The learner read its quota inside the container (node/cpus.py): 1 CPU usable of 2.
+        threads = "learner: 1 intra-op thread (the learner's CPU request 1.5; 1 CPU usable)"
+        assert threads in trainer_log, trainer_log[:3000]
         # Trained, not only sampled: the learner process took the batches out of the slots.
         last = json.loads((results / "history.jsonl").read_text().splitlines()[-1])
         assert last["learner_updates"] > 0 and last["env_steps"] > 0, last

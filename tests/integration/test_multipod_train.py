@@ -27,6 +27,8 @@ MANIFEST: dict[str, Any] = job_manifest(
     # The time limit only stops a run that fails to learn (the test then fails on it).
     stop={"episodeReturnMean": 400, "timeLimitSeconds": 900},
     checkpoint={"intervalSeconds": 60},
+    # The learner computes with the CPUs reserved for it (node/cpus.py), not the node's cores.
+    learner={"resources": {"requests": {"cpu": "1500m"}, "limits": {"cpu": "4"}}},
 )
 
 
@@ -68,3 +70,5 @@ def test_learner_two_rollout_pods_and_an_aggregator_learn_cartpole(job: LocalJob
     assert sum(m["env_steps"] for m in rollouts) == final["counters"]["num_env_steps_sampled"]
     assert aggregators and aggregators[0]["env_steps"] > 0
     assert final["counters"]["num_env_steps_trained"] > 0
+    log = (job.run_dir / "trainer.log").read_text()
+    assert "learner: 1 intra-op thread (the learner's CPU request 1.5; " in log

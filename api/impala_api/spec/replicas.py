@@ -46,7 +46,9 @@ class LearnerSpec(SpecModel):
     the process through a pipe). V-trace mode only."""
 
     resources: Resources = Field(default_factory=Resources)
-    """Learner container resources (GPU requests are added from gpus)."""
+    """Learner container resources (GPU requests are added from gpus). The CPU request (else
+    limit) is also the learner's intra-op thread count, rounded down (1 without either;
+    OMP_NUM_THREADS in pod.env overrides it)."""
 
     node_selector: dict[str, str] = Field(default_factory=dict)
     """Node selector for the learner pod."""

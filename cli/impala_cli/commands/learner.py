@@ -155,6 +155,10 @@ def _train(
     from impala_cli.commands.progress import ProgressReporter
     from impala_trainer.driver.launch import Wiring, train
     from impala_trainer.driver.ray_backend import RayBackend
+    from impala_trainer.node.cpus import pod_learner_threads, set_learner_threads
+
+    # torch would size its team from the node's cores, whatever the pod reserved (node/cpus.py).
+    set_learner_threads(*pod_learner_threads(job.spec.learner.resources))
 
     # ray.init installs its own SIGTERM handler (exit at once); ours lets the driver checkpoint.
     signal.signal(signal.SIGTERM, _stop_on_sigterm)

@@ -163,11 +163,9 @@ def run(args: argparse.Namespace) -> int:
     # as Ctrl-C does, with a final checkpoint and summary.
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     warm.join()
-    import torch
+    from impala_trainer.node.cpus import local_learner_threads, set_learner_threads
 
-    # The actors share this machine: intra-op threads beyond the cores they leave free only
-    # contend (a CartPole update is several times slower with 2 threads on a busy 2-core box).
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) - num_rollout - num_aggregator))
+    set_learner_threads(*local_learner_threads(num_rollout + num_aggregator))
 
     from impala_cli.commands.progress import ProgressReporter
     from impala_trainer.driver.launch import Wiring, train
