@@ -5,9 +5,9 @@ use: in a learner pod on a 64-core node the learner would run 64 threads whateve
 for, and a CFS quota would throttle them. Even where the cores are there, a team larger than
 the CPUs left to it costs more than it gives: OpenMP's workers spin between parallel ops, on
 cores the driver loop and other pods want. Measured on a 2-core machine, the learner pod of
-`bench/multipod_scaling.py` (one rollout pod beside it): CartPole 55-58K env steps/s with 2
-threads, its OpenMP worker alone burning 12 CPU-ms per 1,000 env steps, against 72K with one;
-Pong 1,625 against 2,271 (docs/benchmarks.md, "Multi-pod throughput").
+`bench/multipod_scaling.py` (one rollout pod beside it): CartPole 51-57K env steps/s with 2
+threads, its OpenMP worker alone burning ~12 CPU-ms per 1,000 env steps, against 75-76K with
+one; Pong 1,663 against 2,397 (docs/benchmarks.md, "Multi-pod throughput").
 
 So threads follow what was reserved for the learner, as Ray gives an actor `OMP_NUM_THREADS`
 equal to the CPUs it reserved (RLlib's learner actor: one):
