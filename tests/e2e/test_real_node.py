@@ -1257,7 +1257,10 @@ def test_aggregator_variant_trains_and_resumes_from_the_store(
         log(f"aggregated: {st['phase']}, return {progress.get('episodeReturnMean')} at "
             f"{progress.get('timesteps')} steps")  # fmt: skip
         assert st["phase"] == "Succeeded", diagnose(kube, ns)
-        assert float(progress["episodeReturnMean"]) >= 450
+        # Learned (an untrained policy scores ~20): the run stops at a step count, not a return,
+        # and the mean of its last 100 episodes there moves with a few short ones: 468.12 and
+        # 437.81 in two CI runs of the same code (2026-11-28), so 450 was a coin toss.
+        assert float(progress["episodeReturnMean"]) >= 400
         # The deletion was a disruption, not a failure; the results are in the store.
         assert st["learner"]["failures"] == 0, st["learner"]
         summary = store_json(s3_store, "aggregated/summary.json")
