@@ -28,7 +28,9 @@ class Toleration(SpecModel):
     """How long a NoExecute taint is tolerated."""
 
 
-Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")]
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$"
+"""A Kubernetes quantity as the spec accepts it (group 2: the suffix)."""
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
 
 
 class Resources(SpecModel):

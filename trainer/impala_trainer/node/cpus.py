@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from impala_api.spec.pods import Resources
+from impala_api.spec.pods import QUANTITY_PATTERN, Resources
 
 logger = logging.getLogger(__name__)
 
@@ -35,15 +35,17 @@ PROC_MOUNTINFO = Path("/proc/self/mountinfo")
 
 _SUFFIXES = {"m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
              "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}  # fmt: skip
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")
+_QUANTITY = re.compile(QUANTITY_PATTERN)
 
 
 def cpu_quantity(quantity: str) -> float:
     """A Kubernetes CPU quantity in CPUs: "500m" 0.5, "2" 2.0 (the spec's Quantity pattern)."""
-    match = _QUANTITY.match(quantity.strip())
+    quantity = quantity.strip()
+    match = _QUANTITY.match(quantity)
     if match is None:
         raise ValueError(f"not a CPU quantity: {quantity!r}")
-    return float(match.group(1)) * _SUFFIXES[match.group(2) or ""]
+    suffix = match.group(2) or ""
+    return float(quantity[: len(quantity) - len(suffix)]) * _SUFFIXES[suffix]
 
 
 def reserved_cpus(resources: Resources) -> float | None:
