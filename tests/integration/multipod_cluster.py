@@ -31,7 +31,7 @@ import psutil
 import yaml
 
 from impala_api.roles import RayPorts, Role, role_command
-from impala_api.snapshot import STATUS_FILE, SUMMARY_FILE
+from impala_api.snapshot import HISTORY_FILE, STATUS_FILE, SUMMARY_FILE
 from impala_api.spec import ImpalaJob
 
 NODE_SPACING = 150  # > the 110 ports of one node's block
@@ -219,6 +219,16 @@ class LocalJob:
             return json.loads((self.run_dir / SUMMARY_FILE).read_text())
         except (OSError, ValueError):
             return None
+
+    def history(self) -> list[dict[str, Any]]:
+        """history.jsonl's points so far (a line still being written is left out)."""
+        points = []
+        for line in (self.run_dir / HISTORY_FILE).read_text().splitlines():
+            try:
+                points.append(json.loads(line))
+            except ValueError:
+                continue
+        return points
 
     def wait_for(
         self,

@@ -53,16 +53,7 @@ def nodes_of(status: dict[str, Any], role: str = "rollout") -> set[str]:
 
 
 def history_after(job: LocalJob, t: float) -> list[dict[str, Any]]:
-    lines = (job.run_dir / "history.jsonl").read_text().splitlines()
-    points = []
-    for line in lines:
-        try:
-            point = json.loads(line)
-        except ValueError:  # a line being written
-            continue
-        if point["time"] > t:
-            points.append(point)
-    return points
+    return [point for point in job.history() if point["time"] > t]
 
 
 def latest_checkpoint_steps(job: LocalJob) -> int:

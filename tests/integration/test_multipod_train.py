@@ -6,14 +6,12 @@ pod builders put in the containers), with the learner's Service name replaced by
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from impala_api.snapshot import HISTORY_FILE
 from tests.integration.multipod_cluster import LocalJob, healthy
 from tests.support.jobs import job_manifest
 
@@ -60,10 +58,7 @@ def test_learner_two_rollout_pods_and_an_aggregator_learn_cartpole(job: LocalJob
     assert summary is not None
     assert summary["stopped_by"] == "timesteps"
     # It learned: the curve reached 400 (the last mean at a fixed step count moves a lot).
-    curve = [
-        json.loads(line)["episode_return_mean"] or 0.0
-        for line in (job.run_dir / HISTORY_FILE).read_text().splitlines()
-    ]
+    curve = [p["episode_return_mean"] or 0.0 for p in job.history()]
     assert max(curve) >= 400, curve[-10:]
 
     final = job.status()
