@@ -1,6 +1,7 @@
-"""The learner thread in a process of its own (learner.process: separate), through a real spawned
-process: updates, weights and state come back; the inqueue keeps its bound; a checkpoint loads
-before the start; starvation and a killed process reach the driver as clear errors."""
+"""The learner thread in a process of its own (learner.process: separate), through a real process
+forked from the forkserver: updates, weights and state come back; the inqueue keeps its bound; a
+checkpoint loads before the start; starvation and a killed process reach the driver as clear
+errors."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
+from impala_trainer.learning import forkserver
 from impala_trainer.learning.learner import Learner
 from impala_trainer.learning.learner_process import LearnerProcess, LearnerProcessError
 from impala_trainer.learning.learner_thread import LearnerStarvedError
@@ -222,6 +225,25 @@ def test_a_killed_learner_process_is_not_alive_and_its_state_request_says_why() 
     assert process.stopped_reason() == "the learner process was killed by SIGKILL (out of memory?)"
     process.stop()  # harmless on a dead process
     process.join(timeout=5)
+
+
+def test_the_process_is_forked_from_a_forkserver_that_imported_torch_beforehand() -> None:
+    """Not spawned from the driver after Ray: forked from the process `start_early` began, which
+    already holds torch (learning/forkserver.py)."""
+    forkserver.start_early()
+    process = _process()
+    try:
+        pid = process._process.pid
+        assert pid is not None
+        server = psutil.Process(pid).parent()
+        assert server is not None and server.pid != os.getpid()
+        assert "forkserver" in " ".join(server.cmdline())
+        assert any("libtorch" in Path(m.path).name for m in server.memory_maps())
+        process.start()
+        process.inqueue.put(make_batch())
+        assert len(_updates(process, 1)) == 1
+    finally:
+        _close(process)
 
 
 def test_a_learner_that_cannot_be_built_fails_at_once_with_the_reason() -> None:

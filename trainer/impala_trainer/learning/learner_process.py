@@ -27,7 +27,6 @@ import ctypes
 import logging
 import logging.handlers
 import math
-import multiprocessing
 import pickle
 import queue
 import signal
@@ -38,6 +37,7 @@ from multiprocessing.connection import Connection
 from typing import Any, cast
 
 from impala_api.spec import ImpalaJobSpec
+from impala_trainer.learning import forkserver
 from impala_trainer.learning.batch_slots import SlotQueue, SlotReader, slot_count
 from impala_trainer.learning.distributions import ActionDistribution
 from impala_trainer.learning.learner_thread import BatchQueue
@@ -129,9 +129,9 @@ class LearnerProcess:
         seed: int,
         intra_op_threads: int,
     ) -> None:
-        # spawn, not fork: the driver holds Ray's threads and sockets, which a fork would copy
-        # half-alive.
-        ctx = multiprocessing.get_context("spawn")
+        # Forked from the forkserver (learning/forkserver.py), not from the driver: the driver
+        # holds Ray's threads and sockets, which a fork would copy half-alive.
+        ctx = forkserver.context()
         # Batches go through shared-memory slots (learning/batch_slots.py), not the pipe.
         size = spec.training.learner_queue_size
         self.inqueue = SlotQueue(ctx, size, slot_count(size, batches_held_by_learner(spec)))
@@ -431,9 +431,9 @@ def serve(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _name_process(b"impala-learner")
-    # As the driver's process does before its learner thread (node/allocator.py): a spawned
-    # process starts with glibc's defaults again, which return a CNN update's large buffers to
-    # the kernel and fault them in again on the next update.
+    # As the driver's process does before its learner thread (node/allocator.py): forked from
+    # the forkserver, which never set them, the process has glibc's defaults, which return a CNN
+    # update's large buffers to the kernel and fault them in again on the next update.
     keep_freed_memory()
     outbox = _Outbox(out)
     root = logging.getLogger()

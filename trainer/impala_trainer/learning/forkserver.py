@@ -1,0 +1,38 @@
+"""The process that learner processes are forked from (`learner.process: separate`).
+
+A learner process needs the interpreter, torch and the learner's modules: ~1.5 CPU-s of imports.
+Spawned, it paid them after `ray.init`, while the rollout actors paid theirs on the same two
+cores, and the CartPole example reached 450 about a second later than with the learner in the
+driver (docs/benchmarks.md, section 8). multiprocessing's forkserver imports them once, in a
+process of its own that holds no thread of Ray's or torch's (a fork copies no half-held lock
+and no OpenMP pool). `start_early` starts it before Ray, so the imports overlap Ray's start-up;
+each learner process is then a fork of it. Without `start_early`, the first learner process
+starts the forkserver itself, as spawn would have taken.
+
+This module imports no torch: the command calls it before anything heavy.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.context
+import multiprocessing.forkserver
+
+PRELOAD = ["impala_trainer.learning.learner_process"]
+"""What the forkserver imports before its first fork (torch and the learner thread classes)."""
+
+
+def context() -> multiprocessing.context.ForkServerContext:
+    """The multiprocessing context a learner process starts from."""
+    ctx = multiprocessing.get_context("forkserver")
+    # Takes effect when the forkserver starts (here or at the first learner process); a running
+    # forkserver keeps what it imported.
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def start_early() -> None:
+    """Start the forkserver now, importing torch and the learner there while this process does
+    other work (Ray's start-up)."""
+    context()
+    multiprocessing.forkserver.ensure_running()
