@@ -42,8 +42,9 @@ class LearnerSpec(SpecModel):
     """Where the learner thread runs: in the driver's process (driver), or in a process of its
     own (separate), so that its updates and the driver loop's Ray calls do not take turns on one
     Python interpreter lock: for small models (hundreds of small ops per update) where the
-    learner pod has a core for each. Large observations cost more there (each batch reaches
-    the process through a pipe). V-trace mode only."""
+    learner pod has a core for each. A batch's large arrays reach the process through shared
+    memory; the process forks from a server that imports torch while Ray starts. V-trace mode
+    only."""
 
     resources: Resources = Field(default_factory=Resources)
     """Learner container resources (GPU requests are added from gpus). The CPU request (else
