@@ -7,7 +7,7 @@ driver (docs/benchmarks.md, section 8). multiprocessing's forkserver imports the
 process of its own that holds no thread of Ray's or torch's (a fork copies no half-held lock
 and no OpenMP pool). `start_early` starts it before Ray, so the imports overlap Ray's start-up;
 each learner process is then a fork of it. Without `start_early`, the first learner process
-starts the forkserver itself, as spawn would have taken.
+starts the forkserver and waits for its imports, as a spawned process waited for its own.
 
 This module imports no torch: the command calls it before anything heavy.
 """

@@ -2,14 +2,15 @@
 
 torch.optim wraps `step`, `add_param_group`, `state_dict`, `load_state_dict` and `zero_grad` so
 that a `torch.compile`d caller does not trace into them, and each wrapper imports `torch._dynamo`
-on its first call: 1.2 CPU-s on the 2-core machine, paid when the learner is built (the first
-`add_param_group`) and again in the learner process; on a two-core laptop every learner
-start-up took about a second longer for it (docs/benchmarks.md, section 8). The learner never
+on its first call: 1.2 CPU-s on the 2-core machine, paid by every process that builds a
+learner (its first `add_param_group`: the driver, the learner process, an A3C worker), or at the
+first checkpoint (`state_dict`); a local CartPole run took about a second longer for it
+(docs/benchmarks.md, section 8). The learner never
 compiles its optimisers, so these subclasses call the functions beneath the wrappers
 (`__wrapped__`, set by functools.wraps), with gradients off as torch's step wrapper turns them
 off: the same arithmetic and the same state dicts (a checkpoint of either loads into the other).
 Should a later torch drop `__wrapped__`, they call the wrappers: slower to start, the same
-results (tests/unit/trainer/test_optimizers.py says which).
+results, and tests/unit/trainer/test_optimizers.py fails to say so.
 """
 
 from __future__ import annotations
