@@ -91,12 +91,11 @@ def run(args: argparse.Namespace) -> int:
 
     # Before any thread starts: the learner's large per-update tensors reuse freed memory.
     keep_freed_memory()
-    if job.spec.learner.process == "separate":
-        # The learner process's imports happen in the forkserver it is forked from, beside
-        # Ray's start-up rather than after it (learning/forkserver.py).
-        from impala_trainer.learning import forkserver
+    # A learner process's imports happen in the forkserver it is forked from, beside Ray's
+    # start-up rather than after it (learning/forkserver.py).
+    from impala_trainer.learning import forkserver
 
-        forkserver.start_early()
+    forkserver.start_early(job.spec)
     apply_ray_env()
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     cfg = NodeConfig.from_args(args, head=True, gcs_port=args.gcs_port, resources={})

@@ -169,12 +169,11 @@ def run(args: argparse.Namespace) -> int:
     run_dir, mirror, resume = _open_run_dir(job, args)
     # Before any thread starts: the learner's large per-update tensors reuse freed memory.
     keep_freed_memory()
-    if spec.learner.process == "separate":
-        # The learner process's imports happen in the forkserver it is forked from, beside
-        # Ray's start-up rather than after it (learning/forkserver.py).
-        from impala_trainer.learning import forkserver
+    # A learner process's imports happen in the forkserver it is forked from, beside Ray's
+    # start-up rather than after it (learning/forkserver.py).
+    from impala_trainer.learning import forkserver
 
-        forkserver.start_early()
+    forkserver.start_early(spec)
 
     # Import torch and the trainer (seconds) while Ray starts its processes (more seconds).
     # Ray must start on the main thread: its processes die with the thread that spawned them.

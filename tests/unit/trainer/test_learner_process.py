@@ -230,7 +230,7 @@ def test_a_killed_learner_process_is_not_alive_and_its_state_request_says_why() 
 def test_the_process_is_forked_from_a_forkserver_that_imported_torch_beforehand() -> None:
     """Not spawned from the driver after Ray: forked from the process `start_early` began, which
     already holds torch (learning/forkserver.py)."""
-    forkserver.start_early()
+    forkserver.start_early(learner_spec(learner={"process": "separate"}))
     process = _process()
     try:
         pid = process._process.pid

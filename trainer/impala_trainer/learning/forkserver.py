@@ -17,6 +17,10 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from impala_api.spec import ImpalaJobSpec
 
 PRELOAD = ["impala_trainer.learning.learner_process"]
 """What the forkserver imports before its first fork (torch and the learner thread classes)."""
@@ -31,8 +35,10 @@ def context() -> multiprocessing.context.ForkServerContext:
     return ctx
 
 
-def start_early() -> None:
-    """Start the forkserver now, importing torch and the learner there while this process does
-    other work (Ray's start-up)."""
+def start_early(spec: ImpalaJobSpec) -> None:
+    """For a job whose learner runs in a process of its own: start the forkserver now, importing
+    torch and the learner there while this process does other work (Ray's start-up)."""
+    if spec.learner.process != "separate":
+        return
     context()
     multiprocessing.forkserver.ensure_running()
