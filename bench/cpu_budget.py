@@ -60,7 +60,9 @@ def _component(proc: psutil.Process) -> str:
         if actor in ("IDLE", ""):
             return "ray idle workers"
         return f"ray actor {actor}"
-    if "multiprocessing.spawn" in cmd:  # learner.process: separate
+    # learner.process: separate: forked from multiprocessing's forkserver (whose command line
+    # it keeps, as the idle server does), or spawned.
+    if "multiprocessing.forkserver" in cmd or "multiprocessing.spawn" in cmd:
         return "learner process"
     for key in ("raylet", "gcs_server", "dashboard", "log_monitor", "monitor.py", "runtime_env"):
         if key in cmd:

@@ -156,7 +156,9 @@ def test_async_gradients_mode_improves_the_return(tmp_path: Path) -> None:
     run = tmp_path / "run"
     res = _train(
         "-f", EXAMPLE, "--run-dir", str(run),
-        "--set", "training.mode=async-gradients", "--set", "training.rolloutFragmentLength=16",
+        # A3C has no learner thread to put in a process of its own (the example's `separate`).
+        "--set", "training.mode=async-gradients", "--set", "learner.process=driver",
+        "--set", "training.rolloutFragmentLength=16",
         "--set", "stop.episodeReturnMean=150", "--set", "stop.timeLimitSeconds=600",
     )
     assert res.returncode == 0, res.stdout + res.stderr
