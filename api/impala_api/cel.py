@@ -19,6 +19,7 @@ from impala_api.spec import (
     NO_STOP_CRITERION,
     ONE_VOLUME_SOURCE_MESSAGE,
     PREV_ACTION_REWARD_LSTM,
+    REPLICAS_NEED_VTRACE,
     RESERVED_ENV,
     RESERVED_ENV_MESSAGE,
     RESERVED_ENV_PREFIXES,
@@ -166,6 +167,12 @@ RULES: dict[tuple[str, ...], list[Rule]] = {
             "!has(self.training.mode) || self.training.mode == 'vtrace'",
             SEPARATE_LEARNER_NEEDS_VTRACE,
             ".learner.process",
+        ),
+        _rule(
+            "!has(self.learner.replicas) || self.learner.replicas == 1 || "
+            "!has(self.training.mode) || self.training.mode == 'vtrace'",
+            REPLICAS_NEED_VTRACE,
+            ".learner.replicas",
         ),
     ],
     ("stop",): [

@@ -63,6 +63,7 @@ from impala_api.spec.pods import (
     VolumeMount,
 )
 from impala_api.spec.replicas import (
+    REPLICAS_NEED_VTRACE,
     SEPARATE_LEARNER_NEEDS_VTRACE,
     AggregatorsSpec,
     AutoscalingSpec,
@@ -105,6 +106,7 @@ __all__ = [
     "PLURAL",
     "PREV_ACTION_REWARD_LSTM",
     "RENAMED_RLLIB",
+    "REPLICAS_NEED_VTRACE",
     "RESERVED_ENV",
     "RESERVED_ENV_MESSAGE",
     "RESERVED_ENV_PREFIXES",

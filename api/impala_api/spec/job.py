@@ -12,6 +12,7 @@ from impala_api.spec.base import SpecModel
 from impala_api.spec.evaluation import EVALUATION_STOP_NEEDS_EVALUATION, EvaluationSpec
 from impala_api.spec.lifecycle import CheckpointSpec, RunPolicy
 from impala_api.spec.replicas import (
+    REPLICAS_NEED_VTRACE,
     SEPARATE_LEARNER_NEEDS_VTRACE,
     AggregatorsSpec,
     LearnerSpec,
@@ -84,6 +85,8 @@ class ImpalaJobSpec(SpecModel):
             raise ValueError(EVALUATION_STOP_NEEDS_EVALUATION)
         if self.learner.process == "separate" and self.training.mode != "vtrace":
             raise ValueError(SEPARATE_LEARNER_NEEDS_VTRACE)
+        if self.learner.replicas > 1 and self.training.mode != "vtrace":
+            raise ValueError(REPLICAS_NEED_VTRACE)
         return self
 
 

@@ -10,6 +10,11 @@ from pydantic import Field, model_validator
 from impala_api.spec.base import SpecModel
 from impala_api.spec.pods import PodOverrides, Resources, Toleration
 
+REPLICAS_NEED_VTRACE = (
+    "spec.learner.replicas above 1 trains one set of weights on several learners that average "
+    "their gradients before each step, and spec.training.mode async-gradients has no learner "
+    "(the driver applies each worker's gradients as they come): use replicas 1, or mode vtrace"
+)
 SEPARATE_LEARNER_NEEDS_VTRACE = (
     "spec.learner.process separate runs the learner thread in a process of its own, and "
     "spec.training.mode async-gradients has no learner thread (the driver applies the workers' "
@@ -21,7 +26,20 @@ class LearnerSpec(SpecModel):
     """The learner pod: Ray head, IMPALA driver and learner threads."""
 
     gpus: int = Field(default=0, ge=0, le=16)
-    """GPUs for the learner; more than one uses the multi-device learner (one tower per GPU)."""
+    """GPUs for the learner; more than one uses the multi-device learner (one tower per GPU).
+    With replicas, each learner has these GPUs."""
+
+    replicas: int = Field(default=1, ge=1, le=64)
+    """Learners that train one set of weights in lock step (data parallel, as PyTorch's
+    DistributedDataParallel: the same initial weights, and every learner's gradients averaged
+    over all of them, gloo on CPU and NCCL on CUDA, before each optimiser step). Each learner
+    trains its own stream of batches of trainBatchSize, so an update learns from replicas x
+    trainBatchSize env steps (RLlib's train_batch_size_per_learner). The loss is summed over a
+    batch's steps, so the averaged gradient is 1/replicas of what one learner would get from
+    the whole replicas x trainBatchSize batch: the same step for Adam and RMSprop up to their
+    epsilon, while gradClip applies to the averaged gradient. Above 1, every learner is a
+    process of its own (learner.process does not apply); learner 0 runs beside the driver and
+    its weights are the ones broadcast to the rollouts and checkpointed. V-trace mode only."""
 
     termination_grace_period_seconds: int = Field(default=120, ge=1, le=86_400)
     """SIGTERM to SIGKILL for the learner pod: time to write the final checkpoint (a large

@@ -99,7 +99,7 @@ def _stop_on_sigterm(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # the driver's "Stopped" path
 
 
-def _init_ray(num_rollout: int, num_aggregator: int) -> None:
+def _init_ray(num_rollout: int, num_aggregator: int, num_learners: int) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
@@ -109,7 +109,12 @@ def _init_ray(num_rollout: int, num_aggregator: int) -> None:
     ray.init(
         address="local",
         num_cpus=os.cpu_count() or 1,
-        resources={"rollout": num_rollout, "aggregator": num_aggregator},
+        # learner.replicas above 1: every learner is an actor on a unit of "learner".
+        resources={
+            "rollout": num_rollout,
+            "aggregator": num_aggregator,
+            "learner": num_learners if num_learners > 1 else 0,
+        },
         include_dashboard=False,
         logging_level=logging.ERROR,
         log_to_driver=False,
@@ -179,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     # Ray must start on the main thread: its processes die with the thread that spawned them.
     warm = threading.Thread(target=importlib.import_module, args=("impala_trainer.driver.impala",))
     warm.start()
-    _init_ray(num_rollout, num_aggregator)
+    _init_ray(num_rollout, num_aggregator, spec.learner.replicas)
     # After ray.init, which installs its own exit-at-once SIGTERM handler: SIGTERM stops the run
     # as Ctrl-C does, with a final checkpoint and summary.
     signal.signal(signal.SIGTERM, _stop_on_sigterm)

@@ -60,7 +60,7 @@ def _driver(
     assert isinstance(driver, ImpalaDriver)
     # What run() does first, without starting the learner thread: its queue then fills up, and
     # _step only needs to see it alive.
-    driver.thread.is_alive = lambda: True  # type: ignore[method-assign]
+    driver.group.thread.is_alive = lambda: True  # type: ignore[attr-defined]
     for actor in driver._new_actors:
         driver.on_new_actor(actor)
     driver.manager.poll()
@@ -73,7 +73,7 @@ def test_an_actor_is_asked_again_as_soon_as_its_batch_enters_the_learner_queue(
     driver, _, handles = _driver(tmp_path, _job())
     # Each 4x8 fragment completes a 32-step batch; the queue holds 2, so the first two go in.
     driver._step()
-    assert driver.thread.inqueue.qsize() == 2
+    assert driver.group.thread.inqueue.qsize() == 2
     assert not driver.ledger.parked
     # Both actors were asked for their next fragment in the same step, before any wait.
     assert all(h.calls.count("sample") == 2 for h in handles)
@@ -88,15 +88,15 @@ def test_a_full_learner_queue_parks_actors_until_it_has_room(
     driver, _, handles = _driver(tmp_path, _job())
     driver._step()  # queue full (2/2)
     driver._step()  # both fragments come back: one batch waits, its actor and the next park
-    assert driver.ledger.backlog and driver.thread.inqueue.full()
+    assert driver.ledger.backlog and driver.group.thread.inqueue.full()
     assert driver.ledger.parked == {"rollout-0", "rollout-1"}
     assert driver.ledger.samples_out() == 0
     assert driver.stats.counters.num_times_learner_queue_full == 1  # counted once per waiting batch
 
     # The learner takes two batches: the next step feeds the waiting one and, with room left,
     # asks both parked actors again before it blocks on anything.
-    driver.thread.inqueue.get_nowait()
-    driver.thread.inqueue.get_nowait()
+    driver.group.thread.inqueue.get_nowait()
+    driver.group.thread.inqueue.get_nowait()
     driver._feed_learner()
     driver._unpark()
     assert not driver.ledger.backlog and not driver.ledger.parked
@@ -149,7 +149,7 @@ def test_a_sample_is_one_object_unless_an_aggregator_may_take_its_fragment(
             assert isinstance(fragment, Fragment) and meta == fragment.meta()
     for _ in range(1 + aggregators):  # an aggregator's batches come back a step later
         driver._step()
-    assert driver.thread.inqueue.qsize() == 2 and driver.ledger.samples_out() == 2
+    assert driver.group.thread.inqueue.qsize() == 2 and driver.ledger.samples_out() == 2
 
 
 def test_with_an_aggregator_an_actor_is_asked_again_once_its_fragment_is_aggregated(
@@ -165,7 +165,7 @@ def test_with_an_aggregator_an_actor_is_asked_again_once_its_fragment_is_aggrega
     assert all(h.calls.count("sample") == 1 for h in rollouts)
     assert driver.ledger.samples_out() == 0 and len(driver.ledger.aggregations()) == 2
     driver._step()  # the batches are back and go into the learner queue: ask both again
-    assert driver.thread.inqueue.qsize() == 2 and not driver.ledger.aggregations()
+    assert driver.group.thread.inqueue.qsize() == 2 and not driver.ledger.aggregations()
     assert all(h.calls.count("sample") == 2 for h in rollouts)
     assert driver.ledger.samples_out() == 2
 
@@ -186,7 +186,7 @@ def test_the_learner_queue_is_never_overfilled(tmp_path: Path) -> None:
         driver._feed_learner()
         driver._unpark()
         driver._collect()
-    q: queue.Queue[Any] = driver.thread.inqueue
+    q: queue.Queue[Any] = driver.group.thread.inqueue
     assert q.qsize() == 2
     # Everything sampled is either queued for the learner or waiting in `pending`.
     sampled = driver.stats.counters.num_env_steps_sampled
@@ -234,8 +234,8 @@ def test_broadcast_weights_ride_on_each_actors_next_sample_request(
     driver._drain_learner()  # broadcast: new weights taken, no call to any actor
     assert driver.stats.counters.num_weight_broadcasts == 1
     assert all(h.calls == ["node_info", "sample", "sample"] for h in handles)
-    driver.thread.inqueue.get_nowait()
-    driver.thread.inqueue.get_nowait()
+    driver.group.thread.inqueue.get_nowait()
+    driver.group.thread.inqueue.get_nowait()
     driver._collect()  # the fragments return; each actor's next request carries version 3
     assert [h.versions_sent for h in handles] == [[0, None, 3], [0, None, 3]]
     assert all(h.worker.policy_version == 3 for h in handles)

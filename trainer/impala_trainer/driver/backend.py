@@ -19,6 +19,11 @@ from impala_api.spec import ImpalaJobSpec
 
 Role = Literal["rollout", "aggregator"]
 ROLES: tuple[Role, ...] = ("rollout", "aggregator")
+LearnerMethod = Literal[
+    "address", "join", "load_state_dict", "start", "train", "progress", "weights", "state_dict",
+    "stop",
+]
+"""The calls a learner of a group answers (`learning.learner_worker.LearnerWorker`'s methods)."""
 
 Ref: TypeAlias = Any
 """A result that may not be ready yet (a Ray ObjectRef; a LocalRef in process). Hashable."""
@@ -89,6 +94,23 @@ class Backend(Protocol):
 
     def evaluate(self, handle: Handle, weights: Weights, share: int, video: bool) -> Ref:
         """-> (EvaluationResult, video bytes or None): `share` episodes (or env steps)."""
+        ...
+
+    def start_learner(
+        self,
+        spec: ImpalaJobSpec,
+        model: tuple[tuple[int, ...], Any],
+        seed: int,
+        rank: int,
+        intra_op_threads: int,
+    ) -> Handle:
+        """Create learner `rank` of a group (learner.replicas > 1) on a unit of the learner
+        resource, rank 0 on the driver's own node; `model` is (obs_shape, actions). Never
+        blocks."""
+        ...
+
+    def learner_call(self, handle: Handle, method: LearnerMethod, *args: Any) -> Ref:
+        """-> what the learner's `method` returns."""
         ...
 
     # -- results --------------------------------------------------------------------------------

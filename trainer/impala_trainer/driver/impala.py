@@ -20,7 +20,6 @@ the loop and data never piles up without bound.
 from __future__ import annotations
 
 import logging
-import queue
 import time
 from collections import deque
 from typing import Any
@@ -33,11 +32,9 @@ from impala_trainer.batches import Fragment, FragmentMeta, TrainBatch
 from impala_trainer.driver.actor_manager import ManagedActor
 from impala_trainer.driver.backend import Ref, Weights
 from impala_trainer.driver.base import WAIT_SECONDS, Driver
+from impala_trainer.driver.learner_group import LearnerGroup, make_learner_group
 from impala_trainer.driver.ledger import Ledger
 from impala_trainer.learning.learner import LearnerState
-from impala_trainer.learning.learner_process import LearnerProcess
-from impala_trainer.learning.learner_thread import POLICY_LAG, LearnerThread
-from impala_trainer.learning.threads import make_learner_thread
 from impala_trainer.rollouts.aggregation import Aggregator
 from impala_trainer.rundir.writer import RunDir
 
@@ -70,22 +67,20 @@ class ImpalaDriver(Driver):
 
     def __init__(self, job: ImpalaJob, run_dir: RunDir, **collaborators: Any) -> None:
         super().__init__(job, run_dir, **collaborators)
-        self.thread: LearnerThread | LearnerProcess
-        if self.spec.learner.process == "separate":
-            self.thread = LearnerProcess(
-                self.spec, self.obs_shape, self.actions, self.seed, torch.get_num_threads()
-            )
-        else:
-            self.thread = make_learner_thread(self.spec, self.obs_shape, self.actions)
-        self.learner: LearnerState = self.thread.learner
-        amp = self.thread.learner.autocast_dtype
+        self.group: LearnerGroup = make_learner_group(
+            self.spec, (self.obs_shape, self.actions), self.seed, self.backend,
+            torch.get_num_threads(),
+        )  # fmt: skip
+        self.learner: LearnerState = self.group.learner
+        replicas, process = self.spec.learner.replicas, self.spec.learner.process
         logger.info(
-            "learner on %s, %s (learner.precision %s), in %s",
-            self.thread.learner.device,
-            "bfloat16 autocast" if amp is not None else "float32",
+            "learner on %s, %s (learner.precision %s), %s",
+            self.group.device,
+            "bfloat16 autocast" if self.group.autocast_dtype is not None else "float32",
             self.spec.learner.precision,
-            "a process of its own" if self.spec.learner.process == "separate" else "the driver",
-        )
+            f"{replicas} learners in lock step" if replicas > 1
+            else "in a process of its own" if process == "separate" else "in the driver",
+        )  # fmt: skip
         self.local_aggregator = Aggregator.from_spec(self.spec, self.seed)
         self.ledger = Ledger(self.spec.training.max_requests_in_flight_per_worker)
         # The broadcast is skipped while no actor has sampled since the last one (as RLlib).
@@ -102,17 +97,12 @@ class ImpalaDriver(Driver):
         """Whole samples (no aggregator actor) over connections of their own, not Ray calls."""
 
     def _begin(self) -> None:
-        self.thread.start()
+        self.group.start()
 
     # -- one iteration --------------------------------------------------------------------------
 
     def _step(self) -> None:
-        if self.thread.error is not None:
-            raise self.thread.error
-        if not self.thread.is_alive():
-            if isinstance(self.thread, LearnerProcess):
-                raise RuntimeError(self.thread.stopped_reason())
-            raise RuntimeError("the learner thread stopped")
+        self.group.check()
         self._drain_learner()
         self._feed_learner()
         # Parked actors go back to work the moment the learner queue takes the waiting batch,
@@ -154,9 +144,7 @@ class ImpalaDriver(Driver):
     def _feed_learner(self) -> None:
         backlog = self.ledger.backlog
         while backlog:
-            try:
-                self.thread.inqueue.put_nowait(backlog[0])
-            except queue.Full:
+            if not self.group.try_put(backlog[0]):
                 if not self._head_counted_full:  # once per batch, however long it waits
                     self._head_counted_full = True
                     self.stats.counters.num_times_learner_queue_full += 1
@@ -171,9 +159,7 @@ class ImpalaDriver(Driver):
     def _wait_on_learner(self) -> None:
         # The learner is the bottleneck: block on its queue, not on the actors.
         start = time.perf_counter()
-        try:
-            self.thread.inqueue.put(self.ledger.backlog[0], timeout=WAIT_SECONDS)
-        except queue.Full:
+        if not self.group.put(self.ledger.backlog[0], WAIT_SECONDS):
             self._time("learner_wait", start)
             return
         self._enqueued(self.ledger.backlog.popleft())
@@ -310,10 +296,10 @@ class ImpalaDriver(Driver):
         window.append(time.perf_counter() - start)
 
     def _update_learner_stats(self) -> None:
-        thread_stats = self.thread.stats()
+        thread_stats = self.group.stats()
         capacity = self.spec.training.learner_queue_size
         self.stats.set_learner_queue(
-            self.thread.learner_queue_size.stats(),
+            self.group.queue_stats(),
             capacity,
             thread_stats["learner_idle_fraction"],
         )
@@ -323,9 +309,7 @@ class ImpalaDriver(Driver):
         self.stats.timing_breakdown = timing
 
     def _close(self) -> None:
-        self.thread.stop()
-        if self.thread.is_alive():
-            self.thread.join(timeout=30)
+        self.group.close(timeout=30)
         self._drain_learner_counts()
 
     def _drain_learner_counts(self) -> int:
@@ -334,21 +318,15 @@ class ImpalaDriver(Driver):
         Called alone after the loop ends, so late updates are counted without a broadcast.
         """
         c = self.stats.counters
-        updates = 0
-        while True:
-            try:
-                env_steps, stats = self.thread.outqueue.get_nowait()
-            except queue.Empty:
-                break
-            c.num_env_steps_trained += env_steps
-            c.learner_updates += 1
-            updates += 1
-            lag = stats.pop(POLICY_LAG, None)
-            if lag is not None:  # a batch's first update: its lag includes the learner queue
-                self.stats.add_policy_lag(lag)
+        done = self.group.updates()
+        c.num_env_steps_trained += done.env_steps
+        c.learner_updates += done.steps
+        for lag in done.policy_lags:  # each batch's first update: the learner queue counts
+            self.stats.add_policy_lag(lag)
+        for stats in done.stats:
             self.stats.add_learner_stats(stats)
         # Schedules run on env steps trained, the clock of RLlib's old stack (its global_vars
         # "timestep" is NUM_AGENT_STEPS_TRAINED): a backlog in the queue does not decay them.
         self.learner.global_timestep = c.num_env_steps_trained
         c.policy_version = self.learner.policy_version
-        return updates
+        return done.steps

@@ -9,6 +9,7 @@ would; `nodes`/`units` describe one local node whose capacity a test can change.
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +17,8 @@ from typing import Any, Literal
 
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import Gradients, Handover, NodeInfo
-from impala_trainer.driver.backend import ROLES, NodeView, Role
+from impala_trainer.driver.backend import ROLES, LearnerMethod, NodeView, Role
+from impala_trainer.learning.learner_worker import LearnerWorker
 from impala_trainer.policy.evaluation import Evaluator
 from impala_trainer.rollouts.aggregation import Aggregator
 from impala_trainer.rollouts.worker import RolloutWorker
@@ -36,11 +38,16 @@ class ActorDied(RuntimeError):
 
 @dataclass(eq=False)
 class LocalRef:
-    """A finished call: its value, or the exception `get` raises."""
+    """A finished call: its value, or the exception `get` raises; or a learner's call still
+    running on its thread (`future`)."""
 
     value: Any = None
     error: BaseException | None = None
     id: int = field(default_factory=lambda: next(_ids))
+    future: concurrent.futures.Future[Any] | None = None
+
+    def done(self) -> bool:
+        return self.future is None or self.future.done()
 
     def __hash__(self) -> int:
         return self.id
@@ -48,11 +55,15 @@ class LocalRef:
 
 @dataclass(eq=False)
 class LocalActor:
-    role: Role | Literal["evaluation"]
+    role: Role | Literal["evaluation", "learner"]
     actor_id: str
     worker: RolloutWorker | None = None
     aggregator: Aggregator | None = None
     evaluator: Evaluator | None = None
+    learner: LearnerWorker | None = None
+    pool: concurrent.futures.ThreadPoolExecutor | None = None
+    """A learner's calls run on threads of their own, as a threaded Ray actor's: its group's
+    collectives block until every learner takes part."""
     error: BaseException | None = None
     """Set once the actor is dead: every later call fails with it."""
     calls: list[str] = field(default_factory=list)
@@ -72,6 +83,8 @@ class LocalBackend:
         """Whether the one local node is draining (a test of membership's drain)."""
         self.actors: list[LocalActor] = []
         self.evaluators: list[LocalActor] = []
+        self.learners: list[LocalActor] = []
+        self._stores: dict[int, Any] = {}
         self.puts = 0
 
     # -- test controls --------------------------------------------------------------------------
@@ -97,6 +110,9 @@ class LocalBackend:
     def kill(self, handle: LocalActor) -> None:
         if handle.error is None:
             handle.error = ActorDied(f"{handle.actor_id} was killed")
+        if handle.learner is not None and handle.pool is not None:
+            handle.learner.stop()
+            handle.pool.shutdown(wait=False, cancel_futures=True)
 
     def _call(self, actor: LocalActor, name: str, fn: Callable[[], Any]) -> LocalRef:
         actor.calls.append(name)
@@ -186,12 +202,45 @@ class LocalBackend:
 
     # -- results --------------------------------------------------------------------------------
 
+    def start_learner(
+        self,
+        spec: ImpalaJobSpec,
+        model: tuple[tuple[int, ...], Any],
+        seed: int,
+        rank: int,
+        intra_op_threads: int,
+    ) -> LocalActor:
+        worker = LearnerWorker(spec, *model, seed, rank, intra_op_threads)
+        pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix=f"learner-{rank}")
+        actor = LocalActor("learner", f"learner-{rank}", learner=worker, pool=pool)
+        self.learners.append(actor)
+        return actor
+
+    def learner_call(self, handle: LocalActor, method: LearnerMethod, *args: Any) -> LocalRef:
+        handle.calls.append(method)
+        if handle.error is not None:
+            return LocalRef(error=handle.error)
+        assert handle.learner is not None and handle.pool is not None
+        if method == "address":
+            args = ("127.0.0.1",)
+        elif method == "join":  # the group meets in a store of this process, not over TCP
+            rendezvous = args[0]
+            store = self._stores.setdefault(rendezvous.port, _hash_store())
+            args = (rendezvous, "127.0.0.1", store)
+        return LocalRef(future=handle.pool.submit(getattr(handle.learner, method), *args))
+
     def wait(
         self, refs: list[LocalRef], num_returns: int, timeout: float
     ) -> tuple[list[LocalRef], list[LocalRef]]:
-        return list(refs[:num_returns]), list(refs[num_returns:])  # every call is finished
+        pending = [r.future for r in refs if r.future is not None and not r.future.done()]
+        if len(refs) - len(pending) < num_returns and pending and timeout > 0:
+            concurrent.futures.wait(pending, timeout, concurrent.futures.FIRST_COMPLETED)
+        ready = [r for r in refs if r.done()][:num_returns]
+        return ready, [r for r in refs if r not in ready]
 
     def get(self, ref: LocalRef) -> Any:
+        if ref.future is not None:
+            return ref.future.result()
         if ref.error is not None:
             raise ref.error
         return ref.value
@@ -220,3 +269,9 @@ class LocalBackend:
 
     def init_failed(self, error: BaseException) -> bool:
         return bool(getattr(error, "actor_init_failed", False))
+
+
+def _hash_store() -> Any:
+    import torch.distributed as dist
+
+    return dist.HashStore()  # type: ignore[attr-defined]  # exported, but not in __all__

@@ -9,8 +9,17 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from impala_api.spec import ImpalaJobSpec
-from impala_trainer.driver.backend import ROLES, Handle, NodeView, Ref, Role, Weights
+from impala_trainer.driver.backend import (
+    ROLES,
+    Handle,
+    LearnerMethod,
+    NodeView,
+    Ref,
+    Role,
+    Weights,
+)
 from impala_trainer.driver.channels import ChannelRef, SampleChannels, wait_mixed
+from impala_trainer.learning.actor import LEARNER_RESOURCE, LearnerActor
 from impala_trainer.policy.actor import EvaluationActor
 from impala_trainer.rollouts.actors import (
     AGGREGATOR_RESOURCE,
@@ -111,6 +120,30 @@ class RayBackend:
 
     def evaluate(self, handle: Handle, weights: Weights, share: int, video: bool) -> Ref:
         return handle.evaluate.remote(weights, share, video)
+
+    def start_learner(
+        self,
+        spec: ImpalaJobSpec,
+        model: tuple[tuple[int, ...], Any],
+        seed: int,
+        rank: int,
+        intra_op_threads: int,
+    ) -> Handle:
+        options: dict[str, Any] = {"resources": {LEARNER_RESOURCE: 1}}
+        if rank == 0:  # beside the driver: the weights it broadcasts are read there
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                ray.get_runtime_context().get_node_id(), soft=False
+            )
+        if spec.learner.gpus:
+            options["num_gpus"] = spec.learner.gpus
+        cls: Any = LearnerActor
+        obs_shape, actions = model
+        return cls.options(**options).remote(
+            spec, obs_shape, actions, seed, rank, intra_op_threads
+        )
+
+    def learner_call(self, handle: Handle, method: LearnerMethod, *args: Any) -> Ref:
+        return getattr(handle, method).remote(*args)
 
     def wait(
         self, refs: list[Ref], num_returns: int, timeout: float

@@ -19,6 +19,7 @@ import torch
 from impala_api.spec import ImpalaJobSpec, TrainingSpec
 from impala_trainer.batches import TrainBatch, slice_columns
 from impala_trainer.learning import optimizers
+from impala_trainer.learning.collective import Collective
 from impala_trainer.learning.distributions import ActionDistribution, as_distribution
 from impala_trainer.learning.losses import (
     STAT_NAMES,
@@ -193,6 +194,8 @@ class Learner:
         schedules read it."""
         self.policy_version = 0
         """Optimiser steps taken; stamped on broadcast weights."""
+        self.collective: Collective | None = None
+        """The data-parallel group this learner trains in (learner.replicas > 1; `join`)."""
         # Held while parameters change or are read, so the driver never sees a half-applied step.
         self.lock = threading.Lock()
         # id(batch) -> (batch, its device tensors, its model inputs) while more SGD passes over
@@ -212,8 +215,27 @@ class Learner:
             clip_pg_rho_threshold=t.vtrace_clip_pg_rho_threshold,
         )
 
+    def join(self, collective: Collective) -> None:
+        """Train in `collective`'s group from now on: rank 0's weights replace this learner's
+        (DDP's broadcast at construction), and each step averages the group's gradients."""
+        self.collective = collective
+        with torch.no_grad(), self.lock:
+            collective.broadcast(list(self.model.state_dict().values()))
+
+    def _average_gradients(self, collective: Collective) -> None:
+        """Every parameter's gradient replaced by its mean over the group (a parameter that got
+        no gradient here counts as zero, so every rank reduces the same tensors)."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        collective.average([p.grad for p in self.params])  # type: ignore[misc]
+
     def _clip_gradients(self) -> torch.Tensor:
-        """Clip each optimiser's gradients to gradClip (as RLlib); returns the global norm."""
+        """Average the gradients over the group (learner.replicas), then clip each optimiser's
+        to gradClip (as RLlib, and as DDP's averaged gradients are clipped after backward);
+        returns the global norm."""
+        if self.collective is not None:
+            self._average_gradients(self.collective)
         groups = [[p.grad for p in group if p.grad is not None] for group in self.param_groups]
         return clip_grad_norms(groups, self.spec.training.grad_clip)
 
@@ -527,6 +549,10 @@ class MultiDeviceLearner(Learner):
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         super().set_weights(weights)
+        self._sync_towers()
+
+    def join(self, collective: Collective) -> None:
+        super().join(collective)
         self._sync_towers()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -229,6 +229,10 @@ class LearnerThread(threading.Thread):
         self.outqueue.put((env_steps, stats if lag is None else {**stats, POLICY_LAG: lag}))
         self.learner_queue_size.push(self.inqueue.qsize())
 
+    def stopped_reason(self) -> str:
+        """Why `is_alive()` is False, for the run's one-line failure message."""
+        return "the learner thread stopped"
+
     def idle_fraction(self) -> float:
         """Share of recent time spent waiting for data (counting a wait still in progress)."""
         waits, busy = sum(self._waits), sum(self._busy)

@@ -1,0 +1,179 @@
+"""learner.replicas: learners in one group step exactly as DistributedDataParallel defines it.
+
+Two learners run on threads of this process over a gloo group on a `HashStore` (the production
+code's `Collective`, only the store differs from a TCPStore), in float64.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from impala_trainer.batches import TrainBatch, slice_columns
+from impala_trainer.learning.collective import Collective, Rendezvous
+from impala_trainer.learning.learner import Learner, MultiDeviceLearner
+from tests.support.learner import learner_spec, make_batch, one_torch_thread
+
+MODELS: dict[str, tuple[dict[str, Any], tuple[int, ...]]] = {
+    "mlp": ({"hidden": [16, 16]}, (4,)),
+    "cnn": ({"type": "cnn", "hidden": [16]}, (4, 84, 84)),
+    "lstm": ({"hidden": [8], "useLstm": True, "lstmCellSize": 8, "maxSeqLen": 5}, (4,)),
+}
+ACTIONS = 3
+
+
+@pytest.fixture(autouse=True)
+def single_torch_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+def frames(batch: TrainBatch) -> TrainBatch:
+    """Atari-like uint8 observations for the CNN, in place of the batch's floats."""
+    rng = np.random.default_rng(1)
+    T, B = batch.rewards.shape
+    return dataclasses.replace(
+        batch,
+        obs=rng.integers(0, 255, (T, B, 4, 84, 84), np.uint8),
+        bootstrap_obs=rng.integers(0, 255, (B, 4, 84, 84), np.uint8),
+        final_obs=rng.integers(0, 255, (len(batch.final_steps), 4, 84, 84), np.uint8),
+    )
+
+
+def batches(obs_shape: tuple[int, ...], n: int, state_size: int = 0) -> list[TrainBatch]:
+    """`n` batches of 4 columns; an LSTM's with a state for each column to start from."""
+    out = [make_batch(T=10, B=4, obs_shape=(4,), A=ACTIONS, seed=s) for s in range(n)]
+    if state_size:
+        rng = np.random.default_rng(2)
+        out = [dataclasses.replace(b, state_in=rng.standard_normal((4, state_size)))
+               for b in out]  # fmt: skip
+    return [frames(b) for b in out] if len(obs_shape) == 3 else out
+
+
+def in_group(world: int, fn: Callable[[int, Collective], Any]) -> list[Any]:
+    """fn(rank, collective) on `world` threads that form one gloo group; their results."""
+    store = dist.HashStore()  # type: ignore[attr-defined]
+    results: list[Any] = [None] * world
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            with one_torch_thread():
+                collective = Collective.join(
+                    Rendezvous("127.0.0.1", 0, world), rank, torch.device("cpu"),
+                    local_host="127.0.0.1", store=store, timeout_seconds=60,
+                )  # fmt: skip
+                results[rank] = fn(rank, collective)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return results
+
+
+def flat_state(learner: Learner) -> tuple[np.ndarray, np.ndarray]:
+    """(weights, optimiser state) as float64 vectors."""
+    weights = np.concatenate([p.detach().reshape(-1).numpy() for p in learner.params])
+    opt = [
+        v.detach().reshape(-1).double().numpy()
+        for o in learner.optimizers
+        for s in o.state_dict()["state"].values()
+        for v in s.values()
+        if isinstance(v, torch.Tensor) and v.numel() > 1
+    ]
+    return weights, np.concatenate(opt)
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_two_learners_on_halves_step_as_one_on_the_mean_gradient(kind: str) -> None:
+    model, obs_shape = MODELS[kind]
+    spec = learner_spec(gradClip=1.0, **{"lr": 0.01})
+    spec = spec.model_copy(update={"model": spec.model.model_validate(model)})
+
+    def learner_of(rank: int) -> Learner:
+        torch.manual_seed(100 + rank)  # different weights: join must give rank 0's to all
+        return Learner(spec, obs_shape, ACTIONS, dtype=torch.float64)
+
+    learners = [learner_of(0), learner_of(1)]  # torch's seed is global: not on the threads
+    steps = batches(obs_shape, 3, learners[0].model.state_size)
+    half = steps[0].num_columns // 2  # whole columns: an LSTM's sequences are never split
+
+    def train(rank: int, collective: Collective) -> tuple[np.ndarray, np.ndarray]:
+        learner = learners[rank]
+        learner.join(collective)
+        for batch in steps:
+            part = slice_columns(batch, 0, half) if rank == 0 else slice_columns(
+                batch, half, batch.num_columns
+            )
+            learner.learn_on_batch(part)
+        return flat_state(learner)
+
+    (w0, o0), (w1, o1) = in_group(2, train)
+    np.testing.assert_array_equal(w0, w1)  # one set of weights, bit for bit
+    np.testing.assert_array_equal(o0, o1)
+
+    reference = learner_of(0)
+    for batch in steps:  # DDP's definition: one step on the mean of the halves' gradients
+        grads = []
+        for start, stop in ((0, half), (half, batch.num_columns)):
+            reference._backward_on(slice_columns(batch, start, stop), reference.coefficients())
+            grads.append([p.grad.clone() for p in reference.params])  # type: ignore[union-attr]
+        for p, a, b in zip(reference.params, *grads, strict=True):
+            p.grad = (a + b) / 2
+        reference._clip_gradients()
+        reference._step()
+    w, o = flat_state(reference)
+    np.testing.assert_allclose(w0, w, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(o0, o, rtol=0, atol=1e-6)
+    untrained = np.concatenate([p.detach().reshape(-1).numpy() for p in learner_of(0).params])
+    assert not np.allclose(w, untrained)  # it did learn
+
+
+def test_towers_inside_each_learner_sum_before_the_group_averages() -> None:
+    """Two learners with two CPU towers each (learner.fakeDevices) equal one learner of two
+    towers stepping on the mean of the two learners' summed tower gradients."""
+    spec = learner_spec(lr=0.01, learner={"fakeDevices": 2})
+    steps = batches((4,), 2)
+    half = steps[0].num_columns // 2
+
+    torch.manual_seed(7)
+    learners = [MultiDeviceLearner(spec, (4,), ACTIONS, dtype=torch.float64) for _ in range(2)]
+
+    def train(rank: int, collective: Collective) -> np.ndarray:
+        learner = learners[rank]
+        learner.join(collective)
+        for batch in steps:
+            cols = (0, half) if rank == 0 else (half, batch.num_columns)
+            learner.learn_on_batch(slice_columns(batch, *cols))
+        tower = np.concatenate([p.detach().reshape(-1).numpy()
+                                for p in learner.towers[1].parameters()])  # fmt: skip
+        np.testing.assert_array_equal(tower, flat_state(learner)[0])  # towers re-synced
+        return flat_state(learner)[0]
+
+    w0, w1 = in_group(2, train)
+    np.testing.assert_array_equal(w0, w1)
+
+    torch.manual_seed(7)
+    reference = Learner(spec, (4,), ACTIONS, dtype=torch.float64)
+    for batch in steps:
+        grads = []
+        for start, stop in ((0, half), (half, batch.num_columns)):
+            reference._backward_on(slice_columns(batch, start, stop), reference.coefficients())
+            grads.append([p.grad.clone() for p in reference.params])  # type: ignore[union-attr]
+        for p, a, b in zip(reference.params, *grads, strict=True):
+            p.grad = (a + b) / 2
+        reference._clip_gradients()
+        reference._step()
+    np.testing.assert_allclose(w0, flat_state(reference)[0], rtol=0, atol=1e-6)

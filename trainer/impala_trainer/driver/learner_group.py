@@ -1,0 +1,398 @@
+"""The learners as the driver sees them: one `LearnerGroup`, whatever they are (RLlib's name).
+
+The driver feeds batches (`try_put`, `put`), takes what was learned (`updates`), reads the
+weights it broadcasts and the state it checkpoints (`learner`), and never asks what kind of
+learner it talks to:
+
+- `LocalLearnerGroup`: one learner thread in the driver's process (learner.process driver), or
+  in a process of its own (separate, `learning.learner_process`), which offers the same surface.
+- `DistributedLearnerGroup`: learner.replicas learners (`learning.learner_worker`) on the
+  driver's backend (Ray actors placed on the `learner` resource, learner 0 on the driver's node),
+  training one set of weights in lock step over torch.distributed (`learning.collective`). The
+  driver routes each batch to the learner with the fewest outstanding (RLlib routes its
+  aggregator actors' batches per learner), so each learner trains a stream of its own and all of
+  them take the same number of steps; a long poll per learner brings its updates back, rank 0's
+  with its newest weights.
+"""
+
+from __future__ import annotations
+
+import pickle
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from impala_api.spec import ImpalaJobSpec
+from impala_trainer.batches import TrainBatch
+from impala_trainer.driver.backend import Backend, Handle, LearnerMethod, Ref
+from impala_trainer.learning.collective import RENDEZVOUS_TIMEOUT_SECONDS, Rendezvous
+from impala_trainer.learning.distributions import ActionDistribution
+from impala_trainer.learning.learner import LearnerState
+from impala_trainer.learning.learner_process import LearnerProcess
+from impala_trainer.learning.learner_thread import POLICY_LAG, LearnerThread
+from impala_trainer.learning.learner_worker import LearnerInfo, LearnerProgress
+
+POLL_SECONDS = 0.1
+"""Longest a learner holds the driver's progress poll open while it has no update to report."""
+REPLY_TIMEOUT_SECONDS = 300.0
+"""Longest a request to a learner (its state for a checkpoint, a state to load) may take."""
+
+
+class LearnerGroupError(RuntimeError):
+    """A learner of the group failed, did not join or did not answer."""
+
+
+@dataclass
+class Updates:
+    """What the learners did since the driver last asked."""
+
+    env_steps: int = 0
+    """Env steps trained, over every learner (a batch counts on its first pass)."""
+    steps: int = 0
+    """Optimiser steps (every learner of a group takes each one together)."""
+    stats: list[dict[str, float]] = field(default_factory=list)
+    """The learner stats of each step (learner 0's in a group)."""
+    policy_lags: list[float] = field(default_factory=list)
+    """Each batch's policy lag at its first pass, over every learner."""
+
+    def add(self, env_steps: int, stats: dict[str, float], counts_step: bool = True) -> None:
+        self.env_steps += env_steps
+        lag = stats.pop(POLICY_LAG, None)
+        if lag is not None:
+            self.policy_lags.append(lag)
+        if counts_step:
+            self.steps += 1
+            self.stats.append(stats)
+
+
+class LearnerGroup(Protocol):
+    learner: LearnerState
+    """The weights broadcast to the rollouts, the state a checkpoint keeps, the policy version."""
+    device: str
+    autocast_dtype: Any
+
+    def start(self) -> None: ...
+
+    def check(self) -> None:
+        """Raise if a learner failed or stopped."""
+        ...
+
+    def try_put(self, batch: TrainBatch) -> bool:
+        """Hand a batch to a learner with room for it; False when every queue is full."""
+        ...
+
+    def put(self, batch: TrainBatch, timeout: float) -> bool:
+        """`try_put`, waiting up to `timeout` for room."""
+        ...
+
+    def updates(self) -> Updates: ...
+
+    def stats(self) -> dict[str, float]:
+        """The learner thread's timings, idle fraction and queue figures (learner 0's)."""
+        ...
+
+    def queue_stats(self) -> dict[str, Any]: ...
+
+    def close(self, timeout: float) -> None:
+        """Stop learning; the final state stays readable through `learner`."""
+        ...
+
+
+class LocalLearnerGroup:
+    """One learner thread, in the driver's process or in a process of its own."""
+
+    def __init__(self, thread: LearnerThread | LearnerProcess) -> None:
+        self.thread = thread
+        self.learner: LearnerState = thread.learner
+        self.device = str(thread.learner.device)
+        self.autocast_dtype = thread.learner.autocast_dtype
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def check(self) -> None:
+        if self.thread.error is not None:
+            raise self.thread.error
+        if not self.thread.is_alive():
+            raise RuntimeError(self.thread.stopped_reason())
+
+    def try_put(self, batch: TrainBatch) -> bool:
+        try:
+            self.thread.inqueue.put_nowait(batch)
+        except queue.Full:
+            return False
+        return True
+
+    def put(self, batch: TrainBatch, timeout: float) -> bool:
+        try:
+            self.thread.inqueue.put(batch, timeout=timeout)
+        except queue.Full:
+            return False
+        return True
+
+    def updates(self) -> Updates:
+        out = Updates()
+        while True:
+            try:
+                env_steps, stats = self.thread.outqueue.get_nowait()
+            except queue.Empty:
+                return out
+            out.add(env_steps, stats)
+
+    def stats(self) -> dict[str, float]:
+        return self.thread.stats()
+
+    def queue_stats(self) -> dict[str, Any]:
+        return self.thread.learner_queue_size.stats()
+
+    def close(self, timeout: float) -> None:
+        self.thread.stop()
+        if self.thread.is_alive():
+            self.thread.join(timeout=timeout)
+
+
+class GroupState:
+    """`LearnerState` of a group: learner 0's weights as its last report carried them, and its
+    state asked of it (every learner holds the same after each step)."""
+
+    def __init__(self, group: DistributedLearnerGroup, info: LearnerInfo) -> None:
+        self._group = group
+        self._nbytes = info.weights_nbytes
+        self.policy_version = info.policy_version
+        self.weights: bytes | None = None
+        """Learner 0's newest weights, pickled (`Learner.pickled_weights`)."""
+        self.global_timestep = 0
+        """Where the learners' schedules start; from then on they keep the clock themselves."""
+        self.final: dict[str, Any] | None = None
+        """The state taken as the group closed."""
+
+    def weights_nbytes(self) -> int:
+        return self._nbytes
+
+    def pickled_weights(self) -> bytes:
+        if self.weights is None:  # before learner 0's first report (the first broadcast)
+            self.weights = self._group.ask(0, "weights", timeout=REPLY_TIMEOUT_SECONDS)
+        return self.weights
+
+    def get_weights(self) -> dict[str, Any]:
+        weights: dict[str, Any] = pickle.loads(self.pickled_weights())
+        return weights
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.final is not None:
+            return self.final
+        state: dict[str, Any] = pickle.loads(
+            self._group.ask(0, "state_dict", timeout=REPLY_TIMEOUT_SECONDS)
+        )
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        data = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        versions = self._group.ask_all("load_state_dict", data, timeout=REPLY_TIMEOUT_SECONDS)
+        self.policy_version = versions[0]
+        self.weights = None
+
+
+class DistributedLearnerGroup:
+    """learner.replicas learners on the backend; see the module docstring."""
+
+    def __init__(
+        self,
+        spec: ImpalaJobSpec,
+        model: tuple[tuple[int, ...], ActionDistribution | int],
+        seed: int,
+        backend: Backend,
+        intra_op_threads: int,
+    ) -> None:
+        self.backend = backend
+        self.world_size = spec.learner.replicas
+        self.capacity = spec.training.learner_queue_size
+        """Batches one learner may have outstanding (queued, not yet begun)."""
+        self.handles: list[Handle] = [
+            backend.start_learner(spec, model, seed, rank, intra_op_threads)
+            for rank in range(self.world_size)
+        ]
+        self.outstanding = [0] * self.world_size
+        self._polls: dict[Ref, int] = {}
+        self._feeds: list[Ref] = []
+        self._pending = Updates()
+        self._stats: dict[str, float] = {}
+        self._queue_stats: dict[str, Any] = {}
+        self._error: BaseException | None = None
+        try:
+            info = self._form()
+        except BaseException:
+            self._kill()
+            raise
+        self.state = GroupState(self, info)
+        self.learner: LearnerState = self.state
+        self.device, self.autocast_dtype = info.device, info.autocast_dtype
+        self._stats, self._queue_stats = info.stats, info.queue_stats
+
+    # -- forming the group ------------------------------------------------------------------
+
+    def _form(self) -> LearnerInfo:
+        """Rank 0's address, then every learner joins there (blocks until all have)."""
+        deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_SECONDS
+        address: Rendezvous = self._wait_for([self._call(0, "address")], deadline)[0]
+        rendezvous = Rendezvous(address.host, address.port, self.world_size)
+        infos: list[LearnerInfo] = self._wait_for(
+            [self._call(rank, "join", rendezvous) for rank in range(self.world_size)], deadline
+        )
+        return infos[0]
+
+    def _wait_for(self, refs: list[Ref], deadline: float) -> list[Any]:
+        while True:
+            ready, _ = self.backend.wait(refs, len(refs), max(0.0, deadline - time.monotonic()))
+            if len(ready) == len(refs) or time.monotonic() >= deadline:
+                break
+        if len(ready) < len(refs):
+            missing = [r for r, ref in enumerate(refs) if ref not in ready]
+            raise LearnerGroupError(self._not_formed(missing))
+        try:
+            return self.backend.get_many(refs)
+        except self.backend.failure as exc:
+            raise LearnerGroupError(f"a learner of spec.learner.replicas failed: {exc}") from exc
+
+    def _not_formed(self, missing: list[int]) -> str:
+        unplaced = [r for r in missing if not self.backend.placed_on(self.handles[r])]
+        why = (
+            f"learner(s) {unplaced} found no place (no free unit of the 'learner' resource: "
+            "a learner pod not ready?)"
+            if unplaced
+            else f"learner(s) {missing} did not join"
+        )
+        return (
+            f"spec.learner.replicas {self.world_size}: the learners did not form a group in "
+            f"{RENDEZVOUS_TIMEOUT_SECONDS:g} s; {why}"
+        )
+
+    def _call(self, rank: int, method: LearnerMethod, *args: Any) -> Ref:
+        return self.backend.learner_call(self.handles[rank], method, *args)
+
+    def ask(self, rank: int, method: LearnerMethod, *args: Any, timeout: float) -> Any:
+        return self._wait_for([self._call(rank, method, *args)], time.monotonic() + timeout)[0]
+
+    def ask_all(self, method: LearnerMethod, *args: Any, timeout: float) -> list[Any]:
+        refs = [self._call(rank, method, *args) for rank in range(self.world_size)]
+        return self._wait_for(refs, time.monotonic() + timeout)
+
+    # -- training -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.ask_all("start", self.state.global_timestep, timeout=REPLY_TIMEOUT_SECONDS)
+        for rank in range(self.world_size):
+            self._poll(rank)
+
+    def _poll(self, rank: int) -> None:
+        self._polls[self._call(rank, "progress", POLL_SECONDS)] = rank
+
+    def check(self) -> None:
+        self._pump(0.0)
+        if self._error is not None:
+            raise self._error
+
+    def try_put(self, batch: TrainBatch) -> bool:
+        self._pump(0.0)
+        rank = min(range(self.world_size), key=lambda r: (self.outstanding[r], r))
+        if self.outstanding[rank] >= self.capacity:
+            return False
+        self._feeds.append(self._call(rank, "train", batch))
+        self.outstanding[rank] += 1
+        return True
+
+    def put(self, batch: TrainBatch, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.try_put(batch):
+            left = deadline - time.monotonic()
+            if left <= 0 or self._error is not None:
+                return False
+            self._pump(left)
+        return True
+
+    def updates(self) -> Updates:
+        self._pump(0.0)
+        out, self._pending = self._pending, Updates()
+        return out
+
+    def stats(self) -> dict[str, float]:
+        self._pump(0.0)
+        return self._stats
+
+    def queue_stats(self) -> dict[str, Any]:
+        return self._queue_stats
+
+    def _pump(self, timeout: float) -> None:
+        """Take the progress reports that are in (waiting up to `timeout` for one)."""
+        if self._feeds:
+            done, self._feeds = self.backend.wait(self._feeds, len(self._feeds), 0.0)
+            for ref in done:
+                try:
+                    self.backend.get(ref)
+                except Exception as exc:  # its learner died, or had no room for a minute
+                    self._error = self._error or LearnerGroupError(f"a learner failed: {exc}")
+        if not self._polls:
+            return
+        ready, _ = self.backend.wait(list(self._polls), len(self._polls), timeout)
+        for ref in ready:
+            rank = self._polls.pop(ref)
+            try:
+                self._on_progress(self.backend.get(ref))
+            except self.backend.failure as exc:
+                self._error = self._error or LearnerGroupError(f"learner {rank} died: {exc}")
+                continue
+            self._poll(rank)
+
+    def _on_progress(self, progress: LearnerProgress) -> None:
+        rank = progress.rank
+        for env_steps, stats in progress.updates:
+            if env_steps:  # a batch's first pass: it left the learner's queue
+                self.outstanding[rank] = max(0, self.outstanding[rank] - 1)
+            self._pending.add(env_steps, stats, counts_step=rank == 0)
+        if progress.error is not None and self._error is None:
+            self._error = LearnerGroupError(f"learner {rank} stopped: {progress.error}")
+        if rank == 0:
+            self._stats, self._queue_stats = progress.stats, progress.queue_stats
+            self.state.policy_version = progress.policy_version
+            if progress.weights is not None:
+                self.state.weights = progress.weights
+
+    def close(self, timeout: float) -> None:
+        """Stop every learner, keep learner 0's final state, end the learners' processes."""
+        try:
+            for rank in range(self.world_size):
+                self._call(rank, "stop")
+            self._pump(min(timeout, POLL_SECONDS))
+            self.state.final = self.state.state_dict()
+        finally:
+            self._kill()
+
+    def _kill(self) -> None:
+        for handle in self.handles:
+            try:
+                self.backend.kill(handle)
+            except Exception:  # already gone
+                continue
+
+
+def make_learner_group(
+    spec: ImpalaJobSpec,
+    model: tuple[tuple[int, ...], ActionDistribution | int],
+    seed: int,
+    backend: Backend,
+    intra_op_threads: int,
+) -> LearnerGroup:
+    """The group the spec asks for: learner.replicas learners, else one learner thread where
+    learner.process says. `intra_op_threads`: what the driver's process was given for its
+    learner (node/cpus.py), shared by the learners of a group on this node."""
+    if spec.learner.replicas > 1:
+        # Every learner of a local run shares this machine; in a cluster each learner pod's
+        # CPU request is its own (the learner pods ask for the same).
+        threads = max(1, intra_op_threads // spec.learner.replicas)
+        return DistributedLearnerGroup(spec, model, seed, backend, threads)
+    if spec.learner.process == "separate":
+        return LocalLearnerGroup(LearnerProcess(spec, *model, seed, intra_op_threads))
+    from impala_trainer.learning.threads import make_learner_thread
+
+    return LocalLearnerGroup(make_learner_thread(spec, *model))

@@ -1,0 +1,128 @@
+"""One learner's place in a data-parallel group (learner.replicas): torch.distributed underneath.
+
+DistributedDataParallel's semantics without its module wrapper: the learners start from rank 0's
+weights (`broadcast`), and before each optimiser step every learner's gradients are replaced by
+their mean over the group (`average`: one all-reduce over a flat copy, as one DDP bucket). The
+learner threads call both from their `Learner` (learner.py), so numSgdIter, the minibatch buffer
+and the multi-GPU towers stay what they are: the towers' gradients are summed into the master's
+first, then averaged across learners.
+
+The process group is built on its own (`ProcessGroupGloo`, `ProcessGroupNCCL` over a `TCPStore`)
+instead of through `init_process_group`'s global default group: the same code then runs two
+learners in one process (threads over a `HashStore`), which is how the unit tests prove the
+equivalence with one learner without starting processes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as _dist
+
+# The stores and process groups are pybind classes that torch.distributed re-exports without
+# declaring them (no __all__ entry): Any here, as Ray is at its boundary.
+dist: Any = _dist
+
+RENDEZVOUS_TIMEOUT_SECONDS = 300.0
+"""Longest a learner waits for the others to join, and a collective for its peers: a learner
+that never comes (its pod never scheduled, its node gone) fails the run instead of hanging it."""
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the learners meet: rank 0's TCPStore, and how many they are."""
+
+    host: str
+    port: int
+    world_size: int
+
+
+def free_port(host: str = "") -> int:
+    """A port free on this host now (rank 0's store binds it next)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _gloo(store: Any, rank: int, world_size: int, host: str, timeout: datetime.timedelta) -> Any:
+    # The device names the interface gloo's pairs listen on: the address the learners reach
+    # each other by, not whatever the hostname resolves to (a pod's hostname may not resolve).
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+    return dist.ProcessGroupGloo(store, rank, world_size, options)
+
+
+class Collective:
+    """A learner's process group: its rank, the group's size, averaging and broadcasting."""
+
+    def __init__(self, group: Any, rank: int, world_size: int) -> None:
+        self.group = group
+        self.rank = rank
+        self.world_size = world_size
+
+    @classmethod
+    def join(
+        cls,
+        rendezvous: Rendezvous,
+        rank: int,
+        device: torch.device,
+        *,
+        local_host: str,
+        store: Any = None,
+        timeout_seconds: float = RENDEZVOUS_TIMEOUT_SECONDS,
+    ) -> Collective:
+        """Join the group (blocks until every rank has): NCCL for a CUDA learner, else gloo.
+
+        `store`: an existing store (the tests' `HashStore`); otherwise rank 0 serves a
+        `TCPStore` on the rendezvous port and the others connect to it. `local_host`: this
+        learner's address, which gloo's connections between learners use."""
+        timeout = datetime.timedelta(seconds=timeout_seconds)
+        world = rendezvous.world_size
+        if store is None:
+            store = dist.TCPStore(
+                rendezvous.host, rendezvous.port, world, rank == 0, timeout=timeout,
+                wait_for_workers=False,
+            )  # fmt: skip
+        store = dist.PrefixStore("impala-learners", store)
+        if device.type == "cuda":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            group = dist.ProcessGroupNCCL(store, rank, world, options)
+        else:
+            group = _gloo(store, rank, world, local_host, timeout)
+        return cls(group, rank, world)
+
+    def average(self, tensors: list[torch.Tensor]) -> None:
+        """Replace each tensor (all on one device and dtype) by its mean over the group."""
+        if not tensors:
+            return
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        self.group.allreduce([flat]).wait()
+        flat.div_(self.world_size)
+        _unflatten(flat, tensors)
+
+    def broadcast(self, tensors: list[torch.Tensor], root: int = 0) -> None:
+        """Give every rank `root`'s values of the tensors (in place), one message per dtype."""
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        options = dist.BroadcastOptions()
+        options.rootRank = root
+        for group in by_dtype.values():
+            flat = torch.cat([t.reshape(-1) for t in group])
+            self.group.broadcast([flat], options).wait()
+            _unflatten(flat, group)
+
+
+def _unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].view_as(t))
+        offset += n
