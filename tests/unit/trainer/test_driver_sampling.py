@@ -29,6 +29,11 @@ from impala_trainer.rollouts.worker import RolloutWorker
 from impala_trainer.rundir.writer import RunDir
 
 
+def _thread(driver: ImpalaDriver) -> Any:
+    """The driver's one learner thread (learner.replicas 1, learner.process driver)."""
+    return driver.group.thread  # type: ignore[attr-defined]
+
+
 def _job(**training: Any) -> ImpalaJob:
     return ImpalaJob.model_validate(
         {
@@ -60,7 +65,7 @@ def _driver(
     assert isinstance(driver, ImpalaDriver)
     # What run() does first, without starting the learner thread: its queue then fills up, and
     # _step only needs to see it alive.
-    driver.group.thread.is_alive = lambda: True  # type: ignore[attr-defined]
+    _thread(driver).is_alive = lambda: True
     for actor in driver._new_actors:
         driver.on_new_actor(actor)
     driver.manager.poll()
@@ -73,7 +78,7 @@ def test_an_actor_is_asked_again_as_soon_as_its_batch_enters_the_learner_queue(
     driver, _, handles = _driver(tmp_path, _job())
     # Each 4x8 fragment completes a 32-step batch; the queue holds 2, so the first two go in.
     driver._step()
-    assert driver.group.thread.inqueue.qsize() == 2
+    assert _thread(driver).inqueue.qsize() == 2
     assert not driver.ledger.parked
     # Both actors were asked for their next fragment in the same step, before any wait.
     assert all(h.calls.count("sample") == 2 for h in handles)
@@ -88,15 +93,15 @@ def test_a_full_learner_queue_parks_actors_until_it_has_room(
     driver, _, handles = _driver(tmp_path, _job())
     driver._step()  # queue full (2/2)
     driver._step()  # both fragments come back: one batch waits, its actor and the next park
-    assert driver.ledger.backlog and driver.group.thread.inqueue.full()
+    assert driver.ledger.backlog and _thread(driver).inqueue.full()
     assert driver.ledger.parked == {"rollout-0", "rollout-1"}
     assert driver.ledger.samples_out() == 0
     assert driver.stats.counters.num_times_learner_queue_full == 1  # counted once per waiting batch
 
     # The learner takes two batches: the next step feeds the waiting one and, with room left,
     # asks both parked actors again before it blocks on anything.
-    driver.group.thread.inqueue.get_nowait()
-    driver.group.thread.inqueue.get_nowait()
+    _thread(driver).inqueue.get_nowait()
+    _thread(driver).inqueue.get_nowait()
     driver._feed_learner()
     driver._unpark()
     assert not driver.ledger.backlog and not driver.ledger.parked
@@ -149,7 +154,7 @@ def test_a_sample_is_one_object_unless_an_aggregator_may_take_its_fragment(
             assert isinstance(fragment, Fragment) and meta == fragment.meta()
     for _ in range(1 + aggregators):  # an aggregator's batches come back a step later
         driver._step()
-    assert driver.group.thread.inqueue.qsize() == 2 and driver.ledger.samples_out() == 2
+    assert _thread(driver).inqueue.qsize() == 2 and driver.ledger.samples_out() == 2
 
 
 def test_with_an_aggregator_an_actor_is_asked_again_once_its_fragment_is_aggregated(
@@ -165,7 +170,7 @@ def test_with_an_aggregator_an_actor_is_asked_again_once_its_fragment_is_aggrega
     assert all(h.calls.count("sample") == 1 for h in rollouts)
     assert driver.ledger.samples_out() == 0 and len(driver.ledger.aggregations()) == 2
     driver._step()  # the batches are back and go into the learner queue: ask both again
-    assert driver.group.thread.inqueue.qsize() == 2 and not driver.ledger.aggregations()
+    assert _thread(driver).inqueue.qsize() == 2 and not driver.ledger.aggregations()
     assert all(h.calls.count("sample") == 2 for h in rollouts)
     assert driver.ledger.samples_out() == 2
 
@@ -186,7 +191,7 @@ def test_the_learner_queue_is_never_overfilled(tmp_path: Path) -> None:
         driver._feed_learner()
         driver._unpark()
         driver._collect()
-    q: queue.Queue[Any] = driver.group.thread.inqueue
+    q: queue.Queue[Any] = _thread(driver).inqueue
     assert q.qsize() == 2
     # Everything sampled is either queued for the learner or waiting in `pending`.
     sampled = driver.stats.counters.num_env_steps_sampled
@@ -201,7 +206,7 @@ def test_schedules_run_on_env_steps_trained_not_sampled(tmp_path: Path) -> None:
     driver._step()
     assert driver.stats.counters.num_env_steps_sampled == 64 and driver.learner.global_timestep == 0
     assert driver.learner.lr_schedule(driver.learner.global_timestep) == 1e-3
-    driver.thread.outqueue.put((32, {}))  # the learner thread trained on one batch
+    _thread(driver).outqueue.put((32, {}))  # the learner thread trained on one batch
     driver._drain_learner()
     assert driver.learner.global_timestep == driver.stats.counters.num_env_steps_trained == 32
     assert driver.learner.lr_schedule(driver.learner.global_timestep) == 5e-4
@@ -213,9 +218,9 @@ def test_policy_lag_is_the_learners_at_a_batchs_first_update(tmp_path: Path) -> 
     driver, _, _ = _driver(tmp_path, _job())
     driver._step()  # two batches into the learner queue
     assert driver.stats.policy_lag_mean == 0.0
-    driver.thread.outqueue.put((32, {POLICY_LAG: 0.0}))
-    driver.thread.outqueue.put((0, {}))  # a second pass reports no lag
-    driver.thread.outqueue.put((32, {POLICY_LAG: 2.0}))
+    _thread(driver).outqueue.put((32, {POLICY_LAG: 0.0}))
+    _thread(driver).outqueue.put((0, {}))  # a second pass reports no lag
+    _thread(driver).outqueue.put((32, {POLICY_LAG: 2.0}))
     driver._drain_learner()
     assert driver.stats.policy_lag_mean == 1.0
 
@@ -230,12 +235,12 @@ def test_broadcast_weights_ride_on_each_actors_next_sample_request(
     assert [h.versions_sent for h in handles] == [[0, None], [0, None]]
 
     driver.learner.policy_version = 3  # as if the learner thread had taken three steps
-    driver.thread.outqueue.put((32, {}))
+    _thread(driver).outqueue.put((32, {}))
     driver._drain_learner()  # broadcast: new weights taken, no call to any actor
     assert driver.stats.counters.num_weight_broadcasts == 1
     assert all(h.calls == ["node_info", "sample", "sample"] for h in handles)
-    driver.group.thread.inqueue.get_nowait()
-    driver.group.thread.inqueue.get_nowait()
+    _thread(driver).inqueue.get_nowait()
+    _thread(driver).inqueue.get_nowait()
     driver._collect()  # the fragments return; each actor's next request carries version 3
     assert [h.versions_sent for h in handles] == [[0, None, 3], [0, None, 3]]
     assert all(h.worker.policy_version == 3 for h in handles)
@@ -396,13 +401,13 @@ def test_the_actors_start_before_the_learner_is_built_and_go_if_it_fails(
     first, so their start-up overlaps it. A learner that cannot be built takes them down."""
     backend = LocalBackend(rollout_units=2)
     started: list[int] = []
-    real = driver_mod.make_learner_thread
+    real = driver_mod.make_learner_group
 
     def build(*args: Any, **kwargs: Any) -> Any:
         started.append(len(backend.actors))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(driver_mod, "make_learner_thread", build)
+    monkeypatch.setattr(driver_mod, "make_learner_group", build)
     driver = build_driver(_job(), RunDir(tmp_path / "run"), backend, Wiring(rollout_workers=2))
     assert started == [2]
     assert [a.actor_id for a in driver._new_actors] == ["rollout-0", "rollout-1"]
@@ -410,7 +415,7 @@ def test_the_actors_start_before_the_learner_is_built_and_go_if_it_fails(
     def fail(*args: Any, **kwargs: Any) -> Any:
         raise MemoryError("the learner does not fit")
 
-    monkeypatch.setattr(driver_mod, "make_learner_thread", fail)
+    monkeypatch.setattr(driver_mod, "make_learner_group", fail)
     again = LocalBackend(rollout_units=2)
     with pytest.raises(MemoryError):
         build_driver(_job(), RunDir(tmp_path / "again"), again, Wiring(rollout_workers=2))

@@ -41,7 +41,8 @@ def test_behaviour_logits_are_the_models_logits_for_the_recorded_obs() -> None:
     f = w.sample()
     with torch.no_grad():
         logits, _ = w.model(torch.from_numpy(f.obs.reshape(-1, 4)))
-    np.testing.assert_allclose(f.behaviour_logits.reshape(-1, 2), logits.numpy(), rtol=1e-5)
+    actual = f.behaviour_logits.reshape(-1, 2)
+    np.testing.assert_allclose(actual, logits.numpy(), rtol=1e-5, atol=1e-9)
 
 
 def test_consecutive_fragments_continue_the_trajectory() -> None:

@@ -32,6 +32,7 @@ from impala_trainer.driver.evaluation import (
     runner_seed,
     shares,
 )
+from impala_trainer.driver.learner_group import LearnerGroupError
 from impala_trainer.driver.membership import ElasticMembership
 from impala_trainer.learning.learner import LearnerState
 from impala_trainer.learning.learner_process import LearnerProcessError
@@ -221,7 +222,7 @@ class Driver:
         self._last_checkpoint = time.monotonic()
         try:
             learner_state = self.learner.state_dict()
-        except LearnerProcessError as exc:  # its state died with it: the last checkpoint stays
+        except (LearnerProcessError, LearnerGroupError) as exc:  # its state died with it
             kept = self.stats.checkpoint.path if self.stats.checkpoint else "none yet"
             logger.error("checkpoint not written: %s; the last one stays (%s)", exc, kept)
             return

@@ -323,8 +323,9 @@ class DistributedLearnerGroup:
     def queue_stats(self) -> dict[str, Any]:
         return self._queue_stats
 
-    def _pump(self, timeout: float) -> None:
-        """Take the progress reports that are in (waiting up to `timeout` for one)."""
+    def _pump(self, timeout: float, again: bool = True) -> None:
+        """Take the progress reports that are in (waiting up to `timeout` for one), and poll
+        those learners `again`."""
         if self._feeds:
             done, self._feeds = self.backend.wait(self._feeds, len(self._feeds), 0.0)
             for ref in done:
@@ -342,7 +343,8 @@ class DistributedLearnerGroup:
             except self.backend.failure as exc:
                 self._error = self._error or LearnerGroupError(f"learner {rank} died: {exc}")
                 continue
-            self._poll(rank)
+            if again:
+                self._poll(rank)
 
     def _on_progress(self, progress: LearnerProgress) -> None:
         rank = progress.rank
@@ -359,11 +361,23 @@ class DistributedLearnerGroup:
                 self.state.weights = progress.weights
 
     def close(self, timeout: float) -> None:
-        """Stop every learner, keep learner 0's final state, end the learners' processes."""
+        """Stop every learner, keep learner 0's final state, end the learners' processes.
+
+        A learner already lost is skipped: the others stop at their next all-reduce (which
+        fails without it), and learner 0's state is still read for the last checkpoint."""
+        deadline = time.monotonic() + timeout
         try:
+            stops = [self._call(rank, "stop") for rank in range(self.world_size)]
+            self.backend.wait(stops, len(stops), max(0.0, deadline - time.monotonic()))
+            # Every step taken is reported by now: the open polls, then a last one each.
+            while self._polls and time.monotonic() < deadline:
+                self._pump(POLL_SECONDS, again=False)
             for rank in range(self.world_size):
-                self._call(rank, "stop")
-            self._pump(min(timeout, POLL_SECONDS))
+                try:
+                    left = max(POLL_SECONDS, deadline - time.monotonic())
+                    self._on_progress(self.ask(rank, "progress", 0.0, timeout=left))
+                except LearnerGroupError:  # lost: its steps are learner 0's too
+                    continue
             self.state.final = self.state.state_dict()
         finally:
             self._kill()

@@ -15,8 +15,11 @@ equivalence with one learner without starting processes.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import socket
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +33,10 @@ dist: Any = _dist
 RENDEZVOUS_TIMEOUT_SECONDS = 300.0
 """Longest a learner waits for the others to join, and a collective for its peers: a learner
 that never comes (its pod never scheduled, its node gone) fails the run instead of hanging it."""
+
+
+class GroupStopped(Exception):
+    """A learner of the group is stopping: the step in progress is taken by none of them."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,10 @@ class Collective:
         self.group = group
         self.rank = rank
         self.world_size = world_size
+        self.stopping = threading.Event()
+        """Set when this learner is told to stop: its next all-reduce says so to every peer."""
+        self.left = False
+        """An all-reduce ended the group's training (`GroupStopped`): no more collectives."""
 
     @classmethod
     def join(
@@ -75,20 +86,23 @@ class Collective:
         *,
         local_host: str,
         store: Any = None,
-        timeout_seconds: float = RENDEZVOUS_TIMEOUT_SECONDS,
+        timeout_seconds: float | None = None,
     ) -> Collective:
         """Join the group (blocks until every rank has): NCCL for a CUDA learner, else gloo.
 
         `store`: an existing store (the tests' `HashStore`); otherwise rank 0 serves a
         `TCPStore` on the rendezvous port and the others connect to it. `local_host`: this
         learner's address, which gloo's connections between learners use."""
-        timeout = datetime.timedelta(seconds=timeout_seconds)
+        seconds = RENDEZVOUS_TIMEOUT_SECONDS if timeout_seconds is None else timeout_seconds
+        timeout = datetime.timedelta(seconds=seconds)
         world = rendezvous.world_size
         if store is None:
             store = dist.TCPStore(
                 rendezvous.host, rendezvous.port, world, rank == 0, timeout=timeout,
                 wait_for_workers=False,
             )  # fmt: skip
+        else:
+            store.set_timeout(timeout)
         store = dist.PrefixStore("impala-learners", store)
         if device.type == "cuda":
             options = dist.ProcessGroupNCCL.Options()
@@ -99,13 +113,31 @@ class Collective:
         return cls(group, rank, world)
 
     def average(self, tensors: list[torch.Tensor]) -> None:
-        """Replace each tensor (all on one device and dtype) by its mean over the group."""
+        """Replace each tensor (all on one device and dtype) by its mean over the group.
+
+        One more element rides along: 1 from a learner that is stopping. Any learner's 1 makes
+        every learner raise `GroupStopped` instead of taking the step, so all of them stop
+        after the same step and none waits in an all-reduce that a stopped peer never joins."""
         if not tensors:
             return
-        flat = torch.cat([t.reshape(-1) for t in tensors])
+        flag = torch.ones(1) if self.stopping.is_set() else torch.zeros(1)
+        flat = torch.cat([*(t.reshape(-1) for t in tensors), flag.to(tensors[0])])
         self.group.allreduce([flat]).wait()
+        if float(flat[-1]) > 0:
+            self.left = True
+            raise GroupStopped
         flat.div_(self.world_size)
-        _unflatten(flat, tensors)
+        _unflatten(flat[:-1], tensors)
+
+    def leave(self, shapes: Sequence[torch.Tensor]) -> None:
+        """A stopping learner's last all-reduce, made between steps (zeros shaped as
+        `shapes`, the stop flag set), which the peers' step in progress, or their own leaving,
+        meets; once per learner."""
+        if self.left:
+            return
+        self.stopping.set()
+        with contextlib.suppress(GroupStopped):
+            self.average([torch.zeros_like(t) for t in shapes])
 
     def broadcast(self, tensors: list[torch.Tensor], root: int = 0) -> None:
         """Give every rank `root`'s values of the tensors (in place), one message per dtype."""

@@ -222,6 +222,11 @@ class Learner:
         with torch.no_grad(), self.lock:
             collective.broadcast(list(self.model.state_dict().values()))
 
+    def leave_group(self) -> None:
+        """Between steps, as the learner thread stops: its last all-reduce (`Collective.leave`)."""
+        if self.collective is not None:
+            self.collective.leave(self.params)
+
     def _average_gradients(self, collective: Collective) -> None:
         """Every parameter's gradient replaced by its mean over the group (a parameter that got
         no gradient here counts as zero, so every rank reduces the same tensors)."""

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from impala_trainer.batches import TrainBatch
+from impala_trainer.learning.collective import GroupStopped
 from impala_trainer.learning.minibatch_buffer import BufferItem, ItemQueue, MinibatchBuffer
 
 logger = logging.getLogger(__name__)
@@ -179,13 +180,21 @@ class LearnerThread(threading.Thread):
         try:
             while not self._stop_event.is_set():
                 self.step()
+            self._leave_group()
         except _Stopped:
+            self._leave_group()
+        except GroupStopped:  # a peer of learner.replicas stopped: so does this learner
             pass
         except BaseException as exc:  # recorded for the driver, which fails the run with it
             self.error = exc
             logger.error("learner thread stopped: %s", exc, exc_info=True)
         finally:
             self._stop_event.set()
+
+    def _leave_group(self) -> None:
+        leave = getattr(self.learner, "leave_group", None)  # a learner of learner.replicas
+        if leave is not None:
+            leave()
 
     def step(self) -> None:
         """Wait for the next batch (or pass over a buffered one), learn, report."""

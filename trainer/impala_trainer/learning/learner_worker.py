@@ -155,9 +155,14 @@ class LearnerWorker:
         return pickle.dumps(self.learner.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
 
     def stop(self) -> None:
-        """Stop the thread after its current step. Not joined: a peer that stopped first may
-        hold it in an all-reduce, which only the process's end releases."""
+        """Stop the thread and wait for it: its step in progress, or its last all-reduce, tells
+        the peers, which stop after the same step (`Collective.average`), so every learner
+        ends on the same step, and its reports and state are final once this returns."""
+        if self.learner.collective is not None:
+            self.learner.collective.stopping.set()
         self.thread.stop()
+        if self.thread.is_alive():
+            self.thread.join()
 
 
 class _Updates(queue.Queue[tuple[int, dict[str, float]]]):
