@@ -98,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
     forkserver.start_early(job.spec)
     apply_ray_env()
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    cfg = NodeConfig.from_args(args, head=True, gcs_port=args.gcs_port, resources={})
+    # learner.replicas above 1: learner 0 is an actor on this pod's unit of "learner".
+    learners = {"learner": 1.0} if job.spec.learner.replicas > 1 else {}
+    cfg = NodeConfig.from_args(args, head=True, gcs_port=args.gcs_port, resources=learners)
     host = args.node_ip_address or "127.0.0.1"
     head: RayNodeProcess | None = None
     try:

@@ -19,6 +19,7 @@ from impala_api.spec import (
     MAX_SEQ_LEN_DIVIDES,
     NO_STOP_CRITERION,
     PREV_ACTION_REWARD_LSTM,
+    REPLICAS_NEED_VTRACE,
     SEPARATE_LEARNER_NEEDS_VTRACE,
 )
 
@@ -286,6 +287,16 @@ INVALID: list[Invalid] = [
         {"learner": {"process": "separate"}, "training": {"mode": "async-gradients"}},
         "spec.learner.process",
         SEPARATE_LEARNER_NEEDS_VTRACE,
+    ),
+    Invalid(
+        "learner-replicas-async-gradients",
+        "cel",
+        {"learner": {"replicas": 2}, "training": {"mode": "async-gradients"}},
+        "spec.learner.replicas",
+        REPLICAS_NEED_VTRACE,
+    ),
+    Invalid(
+        "learner-replicas-zero", "schema", {"learner": {"replicas": 0}}, "spec.learner.replicas"
     ),
     Invalid(
         "learner-process", "schema", {"learner": {"process": "thread"}}, "spec.learner.process"
