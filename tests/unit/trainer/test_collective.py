@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from impala_trainer.batches import TrainBatch, slice_columns
-from impala_trainer.learning.collective import Collective, Rendezvous
+from impala_trainer.learning.collective import Collective, GroupStopped, Rendezvous
 from impala_trainer.learning.learner import Learner, MultiDeviceLearner
 from tests.support.learner import learner_spec, make_batch, one_torch_thread
 
@@ -177,3 +177,28 @@ def test_towers_inside_each_learner_sum_before_the_group_averages() -> None:
         reference._clip_gradients()
         reference._step()
     np.testing.assert_allclose(w0, flat_state(reference)[0], rtol=0, atol=1e-6)
+
+
+def test_a_stopping_learner_stops_its_peers_after_the_same_step() -> None:
+    """Learner 1 stops between steps (`leave`) while learner 0 is in a step: the step is taken
+    by neither, both end with the weights of before it, and neither waits on the other."""
+    spec = learner_spec(lr=0.01)
+    torch.manual_seed(3)
+    learners = [Learner(spec, (4,), ACTIONS, dtype=torch.float64) for _ in range(2)]
+    (batch,) = batches((4,), 1)
+
+    def train(rank: int, collective: Collective) -> tuple[int, bool]:
+        learner = learners[rank]
+        learner.join(collective)
+        learner.learn_on_batch(batch)  # one step together
+        if rank == 1:
+            learner.leave_group()
+            return learner.policy_version, collective.left
+        with pytest.raises(GroupStopped):
+            learner.learn_on_batch(batch)
+        learner.leave_group()  # already left: no further all-reduce to wait on
+        return learner.policy_version, collective.left
+
+    assert in_group(2, train) == [(1, True), (1, True)]
+    w0, w1 = (flat_state(learner)[0] for learner in learners)
+    np.testing.assert_array_equal(w0, w1)
