@@ -28,6 +28,11 @@ class Toleration(SpecModel):
     """How long a NoExecute taint is tolerated."""
 
 
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""A Kubernetes object name of the DNS-1123 subdomain kind (ServiceAccount, PriorityClass)."""
+DNS: dict[str, Any] = {"pattern": DNS_SUBDOMAIN}
+"""The pattern in the CRD's schema only: the model's validator says what is wrong in words."""
+
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$"
 """A Kubernetes quantity as the spec accepts it (group 2: the suffix)."""
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
@@ -209,15 +214,28 @@ class PodOverrides(SpecModel):
     affinity: dict[str, Any] | None = None
     """core/v1 Affinity (node and pod (anti-)affinity)."""
 
-    priority_class_name: str | None = None
-    """PriorityClass of the pods."""
+    priority_class_name: str | None = Field(default=None, max_length=253, json_schema_extra=DNS)
+    """PriorityClass of the pods (a DNS subdomain name: lowercase letters, digits, '-', '.')."""
 
     scheduler_name: str | None = None
     """Scheduler that places the pods (e.g. a gang scheduler)."""
 
-    service_account_name: str | None = None
-    """ServiceAccount the pods run as (its token is still not mounted: the trainer never calls
-    the Kubernetes API; cloud workload identities that inject their own token still work)."""
+    service_account_name: str | None = Field(default=None, max_length=253, json_schema_extra=DNS)
+    """ServiceAccount the pods run as (a DNS subdomain name: lowercase letters, digits, '-',
+    '.'). Its token is still not mounted: the trainer never calls the Kubernetes API; cloud
+    workload identities that inject their own token still work."""
+
+    @field_validator("priority_class_name", "service_account_name")
+    @classmethod
+    def _dns_subdomain(cls, v: str | None) -> str | None:
+        # The CRD refuses these by its pattern; here with a message that says what is wrong
+        # (the API server refuses such a pod later, where only the operator's log showed it).
+        if v is not None and not re.match(DNS_SUBDOMAIN, v):
+            raise ValueError(
+                f"{v!r} is not a DNS subdomain name (lowercase letters, digits, '-' and '.', "
+                "starting and ending with a letter or digit), so no such object can exist"
+            )
+        return v
 
     @model_validator(mode="after")
     def _mounts_name_volumes(self) -> PodOverrides:

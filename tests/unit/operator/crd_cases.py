@@ -296,6 +296,18 @@ INVALID: list[Invalid] = [
         REPLICAS_NEED_VTRACE,
     ),
     Invalid(
+        "learner-service-account-not-a-name",
+        "schema",
+        {"learner": {"pod": {"serviceAccountName": "UPPER"}}},
+        "spec.learner.pod.serviceAccountName",
+    ),
+    Invalid(
+        "rollouts-priority-class-not-a-name",
+        "schema",
+        {"rollouts": {"pod": {"priorityClassName": "high priority"}}},
+        "spec.rollouts.pod.priorityClassName",
+    ),
+    Invalid(
         "learner-replicas-zero", "schema", {"learner": {"replicas": 0}}, "spec.learner.replicas"
     ),
     Invalid(

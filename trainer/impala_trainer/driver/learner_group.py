@@ -235,21 +235,26 @@ class DistributedLearnerGroup:
     def _form(self) -> LearnerInfo:
         """Rank 0's address, then every learner joins there (blocks until all have)."""
         deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_SECONDS
-        address: Rendezvous = self._wait_for([self._call(0, "address")], deadline)[0]
+        refs = [self._call(0, "address")]
+        address: Rendezvous = self._wait_for(refs, deadline, forming=True)[0]
         rendezvous = Rendezvous(address.host, address.port, self.world_size)
-        infos: list[LearnerInfo] = self._wait_for(
-            [self._call(rank, "join", rendezvous) for rank in range(self.world_size)], deadline
-        )
+        refs = [self._call(rank, "join", rendezvous) for rank in range(self.world_size)]
+        infos: list[LearnerInfo] = self._wait_for(refs, deadline, forming=True)
         return infos[0]
 
-    def _wait_for(self, refs: list[Ref], deadline: float) -> list[Any]:
+    def _wait_for(self, refs: list[Ref], deadline: float, forming: bool = False) -> list[Any]:
+        """The values of `refs` (one call per rank, in rank order, or learner 0's alone)."""
+        started = time.monotonic()
         while True:
             ready, _ = self.backend.wait(refs, len(refs), max(0.0, deadline - time.monotonic()))
             if len(ready) == len(refs) or time.monotonic() >= deadline:
                 break
         if len(ready) < len(refs):
             missing = [r for r, ref in enumerate(refs) if ref not in ready]
-            raise LearnerGroupError(self._not_formed(missing))
+            if forming:
+                raise LearnerGroupError(self._not_formed(missing))
+            raise LearnerGroupError(f"learner(s) {missing} of spec.learner.replicas did not "
+                                    f"answer in {deadline - started:.0f} s")  # fmt: skip
         try:
             return self.backend.get_many(refs)
         except self.backend.failure as exc:
