@@ -61,3 +61,47 @@ def test_two_learners_solve_cartpole_and_their_checkpoint_resumes_with_one(
     assert c2["policy_version"] == c2["learner_updates"]
     trained_alone = c2["num_env_steps_trained"] - c1["num_env_steps_trained"]
     assert trained_alone == 128 * (c2["learner_updates"] - c1["learner_updates"])
+
+
+def test_a_learner_killed_fails_the_run_with_a_checkpoint_not_a_hang(tmp_path: Path) -> None:
+    """SIGKILL to one learner's process: its peer's all-reduce fails at once (its connection is
+    gone), and the run fails naming the learner, its checkpoints kept, instead of hanging."""
+    import signal
+    import time
+
+    import psutil
+
+    run = tmp_path / "run"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    sets = ["learner.replicas=2", "stop.episodeReturnMean=null", "stop.timeLimitSeconds=300",
+            "checkpoint.intervalSeconds=5"]  # fmt: skip
+    cmd = [sys.executable, "-m", "impala_cli.main", "train", "-f", EXAMPLE, "--run-dir", str(run)]
+    cmd += [arg for s in sets for arg in ("--set", s)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        learners: list[psutil.Process] = []
+        while time.monotonic() < deadline and len(learners) < 2:
+            time.sleep(1)
+            # This run's own (Ray's workers are children of its raylet, started by the CLI).
+            learners = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                        if "LearnerActor" in " ".join(p.cmdline())]  # fmt: skip
+        assert len(learners) == 2, "two learner actors never started"
+        status = run / "status.json"
+        while time.monotonic() < deadline:  # training, and a checkpoint written
+            if status.exists() and _json(status).get("checkpoint"):
+                break
+            time.sleep(0.5)
+        killed = time.monotonic()
+        learners[1].send_signal(signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+        ended = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out
+    summary = _json(run / "summary.json")
+    assert summary["phase"] == "Failed" and "learner" in summary["message"], summary
+    assert ended < 60, f"the run took {ended:.0f} s to fail after a learner died"
+    assert sorted((run / "checkpoints").glob("ckpt-*")), "the checkpoints before it are kept"

@@ -258,7 +258,9 @@ class DistributedLearnerGroup:
         try:
             return self.backend.get_many(refs)
         except self.backend.failure as exc:
-            raise LearnerGroupError(f"a learner of spec.learner.replicas failed: {exc}") from exc
+            raise LearnerGroupError(
+                f"a learner of spec.learner.replicas failed ({_short(exc)})"
+            ) from exc
 
     def _not_formed(self, missing: list[int]) -> str:
         unplaced = [r for r in missing if not self.backend.placed_on(self.handles[r])]
@@ -337,7 +339,9 @@ class DistributedLearnerGroup:
                 try:
                     self.backend.get(ref)
                 except Exception as exc:  # its learner died, or had no room for a minute
-                    self._error = self._error or LearnerGroupError(f"a learner failed: {exc}")
+                    failed = LearnerGroupError(f"a learner of spec.learner.replicas failed "
+                                               f"({_short(exc)})")  # fmt: skip
+                    self._error = self._error or failed
         if not self._polls:
             return
         ready, _ = self.backend.wait(list(self._polls), len(self._polls), timeout)
@@ -346,7 +350,10 @@ class DistributedLearnerGroup:
             try:
                 self._on_progress(self.backend.get(ref))
             except self.backend.failure as exc:
-                self._error = self._error or LearnerGroupError(f"learner {rank} died: {exc}")
+                died = LearnerGroupError(
+                    f"learner {rank} of spec.learner.replicas died ({_short(exc)})"
+                )
+                self._error = self._error or died
                 continue
             if again:
                 self._poll(rank)
@@ -358,7 +365,9 @@ class DistributedLearnerGroup:
                 self.outstanding[rank] = max(0, self.outstanding[rank] - 1)
             self._pending.add(env_steps, stats, counts_step=rank == 0)
         if progress.error is not None and self._error is None:
-            self._error = LearnerGroupError(f"learner {rank} stopped: {progress.error}")
+            self._error = LearnerGroupError(
+                f"learner {rank} of spec.learner.replicas stopped ({_short(progress.error)})"
+            )
         if rank == 0:
             self._stats, self._queue_stats = progress.stats, progress.queue_stats
             self.state.policy_version = progress.policy_version
@@ -393,6 +402,14 @@ class DistributedLearnerGroup:
                 self.backend.kill(handle)
             except Exception:  # already gone
                 continue
+
+
+def _short(exc: BaseException) -> str:
+    """An error in one line: Ray's actor errors run to a dozen lines of advice, and the run's
+    failure message is one line (the last: `base.one_line`)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def make_learner_group(
