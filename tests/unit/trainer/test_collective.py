@@ -96,6 +96,20 @@ def flat_state(learner: Learner) -> tuple[np.ndarray, np.ndarray]:
     return weights, np.concatenate(opt)
 
 
+def step_on_mean_of_halves(reference: Learner, steps: list[TrainBatch], half: int) -> None:
+    """DDP's definition, on one learner: per batch, one step on the mean of the gradients of
+    its first `half` columns and of the rest (clipped after the mean)."""
+    for batch in steps:
+        grads = []
+        for start, stop in ((0, half), (half, batch.num_columns)):
+            reference._backward_on(slice_columns(batch, start, stop), reference.coefficients())
+            grads.append([p.grad.clone() for p in reference.params])  # type: ignore[union-attr]
+        for p, a, b in zip(reference.params, *grads, strict=True):
+            p.grad = (a + b) / 2
+        reference._clip_gradients()
+        reference._step()
+
+
 @pytest.mark.parametrize("kind", list(MODELS))
 def test_two_learners_on_halves_step_as_one_on_the_mean_gradient(kind: str) -> None:
     model, obs_shape = MODELS[kind]
@@ -125,15 +139,7 @@ def test_two_learners_on_halves_step_as_one_on_the_mean_gradient(kind: str) -> N
     np.testing.assert_array_equal(o0, o1)
 
     reference = learner_of(0)
-    for batch in steps:  # DDP's definition: one step on the mean of the halves' gradients
-        grads = []
-        for start, stop in ((0, half), (half, batch.num_columns)):
-            reference._backward_on(slice_columns(batch, start, stop), reference.coefficients())
-            grads.append([p.grad.clone() for p in reference.params])  # type: ignore[union-attr]
-        for p, a, b in zip(reference.params, *grads, strict=True):
-            p.grad = (a + b) / 2
-        reference._clip_gradients()
-        reference._step()
+    step_on_mean_of_halves(reference, steps, half)
     w, o = flat_state(reference)
     np.testing.assert_allclose(w0, w, rtol=0, atol=1e-6)
     np.testing.assert_allclose(o0, o, rtol=0, atol=1e-6)
@@ -167,15 +173,7 @@ def test_towers_inside_each_learner_sum_before_the_group_averages() -> None:
 
     torch.manual_seed(7)
     reference = Learner(spec, (4,), ACTIONS, dtype=torch.float64)
-    for batch in steps:
-        grads = []
-        for start, stop in ((0, half), (half, batch.num_columns)):
-            reference._backward_on(slice_columns(batch, start, stop), reference.coefficients())
-            grads.append([p.grad.clone() for p in reference.params])  # type: ignore[union-attr]
-        for p, a, b in zip(reference.params, *grads, strict=True):
-            p.grad = (a + b) / 2
-        reference._clip_gradients()
-        reference._step()
+    step_on_mean_of_halves(reference, steps, half)
     np.testing.assert_allclose(w0, flat_state(reference)[0], rtol=0, atol=1e-6)
 
 
