@@ -17,6 +17,7 @@ from impala_api.roles import STATUS_PORT
 from impala_api.snapshot import StatusSnapshot
 from impala_operator.lifecycle.run_policy import (
     INVALID_SPEC,
+    Event,
     JobState,
     LearnerPod,
     parse_time,
@@ -290,6 +291,43 @@ def compute_status(
     ):
         status[key] = rfc3339(value) if value is not None else None
     return status
+
+
+LEARNER_POD_REFUSED = "LearnerPodRefused"
+
+
+def learner_pod_refused(
+    status: Mapping[str, Any], pod: str, error: str, now: float
+) -> tuple[dict[str, Any], Event | None]:
+    """The tick's status when the API server refused to create the learner pod (a
+    ServiceAccount or PriorityClass that does not exist, a quota, an admission webhook): the
+    refusal as the job's message and on its Created condition (False), and a Warning Event the
+    first time. The pod is asked for again every tick; startupDeadlineSeconds runs meanwhile."""
+    message = (
+        f"the API server refused learner pod {pod}: {error}; fix what it names (the learner's "
+        "pod settings are spec.learner.pod) or create what is missing"
+    )
+    conditions = status.get("conditions") or ()
+    was: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Created"), {})
+    new = set_condition(conditions, "Created", False, LEARNER_POD_REFUSED, message, now)
+    generation = next((c.get("observedGeneration") for c in conditions), None)
+    out = {**status, "message": message, "conditions": stamp_conditions(new, generation)}
+    first = was.get("reason") != LEARNER_POD_REFUSED or was.get("message") != message
+    return out, Event("Warning", LEARNER_POD_REFUSED, message) if first else None
+
+
+def learner_pod_accepted(status: Mapping[str, Any], now: float) -> dict[str, Any]:
+    """The tick's status once a refused learner pod was created after all: Created again."""
+    conditions = status.get("conditions") or ()
+    if not any(c.get("reason") == LEARNER_POD_REFUSED for c in conditions):
+        return dict(status)
+    created = "the learner pod was created"
+    new = set_condition(conditions, "Created", True, "Created", created, now)
+    generation = next((c.get("observedGeneration") for c in conditions), None)
+    out = {**status, "conditions": stamp_conditions(new, generation)}
+    if str(out.get("message") or "").startswith("the API server refused learner pod"):
+        out["message"] = created
+    return out
 
 
 def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:

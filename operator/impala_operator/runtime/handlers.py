@@ -77,17 +77,31 @@ def _deployment_views(
     return views
 
 
+def _refused(exc: kube.ApiError) -> bool:
+    """An answer that says the object itself cannot be made as it is (403 Forbidden: a missing
+    ServiceAccount, a quota, a policy; 422 Invalid; 400), which retrying alone never fixes:
+    not a conflict (409), throttling (429), or a transport or server error."""
+    return 400 <= exc.status < 500 and exc.status not in (409, 429)
+
+
 async def execute(
     api: kube.Api, body: Mapping[str, Any], tick_plan: plan.TickPlan, now: float
-) -> None:
-    """Perform a plan's writes. Every step is idempotent, so a crash halfway is repaired by the
-    next tick: applies converge, creates of existing pods are no-ops, deletes of gone ones too."""
+) -> list[tuple[str, str]]:
+    """Perform a plan's writes; the pods the API server refused, (name, its answer). Every step
+    is idempotent, so a crash halfway is repaired by the next tick: applies converge, creates of
+    existing pods are no-ops, deletes of gone ones too."""
     meta = body["metadata"]
     namespace = meta["namespace"]
+    refused: list[tuple[str, str]] = []
     for manifest in tick_plan.apply:
         await api.apply(manifest)
     for manifest in tick_plan.create:
-        await api.create(manifest)
+        try:
+            await api.create(manifest)
+        except kube.ApiError as exc:
+            if not _refused(exc):
+                raise
+            refused.append((manifest["metadata"]["name"], str(exc)))
     for name in tick_plan.delete_pods:
         await api.delete("v1", "Pod", namespace, name)
     await _write_workload(api, tick_plan.workload)
@@ -95,6 +109,7 @@ async def execute(
         await api.post_event(body, event, now)
     if tick_plan.delete_job:
         await api.delete(kube.JOB_API_VERSION, KIND, namespace, meta["name"])
+    return refused
 
 
 async def _write_workload(api: kube.Api, write: plan.WorkloadWrite | None) -> None:
@@ -398,11 +413,18 @@ async def tick(
         queueing=queueing,
     )
     try:
-        await execute(memo.api, body, tick_plan, now)
+        refused = await execute(memo.api, body, tick_plan, now)
     except kube.ApiError as exc:
         metrics.ERRORS.labels("tick").inc()
         raise kopf.TemporaryError(f"reconcile: {exc}", delay=settings.reconcile_interval) from exc
-    patch.status.update(job_status.status_patch(dict(status), tick_plan.status))
+    if refused:  # shown on the job, not only in this log: the status is still written
+        metrics.ERRORS.labels("tick").inc()
+        new_status, event = job_status.learner_pod_refused(tick_plan.status, *refused[0], now)
+        if event is not None:
+            await memo.api.post_event(body, event, now)
+    else:
+        new_status = job_status.learner_pod_accepted(tick_plan.status, now)
+    patch.status.update(job_status.status_patch(dict(status), new_status))
     _record(job, tick_plan)
     metrics.TICK_SECONDS.observe(time.monotonic() - started)
 

@@ -334,6 +334,46 @@ def test_tick_failing_api_is_retried_and_patches_no_status() -> None:
     assert "status" not in patch and _errors("tick") == before + 1
 
 
+class RefusingApi(FakeApi):
+    """The API server refusing the learner pod, as it does a pod whose ServiceAccount is
+    missing (403), until `refusing` is cleared."""
+
+    refusing = True
+
+    async def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        if self.refusing and manifest["kind"] == "Pod":
+            name = manifest["metadata"]["name"]
+            why = 'error looking up service account ns/robot: serviceaccount "robot" not found'
+            raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: {why}')
+        return await super().create(manifest)
+
+
+def test_a_refused_learner_pod_shows_on_the_job_and_fails_it_at_the_startup_deadline() -> None:
+    api = RefusingApi()
+    spec = {**SPEC, "runPolicy": {"startupDeadlineSeconds": 600}}
+    first = _tick(_body(spec), _memo(api))  # no exception: the status is written
+    created = next(c for c in first["conditions"] if c["type"] == "Created")
+    assert (created["status"], created["reason"]) == ("False", "LearnerPodRefused")
+    assert 'serviceaccount "robot" not found' in first["message"]
+    assert "spec.learner.pod" in first["message"] and first["phase"] == "Pending"
+    warnings = [e for e in api.events if e.type == "Warning"]
+    assert [e.reason for e in warnings] == ["LearnerPodRefused"]
+
+    again = _tick(_body(spec, **first), _memo(api))  # asked again; announced once
+    assert [e.reason for e in api.events if e.type == "Warning"] == ["LearnerPodRefused"]
+    assert again.get("phase", first["phase"]) == "Pending"
+
+    late = {**first, "startTime": "2020-01-01T00:00:00Z"}  # the deadline has passed
+    failed = _tick(_body(spec, **late), _memo(api))
+    assert failed["phase"] == "Failed" and "startupDeadlineSeconds" in failed["message"]
+
+    api.refusing = False  # the ServiceAccount was made: the pod is created, Created again
+    fixed = _tick(_body(spec, **first), _memo(api))
+    created = next(c for c in fixed["conditions"] if c["type"] == "Created")
+    assert (created["status"], created["reason"]) == ("True", "Created")
+    assert ("create", "Pod/cp-learner-0") in api.calls
+
+
 # --- execute, indexes, phase gauge, registration ---
 
 
