@@ -17,7 +17,7 @@ def test_shutdown_stops_the_autoscaler_monitor_while_the_gcs_still_answers(
     until Ray kills the monitor a second later, at the end of every local run."""
     if ray.is_initialized():
         ray.shutdown()
-    train_command._init_ray(1, 0)
+    train_command._init_ray(1, 0, 1)
     node = ray._private.worker._global_node
     processes = {kind: infos[0].process for kind, infos in node.all_processes.items()}
     monitor, gcs = processes["monitor"], processes["gcs_server"]
