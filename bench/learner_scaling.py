@@ -89,11 +89,11 @@ def _learner(
 
 def trial(world: int, args: argparse.Namespace, group: bool = True) -> dict[str, Any]:
     """One case: `world` learner processes, in one group or (`group` False) each alone."""
-    from impala_trainer.learning.collective import free_port
+    from impala_trainer.node.ray_node import free_port
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = free_port("127.0.0.1")
+    port = free_port()
     procs = [ctx.Process(target=_learner, args=(r, world, port, args, out, group))
              for r in range(world)]  # fmt: skip
     for p in procs:

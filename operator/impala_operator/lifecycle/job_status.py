@@ -309,25 +309,31 @@ def learner_pod_refused(
     )
     conditions = status.get("conditions") or ()
     was: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Created"), {})
-    new = set_condition(conditions, "Created", False, LEARNER_POD_REFUSED, message, now)
-    generation = next((c.get("observedGeneration") for c in conditions), None)
-    out = {**status, "message": message, "conditions": stamp_conditions(new, generation)}
+    out = _created(status, False, LEARNER_POD_REFUSED, message, now)
+    out["message"] = message
     first = was.get("reason") != LEARNER_POD_REFUSED or was.get("message") != message
     return out, Event("Warning", LEARNER_POD_REFUSED, message) if first else None
 
 
 def learner_pod_accepted(status: Mapping[str, Any], now: float) -> dict[str, Any]:
     """The tick's status once a refused learner pod was created after all: Created again."""
-    conditions = status.get("conditions") or ()
-    if not any(c.get("reason") == LEARNER_POD_REFUSED for c in conditions):
+    if not any(c.get("reason") == LEARNER_POD_REFUSED for c in status.get("conditions") or ()):
         return dict(status)
     created = "the learner pod was created"
-    new = set_condition(conditions, "Created", True, "Created", created, now)
-    generation = next((c.get("observedGeneration") for c in conditions), None)
-    out = {**status, "conditions": stamp_conditions(new, generation)}
+    out = _created(status, True, "Created", created, now)
     if str(out.get("message") or "").startswith("the API server refused learner pod"):
         out["message"] = created
     return out
+
+
+def _created(
+    status: Mapping[str, Any], value: bool, reason: str, message: str, now: float
+) -> dict[str, Any]:
+    """`status` with its Created condition set, stamped with the generation the others carry."""
+    conditions = status.get("conditions") or ()
+    new = set_condition(conditions, "Created", value, reason, message, now)
+    generation = next((c.get("observedGeneration") for c in conditions), None)
+    return {**status, "conditions": stamp_conditions(new, generation)}
 
 
 def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:

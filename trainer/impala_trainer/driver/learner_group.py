@@ -245,10 +245,7 @@ class DistributedLearnerGroup:
     def _wait_for(self, refs: list[Ref], deadline: float, forming: bool = False) -> list[Any]:
         """The values of `refs` (one call per rank, in rank order, or learner 0's alone)."""
         started = time.monotonic()
-        while True:
-            ready, _ = self.backend.wait(refs, len(refs), max(0.0, deadline - time.monotonic()))
-            if len(ready) == len(refs) or time.monotonic() >= deadline:
-                break
+        ready, _ = self.backend.wait(refs, len(refs), max(0.0, deadline - started))
         if len(ready) < len(refs):
             missing = [r for r, ref in enumerate(refs) if ref not in ready]
             if forming:
@@ -301,7 +298,8 @@ class DistributedLearnerGroup:
             raise self._error
 
     def try_put(self, batch: TrainBatch) -> bool:
-        self._pump(0.0)
+        # `outstanding` as of the last reports read (the loop's `check` and `updates` read them):
+        # a learner's queue counts fuller than it is until then, never emptier.
         rank = min(range(self.world_size), key=lambda r: (self.outstanding[r], r))
         if self.outstanding[rank] >= self.capacity:
             return False
@@ -315,7 +313,7 @@ class DistributedLearnerGroup:
             left = deadline - time.monotonic()
             if left <= 0 or self._error is not None:
                 return False
-            self._pump(left)
+            self._pump(left)  # a report frees room
         return True
 
     def updates(self) -> Updates:

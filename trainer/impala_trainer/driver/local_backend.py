@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -232,9 +233,14 @@ class LocalBackend:
     def wait(
         self, refs: list[LocalRef], num_returns: int, timeout: float
     ) -> tuple[list[LocalRef], list[LocalRef]]:
-        pending = [r.future for r in refs if r.future is not None and not r.future.done()]
-        if len(refs) - len(pending) < num_returns and pending and timeout > 0:
-            concurrent.futures.wait(pending, timeout, concurrent.futures.FIRST_COMPLETED)
+        # As ray.wait: until `num_returns` are done or the timeout passes.
+        deadline = time.monotonic() + timeout
+        while True:
+            pending = [r.future for r in refs if r.future is not None and not r.future.done()]
+            left = deadline - time.monotonic()
+            if len(refs) - len(pending) >= num_returns or not pending or left <= 0:
+                break
+            concurrent.futures.wait(pending, left, concurrent.futures.FIRST_COMPLETED)
         ready = [r for r in refs if r.done()][:num_returns]
         return ready, [r for r in refs if r not in ready]
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import socket
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,14 +45,6 @@ class Rendezvous:
     host: str
     port: int
     world_size: int
-
-
-def free_port(host: str = "") -> int:
-    """A port free on this host now (rank 0's store binds it next)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _gloo(store: Any, rank: int, world_size: int, host: str, timeout: datetime.timedelta) -> Any:

@@ -23,9 +23,10 @@ import torch
 
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import TrainBatch
-from impala_trainer.learning.collective import Collective, Rendezvous, free_port
+from impala_trainer.learning.collective import Collective, Rendezvous
 from impala_trainer.learning.distributions import ActionDistribution
 from impala_trainer.learning.threads import make_learner_thread
+from impala_trainer.node.ray_node import free_port
 
 PUT_TIMEOUT_SECONDS = 60.0
 """Longest `train` waits for room in the inqueue (the driver sends only what fits)."""
@@ -85,8 +86,9 @@ class LearnerWorker:
 
     def address(self, host: str) -> Rendezvous:
         """Rank 0: where the others meet it (a free port on `host`, this learner's address)."""
-        raise_unless_rank0(self.rank)
-        return Rendezvous(host, free_port(host), 0)
+        if self.rank != 0:
+            raise RuntimeError(f"learner {self.rank} was asked for the rendezvous: rank 0 holds it")
+        return Rendezvous(host, free_port(), 0)
 
     def join(self, rendezvous: Rendezvous, local_host: str, store: Any = None) -> LearnerInfo:
         """Join the group (blocks until every learner has) and take rank 0's weights."""
@@ -181,7 +183,3 @@ class _Updates(queue.Queue[tuple[int, dict[str, float]]]):
         self._owner.learner.global_timestep += item[0] * self._owner.world_size
         super().put(item, block, timeout)
 
-
-def raise_unless_rank0(rank: int) -> None:
-    if rank != 0:
-        raise RuntimeError(f"learner {rank} asked for the rendezvous address, which rank 0 holds")
