@@ -53,30 +53,52 @@ def log(msg: str) -> None:
 
 
 def diagnose(kube: Kube, namespace: str) -> str:
-    """Pods, events and the learner's logs: what a failure message needs."""
-    parts = []
+    """What a failure message needs, the essentials first (CI shows a failure's output cut in
+    the middle): each pod's phase, deletion and containers' exits; each job's status; events;
+    then the learners' and the operator's logs."""
+    pods = kube.pods(namespace)
+    parts = ["$ pods (phase, deletionTimestamp, containers: state exit reason finishedAt)"]
+    parts += [_pod_line(pod) for pod in pods]
+    jobs = kube.get("ij", "-n", namespace).get("items", [])
+    for job in jobs:
+        status = job.get("status", {})
+        brief = {k: status.get(k) for k in ("phase", "reason", "message", "learner", "admission")}
+        conds = [
+            f"{c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message')}"
+            for c in status.get("conditions", [])
+        ]
+        name = job["metadata"]["name"]
+        parts.append(f"$ ij {name}: {json.dumps(brief)}\n  " + "\n  ".join(conds))
     for args in (
-        ("get", "pods", "-n", namespace, "-o", "wide"),
-        ("get", "ij", "-n", namespace, "-o", "yaml"),
         ("get", "events", "-n", namespace, "--sort-by=.lastTimestamp"),
         ("logs", "-n", OPERATOR_NS, "deployment/impala-impala-operator", "--tail=40"),
     ):
         proc = kube.kubectl(*args, check=False)
         parts.append(f"$ kubectl {' '.join(args)}\n{proc.stdout}{proc.stderr}")
-    for pod in kube.pods(namespace):
+    for pod in pods:
         for c in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]:
             proc = kube.kubectl(
-                "logs",
-                "-n",
-                namespace,
-                pod["metadata"]["name"],
-                "-c",
-                c["name"],
-                "--tail=30",
+                "logs", "-n", namespace, pod["metadata"]["name"], "-c", c["name"], "--tail=30",
                 check=False,
-            )
+            )  # fmt: skip
             parts.append(f"--- {pod['metadata']['name']}/{c['name']}\n{proc.stdout}{proc.stderr}")
     return "\n".join(parts)
+
+
+def _pod_line(pod: dict[str, Any]) -> str:
+    """One pod: `name phase [deleting since T]; container: state exit reason finishedAt, ...`."""
+    meta, status = pod["metadata"], pod.get("status", {})
+    deleting = f" deleting since {meta['deletionTimestamp']}" if "deletionTimestamp" in meta else ""
+    containers = []
+    for c in [*status.get("initContainerStatuses", []), *status.get("containerStatuses", [])]:
+        state = c.get("state", {})
+        kind = next(iter(state), "?")
+        t = state.get(kind, {})
+        containers.append(
+            f"{c['name']}: {kind} {t.get('exitCode', '')} {t.get('reason', '')} "
+            f"{t.get('finishedAt', '')}".rstrip()
+        )
+    return f"{meta['name']} {status.get('phase')}{deleting}; " + ", ".join(containers)
 
 
 @contextlib.contextmanager
@@ -85,7 +107,10 @@ def diagnosed(kube: Kube, namespace: str) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        print(diagnose(kube, namespace))
+        try:
+            print(diagnose(kube, namespace))
+        except Exception as exc:  # the test's own failure is what the report must show
+            print(f"diagnose failed: {exc!r}")
         raise
 
 
