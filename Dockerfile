@@ -8,8 +8,8 @@
 # BASE_IMAGE is any Debian-like image with `python3` (3.11+) and the `venv` module; the buildah
 # script passes a bookworm base it makes with mmdebstrap, since no registry may be reachable.
 #
-# Two layers that matter: the dependencies (torch, Ray, ...: gigabytes, keyed by pyproject.toml
-# alone) and the project itself (a few megabytes). A code change rebuilds only the second.
+# Two layers that matter: the dependencies (torch, Ray, ...: gigabytes, keyed by the lock alone)
+# and the project itself (a few megabytes). A code change rebuilds only the second.
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
 
@@ -24,15 +24,16 @@ RUN (getent group 1000 || groupadd --gid 1000 impala) \
         --shell /usr/sbin/nologin impala)
 
 WORKDIR /src
-COPY pyproject.toml ./
-# Only the dependency list, read from pyproject.toml, so this layer is reused until it changes.
-# Bytecode is compiled here: at run time the root filesystem is read-only, and importing torch
-# from source alone would cost seconds in every pod.
+# Only the lock (requirements/runtime.lock: every package and its hashes, the versions the tests
+# ran with), so this layer is reused until it changes. Bytecode is compiled here: at run time the
+# root filesystem is read-only, and importing torch from source alone would cost seconds in every
+# pod.
+COPY requirements/runtime.lock ./requirements/
 RUN python3 -m venv /opt/impalajob \
- && python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
- && /opt/impalajob/bin/pip install ${PIP_INSTALL_FLAGS} -r /tmp/requirements.txt \
- && rm /tmp/requirements.txt
+ && /opt/impalajob/bin/pip install ${PIP_INSTALL_FLAGS} --require-hashes --no-deps \
+        -r requirements/runtime.lock
 
+COPY pyproject.toml ./
 COPY README.md ./
 COPY api ./api
 COPY trainer ./trainer

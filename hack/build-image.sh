@@ -7,15 +7,17 @@
 #
 # Cached outside the repository, under ${IMPALA_IMAGE_CACHE:-$HOME/.cache/impalajob/image}:
 #   base   the mmdebstrap rootfs, keyed by the suite and package list below;
-#   deps   the Dockerfile's dependency layer (torch, Ray, ...), keyed by pyproject.toml: buildah's
-#          layer cache reuses it until the dependency list changes;
+#   deps   the Dockerfile's dependency layer (torch, Ray, ...), keyed by requirements/runtime.lock:
+#          buildah's layer cache reuses it until the lock changes;
 #   image  the archive, keyed by the content of everything that goes into it, so an unchanged
 #          tree costs nothing and a code change rebuilds only the project layer (seconds).
 #
 # Knobs (environment): IMAGE (default impalajob:<version in pyproject.toml>), IMPALA_IMAGE_CACHE,
 # DEBIAN_MIRROR (default: mmdebstrap's), STORAGE_DRIVER (overlay, falling back to vfs).
-# Needs root (or a user namespace buildah accepts) and the Debian packages buildah and mmdebstrap,
-# which it installs when missing.
+# Needs root (or a user namespace buildah accepts) and the Debian packages buildah, mmdebstrap and
+# an OCI runtime for the Dockerfile's RUN steps (buildah only recommends one), which it installs
+# when missing. The image's Python packages are the lock's (requirements/runtime.lock, hashed),
+# whatever Python runs this script: the versions the tests ran with, not this shell's `pip freeze`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,19 +38,22 @@ command -v flock >/dev/null 2>&1 && flock 8
 need=()
 command -v buildah >/dev/null 2>&1 || need+=(buildah)
 command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
+# buildah runs each RUN step with an OCI runtime it only recommends: without one the first RUN
+# fails with "error running container ... exit status 1".
+command -v runc >/dev/null 2>&1 || command -v crun >/dev/null 2>&1 || need+=(runc)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing Debian packages: ${need[*]}"
   sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
   DEBIAN_FRONTEND=noninteractive $sudo_ apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq --no-install-recommends \
-    buildah mmdebstrap >/dev/null
+    "${need[@]}" >/dev/null
 fi
 
 # --- what goes into the image, hashed -----------------------------------------------------------
 # The same files the Dockerfile copies (.dockerignore's allow-list), read from the work tree so an
 # uncommitted change is built too.
 sources() {
-  printf '%s\n' Dockerfile .dockerignore pyproject.toml README.md
+  printf '%s\n' Dockerfile .dockerignore pyproject.toml README.md requirements/runtime.lock
   find api trainer operator cli -type f ! -name '*.pyc' ! -path '*/__pycache__/*' ! -path '*.egg-info/*' \
     | LC_ALL=C sort
 }
@@ -82,36 +87,30 @@ if ! "${B[@]}" inspect --type image "$base_ref" >/dev/null 2>&1; then
   rm -rf "$tmp"
 fi
 
-# --- wheelhouse: the host's pip, for the image's pip ---------------------------------------------
-# When this host's Python is the image's (3.11), the host's pip downloads every wheel the image
-# needs (from its local cache, on a machine that just ran `pip install`: the torch layer is not
-# fetched twice), and the image's pip installs from there alone. That also spares the image's pip
-# the network, which it may not be able to use: a TLS-intercepting proxy's CA is the host's, not
-# the base image's. Otherwise the image's pip uses the index, as under Docker.
+# --- wheelhouse: the lock's wheels, for the image's pip ------------------------------------------
+# The host's pip downloads the lock's wheels for the image's platform (bookworm: CPython 3.11,
+# glibc 2.36), whatever Python runs this script, checking every hash; the image's pip then
+# installs from there alone. On a machine that just ran `pip install` the big wheels come from
+# pip's cache, and the image's pip needs no network, which it may not have (a TLS-intercepting
+# proxy's CA is the host's, not the base image's). If the download fails, the image's pip takes
+# the same hashed lock from the index, as under Docker.
+LOCK=requirements/runtime.lock
 wheels="$CACHE/wheels"
 mkdir -p "$wheels"
 pip_flags=""
-if python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
-  python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
-    > "$CACHE/requirements.txt"
-  # The build backend too: pip builds the project in an isolated environment.
-  echo "setuptools>=69" >> "$CACHE/requirements.txt"; echo "wheel" >> "$CACHE/requirements.txt"
-  # The versions this host runs (and the tests test) pin the image's: the same packages in the
-  # pods as here, and a resolution with nothing to search (unpinned, a new release upstream can
-  # send pip's resolver backtracking for hours: kubernetes 37.0.2 against botocore did).
-  python3 -m pip freeze --exclude-editable --disable-pip-version-check \
-    | grep -v '^-e ' > "$wheels/constraints.txt"
-  # Resolving alone takes pip ~40 s: skipped while the requirements are those last downloaded.
-  stamp="$wheels/.complete-$(cat "$CACHE/requirements.txt" "$wheels/constraints.txt" | sha256sum | cut -c1-16)"
-  if [[ -f "$stamp" ]]; then
-    pip_flags="--no-index --find-links=/wheels -c /wheels/constraints.txt"
-  elif python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
-      -r "$CACHE/requirements.txt" -c "$wheels/constraints.txt" -d "$wheels" >&2; then
-    rm -f "$wheels"/.complete-*; touch "$stamp"
-    pip_flags="--no-index --find-links=/wheels -c /wheels/constraints.txt"
-  else
-    log "pip download failed; the image's pip uses the index directly"
-  fi
+platforms=(--platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64)
+for glibc in $(seq 36 -1 5); do platforms+=(--platform "manylinux_2_${glibc}_x86_64"); done
+# pip checks ~130 hashes in ~40 s: skipped while the lock is the one last downloaded.
+stamp="$wheels/.complete-$(sha256sum "$LOCK" | cut -c1-16)"
+if [[ -f "$stamp" ]]; then
+  pip_flags="--no-index --find-links=/wheels"
+elif python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: --no-deps \
+    "${platforms[@]}" --python-version 3.11 --implementation cp --abi cp311 \
+    --require-hashes -r "$LOCK" -d "$wheels" >&2; then
+  rm -f "$wheels"/.complete-*; touch "$stamp"
+  pip_flags="--no-index --find-links=/wheels"
+else
+  log "pip download failed; the image's pip takes the lock from the index"
 fi
 
 # --- the image: the Dockerfile, layer-cached -----------------------------------------------------

@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+# The lock's versions (hack/lock.sh): the tests run what the image ships.
+python -m pip install --quiet --disable-pip-version-check -e '.[dev]' -c requirements/dev.lock
 bash tests/setup-system.sh            # Debian packages (chromium, wrk; the real node's, as root)
 
 # The product image for the real-node tests (hack/build-image.sh: cached by content, so a warm
