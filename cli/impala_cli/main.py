@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Collection
 
 from impala_cli.commands import CommandError
 
@@ -37,15 +38,23 @@ def command_module(name: str) -> str:
     return "impala_cli.commands." + _MODULES.get(name, name.replace("-", "_"))
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def build_parser(registered: Collection[str] = ()) -> argparse.ArgumentParser:
+    """The `impalajob` parser: every subcommand by name and help, and the arguments of those in
+    `registered` (each imports its module: `main` registers only the one chosen, the reference
+    pages all of them)."""
     parser = argparse.ArgumentParser(prog="impalajob", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        if name == chosen:
+        if name in registered:
             importlib.import_module(command_module(name)).register(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser([chosen] if chosen is not None else [])
     args = parser.parse_args(argv)
     mod = importlib.import_module(command_module(args.command))
     try:
