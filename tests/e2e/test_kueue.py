@@ -20,7 +20,7 @@ import pytest
 
 from cluster import Kube, build_binaries, wait_for
 from cluster import kueue as kueue_harness
-from impala_operator.lifecycle import admission
+from impala_operator.build import kueue_workload
 from tests.support import queues
 from tests.support.jobs import job_manifest
 from tests.support.operator_suite import Operator, OperatorSuite
@@ -96,7 +96,7 @@ def learner_pods(kube: Kube, ns: str, job: str) -> list[dict[str, Any]]:
 
 def workload(kube: Kube, ns: str, job: str) -> dict[str, Any]:
     result: dict[str, Any] = kube.get(
-        "workloads.kueue.x-k8s.io", admission.workload_name(job), "-n", ns
+        "workloads.kueue.x-k8s.io", kueue_workload.workload_name(job), "-n", ns
     )
     return result
 

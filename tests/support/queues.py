@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from impala_api.manifest import parse_manifest
+from impala_operator.build import kueue_workload
 from impala_operator.lifecycle import admission
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
@@ -33,7 +34,7 @@ def quota_for(
     meta = {**manifest["metadata"], "namespace": manifest["metadata"].get("namespace") or "q"}
     job = parse_manifest({**manifest, "metadata": meta}, source="test")
     cpu = mem = 0
-    for pod_set in admission.pod_sets(job, "uid", workers_per_aggregator=4):
+    for pod_set in kueue_workload.pod_sets(job, "uid", workers_per_aggregator=4):
         count = pod_set["count"] if pod_set["name"] != "rollout" or rollouts is None else rollouts
         spec = pod_set["template"]["spec"]
         for c in [*spec.get("containers", []), *spec.get("initContainers", [])]:
@@ -46,9 +47,9 @@ def quota_for(
 def queued(manifest: dict[str, Any], queue: str, priority: str | None = None) -> dict[str, Any]:
     """`manifest` labelled for LocalQueue `queue` (and a WorkloadPriorityClass)."""
     labels = manifest["metadata"].setdefault("labels", {})
-    labels[admission.QUEUE_LABEL] = queue
+    labels[kueue_workload.QUEUE_LABEL] = queue
     if priority:
-        labels[admission.PRIORITY_LABEL] = priority
+        labels[kueue_workload.PRIORITY_LABEL] = priority
     return manifest
 
 

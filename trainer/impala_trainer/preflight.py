@@ -38,7 +38,7 @@ def job_problem(spec: ImpalaJobSpec) -> tuple[str, str] | None:
         )
     if model.type == "custom":
         from impala_trainer.learning.distributions import action_distribution
-        from impala_trainer.learning.models import model_problem
+        from impala_trainer.learning.model_factory import model_problem
 
         dist = action_distribution(action_space)
         return model_problem(

@@ -1,16 +1,12 @@
 """Kueue admission, planned purely: a job labelled `kueue.x-k8s.io/queue-name` runs only while
-Kueue admits the Workload the operator owns for it.
+Kueue admits the Workload the operator owns for it (built in `build.kueue_workload`).
 
-The operator plays the part Kueue's jobframework plays for its built-in integrations, as an
-external framework (`integrations.externalFrameworks: ["ImpalaJob.v1alpha1.impala.dev"]`): one
-Workload per job, owned by it, whose pod sets are the learner (1 pod), the rollouts (maxReplicas,
-with minCount minReplicas: Kueue's partial admission grants what the quota allows) and the
-aggregators. Until Kueue admits it the job is held (no pods, `Admitted=False` naming the queue);
-admitted, its pods get the assigned flavors' node labels and tolerations and the rollouts
-autoscale up to the admitted count; evicted (preempted, deactivated, queue stopped), it stops
-like a suspend (the learner checkpoints on SIGTERM, no failure counted) and, once its pods are
-gone, hands the quota back by clearing the admission, as jobframework does; readmitted, the same
-learner attempt resumes from its checkpoint. A job that ends marks its Workload Finished.
+Until Kueue admits it the job is held (no pods, `Admitted=False` naming the queue); admitted,
+its pods get the assigned flavors' node labels and tolerations and the rollouts autoscale up to
+the admitted count; evicted (preempted, deactivated, queue stopped), it stops like a suspend (the
+learner checkpoints on SIGTERM, no failure counted) and, once its pods are gone, hands the quota
+back by clearing the admission, as jobframework does; readmitted, the same learner attempt
+resumes from its checkpoint. A job that ends marks its Workload Finished.
 
 Nothing here calls the API: `runtime.handlers` reads the Workload and the ResourceFlavors and
 executes what this module and `plan` decide.
@@ -19,148 +15,15 @@ executes what this module and `plan` decide.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from impala_api import names
-from impala_api.spec import API_GROUP, API_VERSION, KIND, ImpalaJob
-from impala_operator.build import children
-from impala_operator.build.children import Manifest
-from impala_operator.lifecycle.run_policy import rfc3339
-from impala_operator.scale import autoscaler
+from impala_operator.lifecycle.conditions import set_condition
 
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
-"""A WorkloadPriorityClass for the job (else the learner pod's priorityClassName, if any)."""
-JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
-GROUP = "kueue.x-k8s.io"
-WORKLOAD_API_VERSION = f"{GROUP}/v1beta2"
-FRAMEWORK = f"{KIND}.{API_VERSION}.{API_GROUP}"
-"""The entry of Kueue's `integrations.externalFrameworks` that names this operator's jobs."""
-POD_SETS_HASH_ANNOTATION = f"{API_GROUP}/pod-sets-hash"
 ADMITTED_CONDITION = "Admitted"
-LEARNER, ROLLOUT, AGGREGATOR = "learner", "rollout", "aggregator"
 
 State = Literal["queued", "admitted", "evicted", "finished"]
-
-
-def queue_name(job: ImpalaJob) -> str | None:
-    """The LocalQueue the job asks for, or None: a job without the label is not Kueue's."""
-    return job.metadata.labels.get(QUEUE_LABEL) or None
-
-
-def workload_name(job_name: str) -> str:
-    """`impalajob-<job>`, as jobframework prefixes a Workload with its owner's kind."""
-    return f"{KIND.lower()}-{job_name}"
-
-
-@dataclass(frozen=True)
-class Priority:
-    """The priority class a Workload names and its value (looked up by the runtime)."""
-
-    name: str
-    value: int
-    kind: Literal["WorkloadPriorityClass", "PriorityClass"] = "WorkloadPriorityClass"
-
-    def ref(self) -> dict[str, str]:
-        group = GROUP if self.kind == "WorkloadPriorityClass" else "scheduling.k8s.io"
-        return {"group": group, "kind": self.kind, "name": self.name}
-
-
-def priority_class(
-    job: ImpalaJob,
-) -> tuple[str, Literal["WorkloadPriorityClass", "PriorityClass"]] | None:
-    """Which priority class to look up: the job's `kueue.x-k8s.io/priority-class` label (a
-    WorkloadPriorityClass), else the learner pod's priorityClassName (a PriorityClass)."""
-    label = job.metadata.labels.get(PRIORITY_LABEL)
-    if label:
-        return label, "WorkloadPriorityClass"
-    pod_class = job.spec.learner.pod.priority_class_name
-    return (pod_class, "PriorityClass") if pod_class else None
-
-
-def _template(spec: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
-    """A pod set's template: the pods' spec and labels (a Workload allows no other metadata)."""
-    return {"metadata": {"labels": dict(labels)}, "spec": copy.deepcopy(dict(spec))}
-
-
-def max_aggregators(job: ImpalaJob, workers_per_aggregator: int) -> int:
-    """Aggregators the job runs at its rollouts' maximum: what their pod set asks for."""
-    return autoscaler.aggregator_replicas(
-        job.spec.aggregators,
-        rollout_replicas=job.spec.rollouts.max_replicas,
-        workers_per_pod=job.spec.rollouts.workers_per_pod,
-        workers_per_aggregator=workers_per_aggregator,
-    )
-
-
-def pod_sets(job: ImpalaJob, uid: str, *, workers_per_aggregator: int) -> list[dict[str, Any]]:
-    """The Workload's pod sets: the learner, the rollouts (partially admissible down to their
-    minimum), the aggregators (when the job runs any)."""
-    learner = children.build_learner_pod(job, uid)
-    sets: list[dict[str, Any]] = [
-        {
-            "name": LEARNER,
-            "count": 1,
-            "template": _template(learner["spec"], learner["metadata"]["labels"]),
-        }
-    ]
-    rollouts = job.spec.rollouts
-    deployment = children.build_node_deployment(job, uid, "rollout", rollouts.max_replicas)
-    template = deployment["spec"]["template"]
-    rollout_set: dict[str, Any] = {
-        "name": ROLLOUT,
-        "count": rollouts.max_replicas,
-        "template": _template(template["spec"], template["metadata"]["labels"]),
-    }
-    minimum = max(1, rollouts.min_replicas)
-    if rollouts.max_replicas > minimum:
-        rollout_set["minCount"] = minimum  # Kueue's partial admission: one pod set may shrink
-    sets.append(rollout_set)
-    aggregators = max_aggregators(job, workers_per_aggregator)
-    if aggregators > 0:
-        deployment = children.build_node_deployment(job, uid, "aggregator", aggregators)
-        template = deployment["spec"]["template"]
-        sets.append(
-            {
-                "name": AGGREGATOR,
-                "count": aggregators,
-                "template": _template(template["spec"], template["metadata"]["labels"]),
-            }
-        )
-    return sets
-
-
-def pod_sets_hash(sets: Sequence[Mapping[str, Any]]) -> str:
-    return hashlib.sha256(json.dumps(list(sets), sort_keys=True).encode()).hexdigest()[:16]
-
-
-def build_workload(
-    job: ImpalaJob, uid: str, priority: Priority | None, *, workers_per_aggregator: int
-) -> Manifest:
-    """The Workload of a queued job, owned by it (garbage-collected with it)."""
-    sets = pod_sets(job, uid, workers_per_aggregator=workers_per_aggregator)
-    labels = {**names.selector_labels(job.name, "learner"), JOB_UID_LABEL: uid}
-    labels.pop(names.COMPONENT, None)
-    spec: dict[str, Any] = {"queueName": queue_name(job), "podSets": sets}
-    if priority is not None:
-        spec["priorityClassRef"] = priority.ref()
-        spec["priority"] = priority.value
-    return {
-        "apiVersion": WORKLOAD_API_VERSION,
-        "kind": "Workload",
-        "metadata": {
-            "name": workload_name(job.name),
-            "namespace": job.metadata.namespace,
-            "labels": labels,
-            "annotations": {POD_SETS_HASH_ANNOTATION: pod_sets_hash(sets)},
-            "ownerReferences": [children.owner_reference(job, uid)],
-        },
-        "spec": spec,
-    }
 
 
 @dataclass(frozen=True)
@@ -373,43 +236,6 @@ def read(
     return Admission("queued", queue, reason="Queued", message=message, reserved=reserved)
 
 
-def stale(
-    workload: Mapping[str, Any], job: ImpalaJob, uid: str, *, workers_per_aggregator: int
-) -> bool:
-    """The job's pod sets changed since its Workload was made (pod sets are immutable)."""
-    recorded = ((workload.get("metadata") or {}).get("annotations") or {}).get(
-        POD_SETS_HASH_ANNOTATION
-    )
-    wanted = pod_sets_hash(pod_sets(job, uid, workers_per_aggregator=workers_per_aggregator))
-    return recorded != wanted
-
-
-def _with_condition(
-    conditions: Sequence[Mapping[str, Any]],
-    type_: str,
-    status: bool,
-    reason: str,
-    message: str,
-    now: float,
-    generation: int | None,
-) -> list[dict[str, Any]]:
-    """metav1.Conditions with `type_` set (its transition time moves only when it flips)."""
-    value = "True" if status else "False"
-    out = [dict(c) for c in conditions if c.get("type") != type_]
-    old = next((c for c in conditions if c.get("type") == type_), None)
-    stamp = old.get("lastTransitionTime") if old and old.get("status") == value else rfc3339(now)
-    cond: dict[str, Any] = {
-        "type": type_,
-        "status": value,
-        "reason": reason,
-        "message": message[:32768],
-        "lastTransitionTime": stamp,
-    }
-    if generation is not None:
-        cond["observedGeneration"] = generation
-    return [*out, cond]
-
-
 def released(workload: Mapping[str, Any], now: float) -> dict[str, Any]:
     """The Workload with its quota handed back after an eviction, once the job's pods are gone:
     what jobframework writes (admission cleared, QuotaReserved and Admitted False, Requeued
@@ -421,14 +247,14 @@ def released(workload: Mapping[str, Any], now: float) -> dict[str, Any]:
     reason, message = str(evicted.get("reason", "")), str(evicted.get("message", ""))
     conditions = status.get("conditions") or []
     requeue = reason in ("Preempted", "NodeFailures")
-    conditions = _with_condition(
+    conditions = set_condition(
         conditions, "Requeued", requeue, reason or "Evicted", message, now, generation
     )
-    conditions = _with_condition(
+    conditions = set_condition(
         conditions, "QuotaReserved", False, "Pending", message, now, generation
     )
     if any(c.get("type") == "Admitted" for c in conditions):
-        conditions = _with_condition(
+        conditions = set_condition(
             conditions,
             "Admitted",
             False,
@@ -437,7 +263,7 @@ def released(workload: Mapping[str, Any], now: float) -> dict[str, Any]:
             now,
             generation,
         )
-    status["conditions"] = conditions
+    status["conditions"] = list(conditions)
     status.pop("admission", None)
     return body
 
@@ -450,8 +276,10 @@ def finished(
     status = body.setdefault("status", {})
     generation = (body.get("metadata") or {}).get("generation")
     reason = "Succeeded" if succeeded else "Failed"
-    status["conditions"] = _with_condition(
-        status.get("conditions") or [], "Finished", True, reason, message, now, generation
+    status["conditions"] = list(
+        set_condition(
+            status.get("conditions") or [], "Finished", True, reason, message, now, generation
+        )
     )
     return body
 

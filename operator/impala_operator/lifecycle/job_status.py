@@ -15,19 +15,20 @@ from typing import Any
 from impala_api import names
 from impala_api.roles import STATUS_PORT
 from impala_api.snapshot import StatusSnapshot
-from impala_operator.lifecycle.run_policy import (
-    INVALID_SPEC,
-    Event,
-    JobState,
-    LearnerPod,
+from impala_operator.lifecycle.conditions import (
     parse_time,
     rfc3339,
     set_condition,
+    stamp_conditions,
 )
+from impala_operator.lifecycle.run_policy import INVALID_SPEC, Event, JobState, LearnerPod
 from impala_operator.scale.autoscaler import MetricSample
 
 LEARNER_CONTAINER = "learner"
 SPEC_HASH_ANNOTATION = "impala.dev/pod-spec-hash"
+RETIRED_ANNOTATION = "impala.dev/retired"
+"""Set by the operator on a learner pod just before it deletes it (`runtime.handlers.execute`):
+a learner pod deleted without it was deleted by someone else, which the run policy counts."""
 """On the learner pod: hash of the pod spec it was created from. Pods are immutable, so when the
 job's learner settings (resources, image, placement) change, a differing hash means "recreate"."""
 REQUESTED_ANNOTATION = "impala.dev/requested-replicas"
@@ -104,6 +105,7 @@ def learner_pod_view(pod: Mapping[str, Any]) -> LearnerPod:
         deleting=bool(meta.get("deletionTimestamp")),
         finished_at=parse_time(terminated.get("finishedAt")),
         spec_hash=(meta.get("annotations") or {}).get(SPEC_HASH_ANNOTATION),
+        retired=RETIRED_ANNOTATION in (meta.get("annotations") or {}),
         disruption=disruption(pod_status, terminated.get("exitCode")),
     )
 
@@ -191,15 +193,6 @@ def job_state(status: Mapping[str, Any]) -> JobState:
         completion_time=parse_time(status.get("completionTime")),
         conditions=conditions,
     )
-
-
-def stamp_conditions(
-    conditions: Sequence[Mapping[str, Any]], generation: int | None
-) -> list[dict[str, Any]]:
-    """Conditions with `observedGeneration` (metav1.Condition's), when a generation is known."""
-    if generation is None:
-        return [dict(c) for c in conditions]
-    return [{**c, "observedGeneration": generation} for c in conditions]
 
 
 def invalid_spec_status(

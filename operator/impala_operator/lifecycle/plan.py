@@ -18,11 +18,12 @@ from typing import Any, Literal
 from impala_api import names
 from impala_api.snapshot import StatusSnapshot
 from impala_api.spec import ImpalaJob
-from impala_operator.build import children
+from impala_operator.build import children, kueue_workload
 from impala_operator.build.children import Manifest
 from impala_operator.build.tokens import JobTokens
 from impala_operator.lifecycle import admission, job_status, run_policy
 from impala_operator.lifecycle.admission import Admission
+from impala_operator.lifecycle.conditions import parse_time, set_condition
 from impala_operator.lifecycle.run_policy import Event, LearnerPod
 from impala_operator.scale import autoscaler
 from impala_operator.settings import Settings
@@ -64,7 +65,7 @@ class Queueing:
 
     workload: Mapping[str, Any] | None
     flavors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    priority: admission.Priority | None = None
+    priority: kueue_workload.Priority | None = None
     problem: str = ""
     """Why no Workload can be made (no Kueue API, a missing priority class): the job waits."""
 
@@ -101,7 +102,9 @@ def learner_pod(
     spec."""
     pod = children.build_learner_pod(job, uid, restart_count=attempt)
     if admitted is not None:
-        admission.place(pod["metadata"], pod["spec"], admitted.placement.get(admission.LEARNER))
+        admission.place(
+            pod["metadata"], pod["spec"], admitted.placement.get(kueue_workload.LEARNER)
+        )
     digest = hashlib.sha256(json.dumps(pod["spec"], sort_keys=True).encode()).hexdigest()[:16]
     pod["metadata"].setdefault("annotations", {})[job_status.SPEC_HASH_ANNOTATION] = digest
     return pod
@@ -124,7 +127,7 @@ def plan_children(
     from before a suspend would race the timer that just scaled the pods to 0. A queued job's
     pods go where its recorded admission (`status.admission`) put them."""
     stopped = job.spec.run_policy.suspend or (
-        admission.queue_name(job) is not None and admitted is None
+        kueue_workload.queue_name(job) is not None and admitted is None
     )
     manifests = [
         children.build_auth_secret(job, uid, tokens),
@@ -216,7 +219,7 @@ def _queue(
 ) -> tuple[Admission | None, run_policy.Hold | None]:
     """Kueue's decision for a queued job (None for one without a queue) and, while it may not
     run, the hold it puts on the run policy."""
-    queue = admission.queue_name(job)
+    queue = kueue_workload.queue_name(job)
     if queue is None:
         return None, None
     if queueing is None:  # the Workload was not read this tick: keep what status recorded
@@ -255,11 +258,11 @@ def _workload_write(
     if workload is None and queueing.problem:
         return None
     if workload is None:
-        made = admission.build_workload(
+        made = kueue_workload.build_workload(
             job, uid, queueing.priority, workers_per_aggregator=per_aggregator
         )
         return WorkloadWrite("create", made)
-    if admission.stale(workload, job, uid, workers_per_aggregator=per_aggregator):
+    if kueue_workload.stale(workload, job, uid, workers_per_aggregator=per_aggregator):
         return WorkloadWrite("delete", dict(workload))
     gone = admission.pods_gone(
         [p.phase for p in pods],
@@ -281,7 +284,7 @@ def _admission_status(
     flipped = was.get("status") != ("True" if decided.runs else "False")
     if flipped or was.get("reason") != decided.reason:
         events.append(Event("Normal", decided.reason, decided.message))
-    conditions = run_policy.set_condition(
+    conditions = set_condition(
         state.conditions,
         admission.ADMITTED_CONDITION,
         decided.runs,
@@ -308,7 +311,7 @@ def _workers(
 ) -> tuple[int, int, float | None]:
     """Rollout and aggregator replicas of a job whose workers run (autoscaled within what
     Kueue admitted), recording the decision and its Events in `plan`; and the last scale time."""
-    cap = decided.cap(admission.ROLLOUT) if decided is not None else None
+    cap = decided.cap(kueue_workload.ROLLOUT) if decided is not None else None
     view = deployments.get("rollout")
     decision = _rollouts(job, view, state, samples, last_scale, now, settings, cap)
     plan.scale = decision
@@ -323,7 +326,7 @@ def _workers(
         workers_per_aggregator=settings.rollout_workers_per_aggregator,
     )
     if decided is not None:
-        aggregators = min(aggregators, decided.cap(admission.AGGREGATOR) or 0)
+        aggregators = min(aggregators, decided.cap(kueue_workload.AGGREGATOR) or 0)
     aggregator_view = deployments.get("aggregator")
     if (
         aggregator_view is not None
@@ -388,7 +391,7 @@ def plan_tick(
     plan.workload = _workload_write(
         job, uid, queueing, decided, outcome, pods, deployments, settings, now
     )
-    last_scale = run_policy.parse_time(status.get("lastScaleTime"))
+    last_scale = parse_time(status.get("lastScaleTime"))
     rollout_view, aggregator_view = deployments.get("rollout"), deployments.get("aggregator")
     rollouts = aggregators = 0
     if outcome.run_workers:

@@ -14,28 +14,16 @@ ttlSecondsAfterFinished deletes the job.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from impala_api.spec import RunPolicy
+from impala_operator.lifecycle.conditions import parse_time, set_condition
 
 Phase = Literal["Pending", "Starting", "Running", "Suspended", "Succeeded", "Failed"]
 INVALID_SPEC = "InvalidSpec"
 MAX_RESTART_DELAY = 360.0  # the Job controller's cap on its exponential pod-failure backoff
-
-
-def rfc3339(t: float) -> str:
-    """Unix seconds as the API's timestamp format (UTC, second precision)."""
-    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(value: str | None) -> float | None:
-    """An API timestamp (RFC 3339) as unix seconds; None stays None."""
-    if not value:
-        return None
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
 CONFIG_EXIT_CODE = 2
@@ -59,6 +47,9 @@ class LearnerPod:
     message: str = ""
     deleting: bool = False
     """The pod has a deletionTimestamp: it is going away and says nothing about the run."""
+    retired: bool = False
+    """The operator deleted it (suspend, queue hold, spec change, the job's end); a learner pod
+    deleted without this was deleted by someone else (a user, a drain): a disruption."""
     finished_at: float | None = None
     """When the learner container terminated (unix seconds)."""
     spec_hash: str | None = None
@@ -140,47 +131,6 @@ class Outcome:
     events: tuple[Event, ...] = ()
     requeue_after: float | None = None
     """Seconds until a time-based transition (backoff, deadline, TTL) is due."""
-
-
-def set_condition(
-    conditions: Sequence[dict[str, Any]],
-    type_: str,
-    status: bool,
-    reason: str,
-    message: str,
-    now: float,
-) -> tuple[dict[str, Any], ...]:
-    """Conditions with `type_` set; lastTransitionTime moves only when the status flips."""
-    value = "True" if status else "False"
-    out: list[dict[str, Any]] = []
-    found = False
-    for cond in conditions:
-        if cond.get("type") != type_:
-            out.append(dict(cond))
-            continue
-        found = True
-        changed = cond.get("status") != value
-        stamp = rfc3339(now) if changed else cond.get("lastTransitionTime", rfc3339(now))
-        out.append(
-            {
-                "type": type_,
-                "status": value,
-                "reason": reason,
-                "message": message,
-                "lastTransitionTime": stamp,
-            }
-        )
-    if not found:
-        out.append(
-            {
-                "type": type_,
-                "status": value,
-                "reason": reason,
-                "message": message,
-                "lastTransitionTime": rfc3339(now),
-            }
-        )
-    return tuple(out)
 
 
 def restart_delay(restarts: int, base: float) -> float:
@@ -390,6 +340,21 @@ def _disrupted(state: JobState, pod: LearnerPod, now: float, events: list[Event]
     )  # fmt: skip
 
 
+def _replaced(state: JobState, pod: LearnerPod, now: float, events: list[Event]) -> JobState:
+    """Someone else deleted the running attempt's pod (`kubectl delete pod`, a drain): like a
+    disruption, the next attempt resumes from the checkpoint the learner wrote on SIGTERM, and
+    it is counted and announced."""
+    msg = (
+        f"learner pod {pod.name} was deleted (not by the operator); attempt "
+        f"{state.restarts + 1} resumes from its final checkpoint once it is gone (no retry used)"
+    )
+    events.append(Event("Warning", "LearnerReplaced", msg))
+    return _restart(
+        state, "LearnerReplaced", msg, now, disruptions=state.disruptions + 1,
+        last_failure_time=None,
+    )  # fmt: skip
+
+
 def _misconfigured(pod: LearnerPod) -> _End:
     """The trainer refused its input: the job fails at once, quoting the learner's last line."""
     last = pod.message.strip().splitlines()[-1:] or [""]
@@ -501,6 +466,11 @@ def step(
         if isinstance(judged, _End):
             return _end(state, judged, pods, policy, now, events)
         state, current = judged, None  # the next attempt: its pod is yet to be created
+    replaced = next(
+        (p for p in pods if p.attempt == state.restarts and p.deleting and not p.retired), None
+    )
+    if current is None and replaced is not None:
+        state = _replaced(state, replaced, now, events)
     waits = _deadlines(policy, state, current, now)
     if isinstance(waits, _End):
         return _end(state, waits, pods, policy, now, events)
@@ -508,9 +478,12 @@ def step(
     if backoff is not None:
         waits.append(backoff)
     state = _phase_of_current_pod(state, current, now, events)
+    # A learner still stopping (its final checkpoint on SIGTERM) must be gone before the next
+    # attempt starts: two learners would write one run directory.
+    stopping = any(p.deleting and not p.finished for p in pods)
     return Outcome(
         state,
-        run_learner=backoff is None,
+        run_learner=backoff is None and not stopping,
         run_workers=True,
         events=tuple(events),
         requeue_after=min(waits) if waits else None,

@@ -30,6 +30,7 @@ import kopf
 from impala_api import names
 from impala_api.manifest import ManifestError, parse_manifest
 from impala_api.spec import API_GROUP, API_VERSION, KIND, PLURAL, ImpalaJob
+from impala_operator.build import kueue_workload
 from impala_operator.build.tokens import job_tokens
 from impala_operator.lifecycle import admission, job_status, plan
 from impala_operator.lifecycle.run_policy import Event
@@ -103,7 +104,9 @@ async def execute(
                 raise
             refused.append((manifest["metadata"]["name"], str(exc)))
     for name in tick_plan.delete_pods:
-        await api.delete("v1", "Pod", namespace, name)
+        # Marked first, so that the run policy tells the operator's deletes from anyone else's.
+        if await api.annotate("v1", "Pod", namespace, name, {job_status.RETIRED_ANNOTATION: "1"}):
+            await api.delete("v1", "Pod", namespace, name)
     await _write_workload(api, tick_plan.workload)
     for event in tick_plan.events:
         await api.post_event(body, event, now)
@@ -120,29 +123,29 @@ async def _write_workload(api: kube.Api, write: plan.WorkloadWrite | None) -> No
         await api.create(write.body)
     elif write.action == "delete":
         await api.delete(
-            admission.WORKLOAD_API_VERSION, "Workload", meta["namespace"], meta["name"]
+            kueue_workload.WORKLOAD_API_VERSION, "Workload", meta["namespace"], meta["name"]
         )
     else:
         await api.replace_status(write.body)
 
 
-async def _priority(api: kube.Api, job: ImpalaJob) -> admission.Priority | str:
+async def _priority(api: kube.Api, job: ImpalaJob) -> kueue_workload.Priority | str:
     """The priority a new Workload gets, or what stops it from being made."""
-    wanted = admission.priority_class(job)
+    wanted = kueue_workload.priority_class(job)
     if wanted is None:
         return ""
     name, kind = wanted
     workload_class = kind == "WorkloadPriorityClass"
-    api_version = admission.WORKLOAD_API_VERSION if workload_class else "scheduling.k8s.io/v1"
+    api_version = kueue_workload.WORKLOAD_API_VERSION if workload_class else "scheduling.k8s.io/v1"
     found = await api.get(kube.cluster_object_path(api_version, kind, name))
     if found is None:
         source = (
-            f"label {admission.PRIORITY_LABEL}"
+            f"label {kueue_workload.PRIORITY_LABEL}"
             if workload_class
             else "spec.learner.pod.priorityClassName"
         )
         return f"{kind} {name!r} (from {source}) does not exist: create it or change the {source}"
-    return admission.Priority(name, int(found.get("value", 0)), kind)
+    return kueue_workload.Priority(name, int(found.get("value", 0)), kind)
 
 
 async def _flavors(
@@ -155,7 +158,9 @@ async def _flavors(
         cached = {}
         for name in sorted(wanted):
             found = await api.get(
-                kube.cluster_object_path(admission.WORKLOAD_API_VERSION, "ResourceFlavor", name)
+                kube.cluster_object_path(
+                    kueue_workload.WORKLOAD_API_VERSION, "ResourceFlavor", name
+                )
             )
             cached[name] = found or {}
         memo.flavors = cached
@@ -177,19 +182,19 @@ async def read_queueing(
     copy is safe: its status writes carry its resourceVersion, and a conflict waits a tick.
     """
     namespace = job.metadata.namespace or ""
-    name = admission.workload_name(job.name)
+    name = kueue_workload.workload_name(job.name)
     workload = next((w for w in indexed if w["metadata"]["name"] == name), None)
     if workload is None:
-        path = kube.object_path(admission.WORKLOAD_API_VERSION, "Workload", namespace, name)
+        path = kube.object_path(kueue_workload.WORKLOAD_API_VERSION, "Workload", namespace, name)
         workload = await api.get(path)
     if workload is not None:
         return plan.Queueing(workload, await _flavors(api, memo, workload))
     if terminal:
         return plan.Queueing(None)
-    if await api.get(f"/apis/{admission.WORKLOAD_API_VERSION}") is None:
+    if await api.get(f"/apis/{kueue_workload.WORKLOAD_API_VERSION}") is None:
         problem = (
-            f"label {admission.QUEUE_LABEL} asks for Kueue, but this cluster serves no "
-            f"{admission.WORKLOAD_API_VERSION} Workloads: install Kueue or remove the label"
+            f"label {kueue_workload.QUEUE_LABEL} asks for Kueue, but this cluster serves no "
+            f"{kueue_workload.WORKLOAD_API_VERSION} Workloads: install Kueue or remove the label"
         )
         return plan.Queueing(None, problem=problem)
     priority = await _priority(api, job)
@@ -294,7 +299,7 @@ INDEXES = (
     # The app label, which every Workload the operator made carries (it has no managed-by).
     # Where Kueue is not installed kopf leaves this index empty and says so once.
     Index(
-        (admission.GROUP, admission.WORKLOAD_API_VERSION.split("/")[1], "workloads"),
+        (kueue_workload.GROUP, kueue_workload.WORKLOAD_API_VERSION.split("/")[1], "workloads"),
         "workloads",
         index_workload,
         {names.NAME: names.APP_NAME},
@@ -330,7 +335,7 @@ async def apply_children(
         message = "; ".join(exc.problems)
         await api.post_event(body, Event("Warning", "InvalidSpec", message), time.time())
         raise kopf.PermanentError(f"invalid spec: {message}") from exc
-    queue = admission.queue_name(job)
+    queue = kueue_workload.queue_name(job)
     admitted = None
     if queue is not None:
         admitted = admission.Admission.from_status(queue, body.get("status", {}).get("admission"))
@@ -393,7 +398,7 @@ async def tick(
         )
     sample = job_status.metric_sample(snapshot, now, settings.metrics_stale_after)
     queueing = None
-    if admission.queue_name(job) is not None:
+    if kueue_workload.queue_name(job) is not None:
         try:
             terminal = status.get("phase") in TERMINAL
             queueing = await read_queueing(memo.api, memo, job, terminal, workloads.get(uid, []))

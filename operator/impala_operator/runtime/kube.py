@@ -23,7 +23,8 @@ import urllib3
 from kubernetes import client, config
 
 from impala_api.spec import API_GROUP, API_VERSION, KIND, PLURAL
-from impala_operator.lifecycle.run_policy import Event, rfc3339
+from impala_operator.lifecycle.conditions import rfc3339
+from impala_operator.lifecycle.run_policy import Event
 from impala_operator.settings import FIELD_MANAGER
 
 Manifest = dict[str, Any]
@@ -190,6 +191,24 @@ class Api:
                 return None
             raise
         return result
+
+    async def annotate(
+        self, api_version: str, kind: str, namespace: str, name: str, annotations: Mapping[str, str]
+    ) -> bool:
+        """Merge `annotations` into one object's; False if it is gone."""
+        body = {"metadata": {"annotations": dict(annotations)}}
+        try:
+            await self._call(
+                "PATCH",
+                object_path(api_version, kind, namespace, name),
+                body=body,
+                content_type="application/merge-patch+json",
+            )
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
 
     async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
         """Delete one object (children go by garbage collection); False if it was gone."""

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from impala_api.spec import ImpalaJob
+from impala_operator.build import kueue_workload
 from impala_operator.lifecycle import admission, job_status
 from impala_operator.lifecycle.plan import Queueing, TickPlan, plan_children
 from impala_operator.lifecycle.run_policy import LearnerPod
@@ -23,7 +24,7 @@ def _job(labels: dict[str, str] | None = None, **spec: Any) -> ImpalaJob:
     meta = {
         "name": "cp",
         "namespace": "ns",
-        "labels": {admission.QUEUE_LABEL: QUEUE} if labels is None else labels,
+        "labels": {kueue_workload.QUEUE_LABEL: QUEUE} if labels is None else labels,
     }
     return ImpalaJob.model_validate({"metadata": meta, "spec": {**SPEC, **spec}})
 
@@ -34,7 +35,7 @@ def _cond(type_: str, status: str, reason: str = "", message: str = "") -> dict[
 
 def _workload(job: ImpalaJob, *conditions: dict[str, str], **status: Any) -> dict[str, Any]:
     per_aggregator = SETTINGS.rollout_workers_per_aggregator
-    made = admission.build_workload(job, UID, None, workers_per_aggregator=per_aggregator)
+    made = kueue_workload.build_workload(job, UID, None, workers_per_aggregator=per_aggregator)
     made["metadata"]["generation"] = 1
     made["status"] = {"conditions": list(conditions), **status}
     return made
@@ -94,8 +95,8 @@ def _held_status() -> dict[str, Any]:
 
 def test_the_workload_names_the_queue_owner_pod_sets_and_priority() -> None:
     job = _job(rollouts={"minReplicas": 1, "maxReplicas": 3}, aggregators={"maxReplicas": 0})
-    made = admission.build_workload(
-        job, UID, admission.Priority("high", 1000), workers_per_aggregator=4
+    made = kueue_workload.build_workload(
+        job, UID, kueue_workload.Priority("high", 1000), workers_per_aggregator=4
     )
     assert made["metadata"]["name"] == "impalajob-cp"
     assert made["metadata"]["ownerReferences"][0]["uid"] == UID
@@ -121,29 +122,29 @@ def test_aggregators_get_their_pod_set_and_fixed_rollouts_no_min_count() -> None
         rollouts={"minReplicas": 2, "maxReplicas": 2, "workersPerPod": 4},
         aggregators={"minReplicas": 1, "maxReplicas": 4},
     )
-    sets = {s["name"]: s for s in admission.pod_sets(job, UID, workers_per_aggregator=4)}
+    sets = {s["name"]: s for s in kueue_workload.pod_sets(job, UID, workers_per_aggregator=4)}
     assert sets["aggregator"]["count"] == 2  # 8 workers at the maximum, 4 per aggregator
     assert "minCount" not in sets["rollout"]  # nothing to shrink: Kueue admits all or none
 
 
 def test_priority_comes_from_the_label_else_the_learner_pod() -> None:
-    assert admission.priority_class(_job()) is None
-    labelled = _job({admission.QUEUE_LABEL: QUEUE, admission.PRIORITY_LABEL: "urgent"})
-    assert admission.priority_class(labelled) == ("urgent", "WorkloadPriorityClass")
+    assert kueue_workload.priority_class(_job()) is None
+    labelled = _job({kueue_workload.QUEUE_LABEL: QUEUE, kueue_workload.PRIORITY_LABEL: "urgent"})
+    assert kueue_workload.priority_class(labelled) == ("urgent", "WorkloadPriorityClass")
     pod = _job(learner={"pod": {"priorityClassName": "batch-high"}})
-    assert admission.priority_class(pod) == ("batch-high", "PriorityClass")
-    assert admission.Priority("batch-high", 5, "PriorityClass").ref()["group"] == (
+    assert kueue_workload.priority_class(pod) == ("batch-high", "PriorityClass")
+    assert kueue_workload.Priority("batch-high", 5, "PriorityClass").ref()["group"] == (
         "scheduling.k8s.io"
     )
 
 
 def test_the_pod_sets_hash_follows_the_pods_not_the_training() -> None:
     job = _job()
-    made = admission.build_workload(job, UID, None, workers_per_aggregator=4)
+    made = kueue_workload.build_workload(job, UID, None, workers_per_aggregator=4)
     longer = _job(stop={"timesteps": 999_999})
-    assert not admission.stale(made, longer, UID, workers_per_aggregator=4)
+    assert not kueue_workload.stale(made, longer, UID, workers_per_aggregator=4)
     bigger = _job(learner={"resources": {"requests": {"cpu": "3"}}})
-    assert admission.stale(made, bigger, UID, workers_per_aggregator=4)
+    assert kueue_workload.stale(made, bigger, UID, workers_per_aggregator=4)
 
 
 # --- what a Workload's status means ------------------------------------------------------

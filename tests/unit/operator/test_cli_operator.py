@@ -59,17 +59,6 @@ def test_unknown_levels_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     )
 
 
-@pytest.mark.parametrize("flag", ["--verbose", "-v"])
-def test_the_old_verbose_flag_is_log_level_debug_with_a_warning(
-    flag: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    parser = argparse.ArgumentParser(prog="impalajob operator")
-    operator_command.register(parser)
-    assert parser.parse_args([flag]).log_level == "debug"
-    assert parser.parse_args([]).log_level == "info"
-    assert f"{flag} is deprecated: use --log-level debug" in capsys.readouterr().err
-
-
 def test_run_hands_the_level_to_serve(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str] = []
     monkeypatch.setattr(runner, "serve", lambda settings, *, log_level: seen.append(log_level))

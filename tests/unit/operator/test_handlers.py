@@ -17,7 +17,8 @@ from impala_api.manifest import ManifestError
 from impala_api.snapshot import Counters, LearnerQueue, StatusSnapshot, Throughput
 from impala_operator.build.tokens import job_tokens
 from impala_operator.lifecycle import job_status, plan
-from impala_operator.lifecycle.run_policy import Event, LearnerPod, rfc3339
+from impala_operator.lifecycle.conditions import rfc3339
+from impala_operator.lifecycle.run_policy import Event, LearnerPod
 from impala_operator.runtime import handlers, metrics
 from impala_operator.runtime.kube import ApiError
 from impala_operator.scale.autoscaler import MetricSample
@@ -53,6 +54,13 @@ class FakeApi:
         self._record("create", key)
         self.written[key] = manifest
         return manifest
+
+    async def annotate(
+        self, api_version: str, kind: str, namespace: str, name: str, annotations: dict[str, str]
+    ) -> bool:
+        assert namespace == "ns"
+        self._record("annotate", f"{kind}/{name}")
+        return True
 
     async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
         assert namespace == "ns"
@@ -391,6 +399,7 @@ def test_execute_writes_a_plan_in_order() -> None:
     assert api.calls == [
         ("apply", "Deployment/cp-rollout"),
         ("create", "Pod/cp-learner-1"),
+        ("annotate", "Pod/cp-learner-0"),  # marked as the operator's delete, then deleted
         ("delete", "Pod/cp-learner-0"),
         ("event", "Restarting"),
         ("delete", "ImpalaJob/cp"),

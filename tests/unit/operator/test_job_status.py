@@ -19,8 +19,10 @@ from impala_api.snapshot import (
     Throughput,
     write_json_atomic,
 )
+from impala_operator.lifecycle.conditions import rfc3339, set_condition, stamp_conditions
 from impala_operator.lifecycle.job_status import (
     REQUESTED_ANNOTATION,
+    RETIRED_ANNOTATION,
     compute_status,
     deployment_view,
     disruption,
@@ -29,10 +31,9 @@ from impala_operator.lifecycle.job_status import (
     learner_pod_view,
     metric_sample,
     sidecar_url,
-    stamp_conditions,
     status_patch,
 )
-from impala_operator.lifecycle.run_policy import JobState, rfc3339, set_condition
+from impala_operator.lifecycle.run_policy import JobState
 from impala_operator.runtime.sidecar_client import SidecarClient
 from impala_operator.settings import Settings
 from impala_trainer.sidecar.app import create_app
@@ -86,7 +87,9 @@ def test_learner_pod_view_reads_the_learner_container() -> None:
     assert learner_pod_view({"metadata": {"name": "x"}}).phase == "Pending"
     deleting = _pod(0, "Running")
     deleting["metadata"]["deletionTimestamp"] = rfc3339(T0)
-    assert learner_pod_view(deleting).deleting
+    assert learner_pod_view(deleting).deleting and not learner_pod_view(deleting).retired
+    deleting["metadata"]["annotations"] = {RETIRED_ANNOTATION: "1"}  # the operator's delete
+    assert learner_pod_view(deleting).retired
 
 
 def test_deployment_view() -> None:

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from impala_api.spec import RunPolicy
+from impala_operator.lifecycle.conditions import parse_time, rfc3339, set_condition
 from impala_operator.lifecycle.run_policy import (
     INVALID_SPEC,
     Event,
@@ -22,10 +23,7 @@ from impala_operator.lifecycle.run_policy import (
     _phase_of_current_pod,
     _resume,
     _suspend,
-    parse_time,
     restart_delay,
-    rfc3339,
-    set_condition,
     step,
 )
 
@@ -225,10 +223,32 @@ def test_suspend_stops_everything_and_resume_restarts_the_clock() -> None:
     assert _cond(resumed, "Suspended")["status"] == "False"
 
 
-def test_deleting_pods_are_ignored() -> None:
+def test_a_pod_the_operator_deleted_says_nothing_about_the_run() -> None:
     state = JobState(phase="Running", start_time=T0)
-    out = _run(RunPolicy(), state, [_pod(0, phase="Failed", exit_code=143, deleting=True)], T0)
+    gone = _pod(0, phase="Failed", exit_code=143, deleting=True, retired=True)
+    out = _run(RunPolicy(), state, [gone], T0)
     assert out.state.restarts == 0 and out.state.phase == "Pending" and out.run_learner
+    assert (out.state.failures, out.state.disruptions) == (0, 0)
+
+
+def test_a_learner_pod_deleted_by_someone_else_is_a_counted_and_announced_replacement() -> None:
+    """`kubectl delete pod <job>-learner-0` (or a drain): a disruption, posted as an Event; the
+    next attempt starts only once the deleted learner has written its final checkpoint and
+    gone, so that two learners never share the run directory."""
+    state = JobState(phase="Running", start_time=T0)
+    stopping = _pod(0, phase="Running", ready=True, deleting=True)
+    out = _run(RunPolicy(backoff_limit=0), state, [stopping], T0)
+    assert (out.state.restarts, out.state.failures, out.state.disruptions) == (1, 0, 1)
+    assert "LearnerReplaced" in _reasons(out) and not out.run_learner
+    event = next(e for e in out.events if e.reason == "LearnerReplaced")
+    assert event.type == "Warning" and "j-learner-0 was deleted" in event.message
+    # Counted once: the next tick finds the same pod still stopping, then gone.
+    again = _run(RunPolicy(backoff_limit=0), out.state, [stopping], T0 + 5)
+    assert again.state.disruptions == 1 and "LearnerReplaced" not in _reasons(again)
+    assert not again.run_learner
+    exited = _pod(0, phase="Failed", exit_code=130, deleting=True)
+    after = _run(RunPolicy(backoff_limit=0), again.state, [exited], T0 + 30)
+    assert after.run_learner and after.state.restarts == 1 and after.state.phase == "Pending"
 
 
 def test_deadline_fails_the_job_and_requeues_until_then() -> None:

@@ -271,7 +271,7 @@ def test_the_multi_device_thread_runs_in_the_process_too() -> None:
 def test_shared_weights_keep_each_entrys_dtype_and_shape_in_one_buffer() -> None:
     import multiprocessing
 
-    from impala_trainer.learning.learner_process import SharedWeights
+    from impala_trainer.learning.shared_weights import SharedWeights
 
     state = {
         "w": torch.arange(6, dtype=torch.float32).view(2, 3),

@@ -22,7 +22,8 @@ from impala_trainer.learning.losses import (
     losses_disjoint,
     parameters_reached,
 )
-from impala_trainer.learning.models import ActorCritic, build_model
+from impala_trainer.learning.model_factory import build_model
+from impala_trainer.learning.models import ActorCritic
 from tests.support.learner import make_batch, one_torch_thread
 
 CPU = torch.device("cpu")

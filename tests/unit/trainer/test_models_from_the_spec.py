@@ -19,7 +19,8 @@ from impala_api.manifest import ManifestError, parse_manifest
 from impala_api.spec import ModelSpec
 from impala_trainer.batches import concat_fragments
 from impala_trainer.learning.learner import Learner
-from impala_trainer.learning.models import RecurrentActorCritic, TorsoActorCritic, build_model
+from impala_trainer.learning.model_factory import build_model
+from impala_trainer.learning.models import RecurrentActorCritic, TorsoActorCritic
 from impala_trainer.preflight import job_problem
 from impala_trainer.rollouts.worker import RolloutWorker
 from tests.support.jobs import job_manifest, make_spec

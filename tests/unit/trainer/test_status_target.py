@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from impala_cli.commands.status import StatusCommandError, is_service_url, service_of
+from impala_cli.commands.status_transport import StatusCommandError, is_service_url, service_of
 
 
 @pytest.mark.parametrize(

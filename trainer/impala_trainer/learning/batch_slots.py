@@ -4,7 +4,7 @@ A learner process (learning/learner_process.py) got each batch from a multiproce
 driver's feeder thread pickled it (a Pong batch's 250 frames of 4x84x84 are 7 MB) and wrote it
 through a 64 KiB pipe, and the learner thread read and unpickled it before it could train. On the
 learner-only CNN that was 9 ms of every update's 42 in the learner thread, with the copies
-competing for the cores as well (docs/benchmarks.md 1a).
+competing for the cores as well (bench/learner_only.py --set learner.process=separate).
 
 Here the driver copies a batch's large arrays once, into a free slot of one shared buffer, and
 sends the slot's number and layout (and the batch's small fields) through the queue. The learner

@@ -3,7 +3,7 @@
 A learner process needs the interpreter, torch and the learner's modules: ~1.5 CPU-s of imports.
 Spawned, it paid them after `ray.init`, while the rollout actors paid theirs on the same two
 cores, and the CartPole example reached 450 about a second later than with the learner in the
-driver (docs/benchmarks.md, section 8). multiprocessing's forkserver imports them once, in a
+driver (timed from launch, runs alternating). multiprocessing's forkserver imports them once, in a
 process of its own that holds no thread of Ray's or torch's (a fork copies no half-held lock
 and no OpenMP pool). `start_early` starts it before Ray, so the imports overlap Ray's start-up;
 each learner process is then a fork of it. Without `start_early`, the first learner process
@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from impala_api.spec import ImpalaJobSpec
 
-PRELOAD = ["impala_trainer.learning.learner_process"]
-"""What the forkserver imports before its first fork (torch and the learner thread classes)."""
+PRELOAD = ["impala_trainer.learning.learner_child"]
+"""What the forkserver imports before its first fork (the learner process's main: torch and the
+learner thread classes)."""
 
 
 def context() -> multiprocessing.context.ForkServerContext:

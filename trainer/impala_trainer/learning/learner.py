@@ -31,7 +31,8 @@ from impala_trainer.learning.losses import (
     impala_loss,
     model_inputs,
 )
-from impala_trainer.learning.models import ActorCritic, build_model
+from impala_trainer.learning.model_factory import build_model
+from impala_trainer.learning.models import ActorCritic
 from impala_trainer.learning.precision import autocast_dtype
 from impala_trainer.learning.schedules import make_schedule
 

@@ -4,27 +4,24 @@ for frames, any of them with an LSTM core; and the contract a model of your own 
 Every model maps obs [N, *obs_shape] to (outputs [N, D], values [N]), the outputs being the action
 distribution's inputs (`distributions`); a recurrent one maps sequences with a state
 (`ActorCritic.forward_sequence`). uint8 observations are scaled to [0, 1] inside the model, so
-frames cross process boundaries as bytes (4x smaller).
+frames cross process boundaries as bytes (4x smaller). The spec builds them in `model_factory`;
+workers act with them through `acting`.
 """
 
 from __future__ import annotations
 
-import copy
 import itertools
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 
-import numpy as np
 import torch
 from torch import nn
 
-from impala_api.spec import ModelSpec
 from impala_trainer.learning.distributions import (
     ActionDistribution,
     DiagGaussian,
     as_distribution,
 )
-from impala_trainer.user_code import UserCodeError, resolve
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -256,7 +253,7 @@ def _channels_last(obs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # uint8 [N, C, H, W] -> float in channels-last layout (the logical shape stays [N, C, H, W];
     # nn.Flatten after the convolutions reads it back in C, H, W order).
     # Channels-last (NHWC in memory): oneDNN's convolutions, and above all their backward, run
-    # 2-3x faster on CPU than on NCHW (bench/learner_only.py; docs/benchmarks.md).
+    # 2-3x faster on CPU than on NCHW (bench/learner_only.py).
     if dtype == torch.float32 and torch.is_autocast_enabled(obs.device.type):
         # Under autocast the first convolution would cast a float32 input to autocast's dtype
         # on every forward; a learner's SGD passes over one prepared batch then share a single
@@ -469,274 +466,3 @@ class RecurrentActorCritic(ActorCritic):
         outputs = self._outputs(self.policy_head(core))
         states = torch.cat([core, torch.stack(cs), torch.stack(ps)], dim=-1)
         return outputs, self.value_head(core).squeeze(-1), states
-
-
-class NumpyPolicy:
-    """The MLP's policy tower in numpy, for acting: logits [N, A] from obs [N, obs_size].
-
-    A CartPole worker's forward is 32 rows through three small layers, where torch spends its
-    time dispatching ops (~41 us per forward) and numpy's calls cost ~1-3 us each (~12 us).
-    The arrays are views of the torch parameters (load_state_dict copies into them in place), so
-    this never holds stale weights; results equal `policy_logits` to float32 rounding.
-    """
-
-    def __init__(self, model: MLPActorCritic) -> None:
-        linears = [m for m in model.policy_trunk if isinstance(m, nn.Linear)]
-        activation = next(m for m in model.policy_trunk if not isinstance(m, nn.Linear))
-        # [in, out] transposed views: BLAS reads them in place, no copy per call.
-        self._layers = [_numpy_view(m) for m in (*linears, model.policy_head)]
-        self._activation: Callable[[np.ndarray], object] = (
-            (lambda x: np.tanh(x, out=x))
-            if isinstance(activation, nn.Tanh)
-            else (lambda x: np.maximum(x, 0.0, out=x))
-        )
-        self._buffers: dict[int, list[np.ndarray]] = {}
-
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        """Logits for `obs`; the returned array is reused by the next call with as many rows."""
-        x = np.asarray(obs, np.float32).reshape(len(obs), -1)
-        buffers = self._buffers.get(len(x))
-        if buffers is None:
-            buffers = [np.empty((len(x), w.shape[1]), np.float32) for w, _ in self._layers]
-            self._buffers[len(x)] = buffers
-        last = len(self._layers) - 1
-        for i, ((weight, bias), out) in enumerate(zip(self._layers, buffers, strict=True)):
-            np.matmul(x, weight, out=out)
-            np.add(out, bias, out=out)
-            if i < last:
-                self._activation(out)
-            x = out
-        return x
-
-
-def _numpy_view(layer: nn.Linear) -> tuple[np.ndarray, np.ndarray]:
-    assert layer.bias is not None
-    return layer.weight.detach().numpy().T, layer.bias.detach().numpy()
-
-
-class CastPolicy:
-    """A feed-forward model acting through a copy of itself in `dtype` (bfloat16): obs (numpy)
-    -> distribution inputs (float32 numpy).
-
-    The copy is recast from the model whenever the model's parameters or buffers changed since
-    the last call (torch counts every in-place write, `load_state_dict`'s included), so it never
-    acts on stale weights. Its arithmetic is the learner's under bf16 autocast: frames scaled in
-    float32 and rounded to bf16, bf16 weights, bf16 outputs. For the Pong CNN, one rollout
-    thread's forward over 10 frames took 87 against 117 us per frame in float32.
-    """
-
-    def __init__(self, model: ActorCritic, dtype: torch.dtype) -> None:
-        self._copy = copy.deepcopy(model).to(dtype).eval()
-        self._sources = [*model.parameters(), *model.buffers()]
-        self._targets = [*self._copy.parameters(), *self._copy.buffers()]
-        self._seen: list[int] = []
-
-    def _versions(self) -> list[int]:
-        return [t._version for t in self._sources]
-
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        versions = self._versions()
-        if versions != self._seen:
-            with torch.no_grad():
-                for target, source in zip(self._targets, self._sources, strict=True):
-                    target.copy_(source)
-            self._seen = versions
-        with torch.inference_mode():
-            return self._copy.policy_logits(torch.from_numpy(obs)).float().numpy()
-
-
-class WeightLoader:
-    """Writes arrays (a state dict from the learner) into a model's own tensors, in place.
-
-    `load_state_dict` walks the module tree with its hooks and checks on every call, and a
-    CartPole actor loads a broadcast with every 128-step fragment: for the MLP's 12 tensors,
-    unpickling included, one thread, 124 us that way against 37 us copying tensor by tensor
-    (beside `sample`, as an actor runs them: 218-236 against 101-114 us). The tensors written
-    are the model's (torch counts the writes, so `CastPolicy` sees them); keys or shapes that
-    do not match go through `load_state_dict`, for its checks and its error.
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        self._model = model
-        # Detached views: the parameters' and buffers' own storage and version counters.
-        self._targets = model.state_dict()
-
-    def __call__(self, arrays: Mapping[str, np.ndarray]) -> None:
-        targets = self._targets
-        if arrays.keys() != targets.keys() or any(
-            np.shape(arrays[k]) != t.shape for k, t in targets.items()
-        ):
-            self._model.load_state_dict(
-                {k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()}
-            )
-            return
-        with torch.no_grad():
-            for k, t in targets.items():
-                t.copy_(torch.from_numpy(np.asarray(arrays[k])))
-
-
-def acting_policy(
-    model: ActorCritic, dtype: torch.dtype | None = None
-) -> Callable[[np.ndarray], np.ndarray]:
-    """obs (numpy) -> distribution inputs (numpy) for a feed-forward model's acting: numpy for
-    float32 MLPs whose outputs are all head outputs, a `CastPolicy` where `dtype` (bfloat16) is
-    given and the model `acts_in_bfloat16`, torch otherwise."""
-    if model.state_size:
-        raise ValueError("a recurrent model acts through recurrent_policy")
-    if dtype is not None and model.acts_in_bfloat16:
-        return CastPolicy(model, dtype)
-    if (
-        isinstance(model, MLPActorCritic)
-        and model.log_std is None
-        and model.policy_head.weight.dtype == torch.float32
-    ):
-        return NumpyPolicy(model)
-
-    def act(obs: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            return model.policy_logits(torch.from_numpy(obs)).numpy()
-
-    return act
-
-
-def recurrent_policy(
-    model: ActorCritic,
-) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """(obs, state) -> (distribution inputs, next state), numpy in and out, for acting."""
-
-    def act(obs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        with torch.inference_mode():
-            outputs, after = model.act(torch.from_numpy(obs), torch.from_numpy(state))
-            return outputs.numpy(), after.numpy()
-
-    return act
-
-
-def carried_state(
-    model: ActorCritic,
-) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None:
-    """(state, actions, rewards) -> state, numpy, for a model that carries its previous action
-    and reward in its state (None for any other)."""
-    if not model.uses_prev_action_reward:
-        return None
-
-    def carry(state: np.ndarray, actions: np.ndarray, rewards: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            after = model.carry(
-                torch.from_numpy(state), torch.from_numpy(actions), torch.from_numpy(rewards)
-            )
-            return after.numpy()
-
-    return carry
-
-
-def build_model(
-    model: ModelSpec, obs_shape: tuple[int, ...], actions: ActionDistribution | int
-) -> ActorCritic:
-    """The network the spec asks for; `type: auto` is the CNN for 3-D observations, else MLP.
-
-    For the CNNs, `model.hidden` is the fully connected part after the convolutions (the paper
-    uses one layer of 256). `useLstm` puts an LSTM core between any built-in torso and the heads.
-    """
-    dist = as_distribution(actions)
-    obs_shape = tuple(obs_shape)
-    if model.type == "custom":
-        return _custom_model(model, obs_shape, dist)
-    kind = model.type
-    if kind == "auto":
-        kind = "cnn" if len(obs_shape) == 3 else "mlp"
-    if kind in ("cnn", "resnet") and len(obs_shape) != 3:
-        raise ValueError(f"model.type {kind} needs [C, H, W] observations, got {obs_shape}")
-    hidden, free = list(model.hidden), model.free_log_std
-    if model.use_lstm:
-        torso: Torso
-        if kind == "cnn":
-            torso = ShallowCNNTorso(obs_shape, hidden)
-        elif kind == "resnet":
-            torso = ResNetTorso(obs_shape, hidden)
-        else:
-            torso = MLPTorso(math.prod(obs_shape), hidden, model.activation)
-        return RecurrentActorCritic(
-            torso, model.lstm_cell_size, dist, free, model.lstm_use_prev_action_reward
-        )
-    if kind == "cnn":
-        return ImpalaShallowCNN(obs_shape, dist, hidden, free)
-    if kind == "resnet":
-        return TorsoActorCritic(ResNetTorso(obs_shape, hidden), dist, free)
-    return MLPActorCritic(math.prod(obs_shape), dist, hidden, model.activation, free)
-
-
-def _custom_model(
-    model: ModelSpec, obs_shape: tuple[int, ...], dist: ActionDistribution
-) -> ActorCritic:
-    assert model.import_path is not None  # the spec requires it with type custom
-    cls = resolve(model.import_path, "import")
-    if not (isinstance(cls, type) and issubclass(cls, ActorCritic)):
-        raise UserCodeError(
-            "import",
-            f"{model.import_path} must be a subclass of "
-            "impala_trainer.learning.models.ActorCritic (docs/models.md)",
-        )
-    try:
-        built: ActorCritic = cls(obs_shape, dist.num_inputs, **model.config)  # type: ignore[call-arg]
-    except Exception as err:  # the user's constructor may raise anything
-        raise UserCodeError(
-            "config",
-            f"{model.import_path}(obs_shape={obs_shape}, num_outputs={dist.num_inputs}, "
-            f"**config) failed: {type(err).__name__}: {err}",
-        ) from err
-    return built
-
-
-def model_problem(
-    model: ModelSpec,
-    obs_shape: tuple[int, ...],
-    obs_dtype: np.dtype,
-    actions: ActionDistribution,
-    separate_vf_optimizer: bool = False,
-) -> tuple[str, str] | None:
-    """Why the model cannot train on these spaces, as (its field under spec, the reason), from
-    building it and running it once on two zero observations; None when it fits."""
-    try:
-        built = build_model(model, obs_shape, actions)
-    except UserCodeError as err:
-        return f"model.{err.field}", str(err)
-    except ValueError as err:
-        field = "freeLogStd" if "freeLogStd" in str(err) else "type"
-        return f"model.{field}", str(err)
-    where = "model.import" if model.type == "custom" else "model"
-    try:
-        _check_contract(built, obs_shape, obs_dtype, actions.num_inputs)
-        if separate_vf_optimizer:
-            list(built.value_function_parameters())
-    except Exception as err:  # whatever the model raises, it breaks the contract
-        return where, f"{type(built).__name__} breaks the model interface: {err}"
-    return None
-
-
-def _check_contract(
-    model: ActorCritic, obs_shape: tuple[int, ...], obs_dtype: np.dtype, num_outputs: int
-) -> None:
-    obs = torch.from_numpy(np.zeros((1, 2, *obs_shape), obs_dtype))
-    state = model.initial_state(2)
-    if tuple(state.shape) != (2, model.state_size):
-        raise ValueError(f"initial_state(2) has shape {tuple(state.shape)}, not (2, state_size)")
-    with torch.no_grad():
-        if model.state_size:
-            outputs, values, states = model.forward_sequence(
-                obs, state, torch.zeros(1, 2, dtype=torch.bool)
-            )
-            want_states = (1, 2, model.state_size)
-            if tuple(states.shape) != want_states:
-                raise ValueError(
-                    f"forward_sequence states {tuple(states.shape)}, not {want_states}"
-                )
-            outputs, values = outputs[0], values[0]
-        else:
-            outputs, values = model(obs[0])
-    if tuple(outputs.shape) != (2, num_outputs):
-        raise ValueError(
-            f"outputs for 2 observations have shape {tuple(outputs.shape)}, not (2, {num_outputs})"
-        )
-    if tuple(values.shape) != (2,):
-        raise ValueError(f"values for 2 observations have shape {tuple(values.shape)}, not (2,)")

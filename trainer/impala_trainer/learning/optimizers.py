@@ -5,7 +5,7 @@ that a `torch.compile`d caller does not trace into them, and each wrapper import
 on its first call: 1.2 CPU-s on the 2-core machine, paid by every process that builds a
 learner (its first `add_param_group`: the driver, the learner process, an A3C worker), or at the
 first checkpoint (`state_dict`); a local CartPole run took about a second longer for it
-(docs/benchmarks.md, section 8). The learner never compiles its optimisers, so these subclasses
+(timed from launch to exit). The learner never compiles its optimisers, so these subclasses
 call the functions beneath the wrappers (`__wrapped__`, set by functools.wraps), with gradients
 off as torch's step wrapper turns them off: the same arithmetic and the same state dicts (a
 checkpoint of either loads into the other).

@@ -1,7 +1,7 @@
 """The learner's compute precision: `learner.precision` resolved against the device it runs on.
 
 bfloat16 autocast pays only where the hardware computes bf16 natively. Measured for the Pong CNN's
-forward and backward over 275 frames on one thread (torch 2.x, docs/benchmarks.md 8): 64 ms in
+forward and backward over 275 frames on one thread (torch 2.x, timed alone): 64 ms in
 float32 against 44-47 ms under bf16 autocast on an AMD EPYC with AVX512-BF16, but 112 against
 158 ms on an Intel Xeon without it (oneDNN then converts in software). So `auto` looks at the
 CPU's flags, or asks CUDA, and falls back to float32.

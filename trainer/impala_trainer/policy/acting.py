@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from impala_trainer.learning.acting import acting_policy, carried_state, recurrent_policy
 from impala_trainer.learning.distributions import ActionDistribution
-from impala_trainer.learning.models import (
-    ActorCritic,
-    acting_policy,
-    carried_state,
-    recurrent_policy,
-)
+from impala_trainer.learning.models import ActorCritic
 
 
 class PolicyActor:

@@ -20,7 +20,8 @@ import torch
 
 from impala_api.spec import EnvSpec, ImpalaJobSpec
 from impala_trainer.learning.distributions import ActionDistribution
-from impala_trainer.learning.models import ActorCritic, build_model
+from impala_trainer.learning.model_factory import build_model
+from impala_trainer.learning.models import ActorCritic
 from impala_trainer.policy.acting import PolicyActor
 from impala_trainer.policy.video import preview_gif, write_video
 from impala_trainer.rollouts.envs import env_spaces, make_vector_env

@@ -12,7 +12,8 @@ from impala_api.manifest import load_manifest
 from impala_api.snapshot import CHECKPOINT_DIR, CONFIG_FILE
 from impala_api.spec import ImpalaJob
 from impala_trainer.learning.distributions import ActionDistribution
-from impala_trainer.learning.models import ActorCritic, build_model
+from impala_trainer.learning.model_factory import build_model
+from impala_trainer.learning.models import ActorCritic
 from impala_trainer.rollouts.envs import env_spaces
 from impala_trainer.rundir.checkpoint import (
     LEARNER_FILE,

@@ -21,15 +21,15 @@ from impala_trainer.batches import (
     no_state,
     split_sequences,
 )
-from impala_trainer.learning.distributions import action_distribution
-from impala_trainer.learning.learner import Learner
-from impala_trainer.learning.models import (
+from impala_trainer.learning.acting import (
     WeightLoader,
     acting_policy,
-    build_model,
     carried_state,
     recurrent_policy,
 )
+from impala_trainer.learning.distributions import action_distribution
+from impala_trainer.learning.learner import Learner
+from impala_trainer.learning.model_factory import build_model
 from impala_trainer.learning.precision import acting_dtype
 from impala_trainer.rollouts.envs import final_observations, make_vector_env
 
