@@ -26,7 +26,8 @@ log() { echo "[build-image] $*" >&2; }
 SUITE=bookworm
 BASE_PACKAGES="python3,python3-venv,ca-certificates"
 BASE_RECIPE_VERSION=1   # bump when the base recipe below changes in a way the key cannot see
-VERSION="$(python3 -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['version'])")"
+# Read without Python: whatever python3 this shell has (or none) must not matter.
+VERSION="$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n 1)"
 IMAGE="${IMAGE:-impalajob:$VERSION}"
 CACHE="${IMPALA_IMAGE_CACHE:-$HOME/.cache/impalajob/image}"
 mkdir -p "$CACHE"

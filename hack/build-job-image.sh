@@ -18,7 +18,8 @@ tag="$2"
 [[ -f "$context/Dockerfile" ]] || { echo "$context has no Dockerfile" >&2; exit 2; }
 
 product_archive="$(bash hack/build-image.sh | tail -n 1)"
-VERSION="$(python3 -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['version'])")"
+# Read without Python: whatever python3 this shell has (or none) must not matter.
+VERSION="$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n 1)"
 product="impalajob:$VERSION"
 CACHE="${IMPALA_IMAGE_CACHE:-$HOME/.cache/impalajob/image}"
 

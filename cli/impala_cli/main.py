@@ -45,7 +45,9 @@ def build_parser(registered: Collection[str] = ()) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="impalajob", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help_text in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        # Flags are written whole: no prefix of one is read as another (`--token SECRET` would
+        # otherwise be `--token-file SECRET`, and the secret read as a path).
+        p = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
         if name in registered:
             importlib.import_module(command_module(name)).register(p)
     return parser

@@ -1,6 +1,7 @@
 """`impalajob evaluate` and `impalajob export` refuse bad input with exit 2 and one line naming
 the file or flag, before any work: no run directory or job, a directory without a checkpoint, an
-unknown format, an output or video directory that cannot be written."""
+unknown format, an output or video directory that cannot be written, an env module that is not
+importable here (and a failed export leaves no output file behind)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from impala_cli.main import main
 from impala_trainer.rundir.writer import RunDir
 from tests.support.jobs import make_job
+from tests.support.run_dirs import checkpointed_run_dir
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
@@ -42,3 +44,19 @@ def test_bad_input_is_refused_with_exit_2_naming_it(
     assert code == 2 and f"--video {blocker / 'v'} cannot be written" in err
     code, err = _run(capsys, "evaluate", "cartpole", "--run-dir", str(run))
     assert code == 2 and "one of them" in err
+
+
+def test_a_job_whose_env_module_is_not_importable_here_is_one_line_and_leaves_no_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = checkpointed_run_dir(tmp_path / "run", make_job("mine", env={"id": "CartPole-v1"}))
+    config = run / "config.yaml"  # as a job trained with its own env package leaves it
+    config.write_text(config.read_text().replace("CartPole-v1", "not_here_envs:CartPole-v1"))
+    code, err = _run(capsys, "evaluate", "--run-dir", str(run), "--episodes", "1")
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "cannot import module 'not_here_envs'" in err and "PYTHONPATH" in err
+    out = tmp_path / "out" / "policy.pt"
+    code, err = _run(capsys, "export", "--run-dir", str(run), "--format", "torchscript",
+                     "-o", str(out))  # fmt: skip
+    assert code == 2 and len(err.splitlines()) == 1 and "not_here_envs" in err, err
+    assert not out.exists(), "a failed export left its output file behind"

@@ -26,6 +26,9 @@ LAYERS = {
 }
 """Which of our packages each may import: the API below both sides, the CLI above them all."""
 MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 600
+"""A module past this holds more than one concern: split it by role (models / acting /
+model_factory; a process's parent, child and messages; a command, its transports, its output)."""
 
 
 def modules() -> Iterator[tuple[str, Path]]:
@@ -165,6 +168,15 @@ def test_no_function_is_longer_than_80_lines() -> None:
     assert not long, f"split these: {long}"
 
 
+def test_no_module_is_longer_than_600_lines() -> None:
+    long = [
+        f"{name}: {count} lines"
+        for name, path in modules()
+        if (count := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert not long, f"split these by concern: {long}"
+
+
 def test_the_architecture_doc_lists_every_room() -> None:
     """docs/architecture.md has a table per package (under a heading naming it) whose rows name
     exactly the package's subpackages and top-level modules."""
@@ -180,21 +192,3 @@ def test_the_architecture_doc_lists_every_room() -> None:
             f"misses {sorted(rooms - listed)}"
         )
 
-
-def test_the_old_job_module_paths_still_import_with_a_deprecation_warning() -> None:
-    import importlib
-    import sys
-
-    import impala_api.manifest
-    import impala_api.roles
-    import impala_api.spec
-
-    for name in [n for n in sys.modules if n.startswith("impala_trainer.job")]:
-        del sys.modules[name]
-    with pytest.warns(DeprecationWarning, match="import impala_api"):
-        old_spec = importlib.import_module("impala_trainer.job.spec")
-    assert old_spec is impala_api.spec and old_spec.ImpalaJob is impala_api.spec.ImpalaJob
-    assert importlib.import_module("impala_trainer.job.manifest") is impala_api.manifest
-    assert importlib.import_module("impala_trainer.job.roles").role_command is (
-        impala_api.roles.role_command
-    )

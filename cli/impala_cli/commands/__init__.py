@@ -14,10 +14,8 @@ its port (`--gcs-port`, `--status-port`, `--node-manager-port`, ...).
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from impala_api.spec import ImpalaJob
@@ -54,40 +52,6 @@ def add_manifest_arguments(parser: argparse.ArgumentParser) -> None:
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 """The choices of every `--log-level` flag (`status-server`, `operator`)."""
-
-
-class _Deprecated(argparse.Action):
-    """A flag of an earlier release: still does what it did, with a warning naming its successor."""
-
-    def __init__(
-        self, option_strings: Sequence[str], dest: str, message: str, **kwargs: Any
-    ) -> None:
-        # SUPPRESS: the successor flag (same dest) owns the default.
-        super().__init__(option_strings, dest, default=argparse.SUPPRESS, **kwargs)
-        self.message = message
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: object,
-        option_string: str | None = None,
-    ) -> None:
-        print(f"{parser.prog}: warning: {option_string} is deprecated: {self.message}",
-              file=sys.stderr, flush=True)  # fmt: skip
-        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
-
-
-def add_deprecated_option(
-    parser: argparse.ArgumentParser, *flags: str, dest: str, message: str, **kwargs: Any
-) -> None:
-    """A hidden flag of an earlier release that still works, into `dest` (its successor's), with a
-    warning on stderr saying what to write instead. `const=...` makes it a switch."""
-    if "const" in kwargs:
-        kwargs["nargs"] = 0
-    parser.add_argument(
-        *flags, dest=dest, action=_Deprecated, message=message, help=argparse.SUPPRESS, **kwargs
-    )
 
 
 def add_resume_argument(parser: argparse.ArgumentParser) -> None:

@@ -45,6 +45,7 @@ def policy_from(args: argparse.Namespace) -> Iterator[LoadedPolicy]:
     """The policy `--run-dir` or the job NAME names (its files copied to a temporary directory,
     removed after)."""
     from impala_trainer.policy.loaded import PolicyNotFoundError, load_policy
+    from impala_trainer.user_code import UserCodeError
 
     if (args.job is None) == (args.run_dir is None):
         raise CommandError("give a run directory (--run-dir DIR) or a job NAME, one of them")
@@ -58,6 +59,8 @@ def policy_from(args: argparse.Namespace) -> Iterator[LoadedPolicy]:
             ckpt = fetch_job_results(args.job, args.namespace, args.checkpoint, Path(tmp))
             yield load_policy(Path(tmp), ckpt.name)
     except PolicyNotFoundError as err:
+        raise CommandError(str(err)) from None
+    except UserCodeError as err:  # the job's env module or model is not importable here
         raise CommandError(str(err)) from None
 
 

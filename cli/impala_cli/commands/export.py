@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from impala_cli.commands import EXIT_FAILED, CommandError
 from impala_cli.commands.evaluate import add_checkpoint_arguments, policy_from
+
+if TYPE_CHECKING:
+    from impala_trainer.policy.export import Format
+    from impala_trainer.policy.loaded import LoadedPolicy
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -27,28 +32,38 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(
                 "--format onnx needs the export extra: pip install 'impalajob[export]'"
             ) from None
-    from impala_trainer.driver.base import one_line
-    from impala_trainer.policy.export import export_policy
-
     output: Path = args.output
+    existed = output.exists()
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.touch()  # refused here, before a minute of exporting, when it cannot be written
     except OSError as err:
         raise CommandError(f"-o {output} cannot be written: {err.strerror}") from None
-    with policy_from(args) as policy:
-        try:
-            sidecar = export_policy(policy, args.format, output)
-        except OSError as err:
-            raise CommandError(f"-o {output}: {err.strerror or err}") from None
-        except Exception as err:  # the exporter: an op or a model it cannot express
-            raise CommandError(
-                f"{policy.checkpoint.name} could not be exported as {args.format}: "
-                f"{one_line(err)}",
-                EXIT_FAILED,
-            ) from None
+    try:
+        with policy_from(args) as policy:
+            sidecar = _export(policy, args.format, output)
+    except BaseException:
+        if not existed:  # a failed export leaves nothing behind that looks like a result
+            output.unlink(missing_ok=True)
+        raise
     print(
         f"{args.output}: {policy.job.metadata.name} {policy.checkpoint.name} as {args.format} "
         f"(trained {policy.global_timestep:,} env steps); how to feed it: {sidecar}"
     )
     return 0
+
+
+def _export(policy: LoadedPolicy, fmt: Format, output: Path) -> Path:
+    """Write `policy` as `fmt` to `output`; the exporter's failures as one line."""
+    from impala_trainer.driver.base import one_line
+    from impala_trainer.policy.export import export_policy
+
+    try:
+        return export_policy(policy, fmt, output)
+    except OSError as err:
+        raise CommandError(f"-o {output}: {err.strerror or err}") from None
+    except Exception as err:  # the exporter: an op or a model it cannot express
+        raise CommandError(
+            f"{policy.checkpoint.name} could not be exported as {fmt}: {one_line(err)}",
+            EXIT_FAILED,
+        ) from None

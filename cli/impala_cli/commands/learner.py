@@ -77,8 +77,6 @@ def run(args: argparse.Namespace) -> int:
     from impala_trainer.rundir.writer import RunDir
 
     run_dir = RunDir(args.run_dir)
-    if moved := run_dir.adopt_root_checkpoints():
-        print(f"learner: moved {len(moved)} checkpoints of an earlier layout into checkpoints/")
     # Before the local look: on a new pod the newest checkpoint may be only in storageUri.
     mirror = mirror_run(job, run_dir, resume=args.resume)
     resume = args.resume and bool(list_checkpoints(run_dir.checkpoints))

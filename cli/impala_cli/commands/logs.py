@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from impala_api import names
-from impala_cli.commands import EXIT_FAILED, CommandError, add_deprecated_option
+from impala_cli.commands import EXIT_FAILED, CommandError
 from impala_cli.commands.cluster import NoClusterError, connect
 
 _CONTAINERS: dict[str, tuple[names.Component, str]] = {
@@ -26,7 +26,6 @@ _CONTAINERS: dict[str, tuple[names.Component, str]] = {
     "rollout": ("rollout", "rollout"),
     "aggregator": ("aggregator", "aggregator"),
 }
-FOLLOW_SHORT_FORM = "-f is --file in every other impalajob command; use --follow"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +35,6 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("-n", "--namespace", help="the job's namespace (default: the context's)")
     parser.add_argument("--follow", action="store_true", help="stream new lines (one pod)")
-    add_deprecated_option(parser, "-f", dest="follow", const=True, message=FOLLOW_SHORT_FORM)
     parser.add_argument("--tail", type=int, default=None, help="last N lines of each pod")
     parser.add_argument(
         "--previous-attempt",

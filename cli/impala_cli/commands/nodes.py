@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from impala_cli.commands import CommandError, add_deprecated_option
+from impala_cli.commands import CommandError
 from impala_trainer.node.ray_node import (
     NodeConfig,
     RayNodeProcess,
@@ -49,9 +49,6 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="actors this node hosts (units of its resource; spec.rollouts.workersPerPod)",
     )
     # What operators before 0.1.0's restructuring rendered into the rollout Deployments.
-    add_deprecated_option(
-        parser, "--workers", dest="workers_per_pod", type=int, message="use --workers-per-pod"
-    )
     parser.add_argument(
         "--drain-timeout",
         type=float,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from impala_cli.commands import LOG_LEVELS, add_deprecated_option
+from impala_cli.commands import LOG_LEVELS
 from impala_operator.settings import Settings
 
 
@@ -51,9 +51,6 @@ def register(parser: argparse.ArgumentParser) -> None:
         default="info",
         choices=LOG_LEVELS,
         help="how much to log (default info; debug: kopf's own lines and every handler run)",
-    )
-    add_deprecated_option(
-        parser, "--verbose", "-v", dest="log_level", const="debug", message="use --log-level debug"
     )
 
 

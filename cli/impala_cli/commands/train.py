@@ -126,7 +126,7 @@ def _shutdown_ray() -> None:
 
     # ray.shutdown stops the GCS, then the autoscaler monitor (a local Ray has nothing to scale),
     # whose SIGTERM handler reports to the stopped GCS until Ray kills it a second later: 1.0 of
-    # the 1.2-1.4 s each local run spent in ray.shutdown (docs/benchmarks.md, section 8). Stopped
+    # the 1.2-1.4 s each local run spent in ray.shutdown (timed around it). Stopped
     # first, the monitor goes at once. Node.kill_monitor is Ray's own, not public: without it,
     # the shutdown is a second longer, no worse.
     node = getattr(ray._private.worker, "_global_node", None)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from bench.sample_run import sample_snapshot, write_sample_run
 from fastapi.testclient import TestClient
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,7 +28,6 @@ from impala_api.snapshot import (
 from impala_trainer.sidecar.app import create_app
 from impala_trainer.sidecar.deps import get_app_settings
 from impala_trainer.sidecar.settings import Settings
-from tests.support.sample_run import sample_snapshot, write_sample_run
 
 Client = Callable[..., TestClient]
 

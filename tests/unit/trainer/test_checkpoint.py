@@ -145,18 +145,6 @@ def test_the_run_log_goes_to_its_own_directory_and_a_pods_log(
         parent.setLevel(logging.NOTSET)
 
 
-def test_checkpoints_at_a_claims_root_are_adopted(tmp_path: Path) -> None:
-    # An earlier release mounted the claim at checkpoints/: its checkpoints sit at the root of
-    # what is now the whole run directory, and a resumed learner must still find them.
-    old = save_checkpoint(tmp_path / "claim", {"w": [1.0]}, DriverState(iteration=7), keep=3)
-    run = RunDir(tmp_path / "claim")
-    assert old.parent == run.path and latest_checkpoint(run.checkpoints) is None
-    assert run.adopt_root_checkpoints() == [old.name]
-    adopted = latest_checkpoint(run.checkpoints)
-    assert adopted is not None and load_checkpoint(adopted)[1].iteration == 7
-    assert run.adopt_root_checkpoints() == []  # once
-
-
 def _three_checkpoints(tmp_path: Path) -> tuple[Path, Learner]:
     learner = _trained_learner()
     ckpts = tmp_path / "checkpoints"

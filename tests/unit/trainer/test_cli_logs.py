@@ -35,23 +35,6 @@ def test_group_logs_are_every_pod_by_name() -> None:
     ]
 
 
-@pytest.mark.parametrize("argv", [["cartpole", "-f"], ["-f", "cartpole"]])
-def test_the_old_follow_short_form_still_follows_with_a_warning(
-    argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`-f` is `--file` in every other impalajob command: the `kubectl logs -f` habit (and this
-    command's earlier releases) still follows, and is told to write --follow."""
-    from impala_cli.commands import logs
-
-    seen: list[bool] = []
-    monkeypatch.setattr(logs, "run", lambda args: seen.append(args.follow) or 0)
-    assert main(["logs", *argv]) == 0
-    assert seen == [True]
-    err = capsys.readouterr().err
-    assert "impalajob logs: warning: -f is deprecated: -f is --file in every other" in err
-    assert "use --follow" in err
-
-
 def test_follow_has_no_short_form_but_parses_long(monkeypatch: pytest.MonkeyPatch) -> None:
     from impala_cli.commands import logs
 
@@ -60,3 +43,6 @@ def test_follow_has_no_short_form_but_parses_long(monkeypatch: pytest.MonkeyPatc
     assert main(["logs", "cartpole", "--follow", "--role", "rollout"]) == 0
     assert main(["logs", "cartpole"]) == 0
     assert seen == [True, False]
+    with pytest.raises(SystemExit) as refused:  # -f is --file in every other command
+        main(["logs", "cartpole", "-f"])
+    assert refused.value.code == 2

@@ -13,17 +13,15 @@ import numpy as np
 import pytest
 import torch
 
-from impala_api.spec import ImpalaJob
-from impala_trainer.learning.learner import Learner
 from impala_trainer.policy.acting import PolicyActor
 from impala_trainer.policy.evaluation import _quotas, evaluate
 from impala_trainer.policy.export import export_policy
 from impala_trainer.policy.loaded import PolicyNotFoundError, load_policy
-from impala_trainer.rollouts.envs import env_spaces, make_vector_env
-from impala_trainer.rundir.checkpoint import DriverState, save_checkpoint
+from impala_trainer.rollouts.envs import make_vector_env
 from impala_trainer.rundir.writer import RunDir
 from tests.support.jobs import make_job
 from tests.support.learner import one_torch_thread
+from tests.support.run_dirs import checkpointed_run_dir
 
 KEEP = "impala_trainer.rollouts.wrappers:KeepObservations"
 EXAMPLE_PACKAGE = Path(__file__).resolve().parents[3] / "examples" / "custom"
@@ -56,21 +54,6 @@ JOBS: dict[str, dict[str, Any]] = {
         },
     },
 }
-
-
-def _run_dir(tmp_path: Path, job: ImpalaJob, seed: int = 0) -> Path:
-    """A run directory as training leaves it: config.yaml and one checkpoint of a policy whose
-    weights are spread out (a fresh policy head's near-equal logits would make greedy actions
-    ties that float rounding decides)."""
-    RunDir(tmp_path).prepare(job)
-    spaces = env_spaces(job.spec.env)
-    torch.manual_seed(seed)
-    learner = Learner(job.spec, spaces.obs_shape, spaces.actions)
-    with torch.no_grad():
-        for p in learner.model.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    save_checkpoint(tmp_path / "checkpoints", learner.state_dict(), DriverState(), keep=1)
-    return tmp_path
 
 
 def _recorded(run: Path, steps: int = 48) -> tuple[Any, list[dict[str, np.ndarray]]]:
@@ -137,7 +120,7 @@ def test_the_export_gives_the_checkpoints_actions_on_recorded_observations(
     tmp_path: Path, kind: str, fmt: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.syspath_prepend(str(EXAMPLE_PACKAGE))  # my_impala, as a user's PYTHONPATH
-    run = _run_dir(tmp_path / "run", make_job(f"export-{kind}", **JOBS[kind]))
+    run = checkpointed_run_dir(tmp_path / "run", make_job(f"export-{kind}", **JOBS[kind]))
     policy, feeds = _recorded(run)
     path = tmp_path / f"policy.{fmt}"
     meta = json.loads(export_policy(policy, fmt, path).read_text())  # type: ignore[arg-type]
@@ -164,7 +147,7 @@ def test_the_export_gives_the_checkpoints_actions_on_recorded_observations(
 
 def test_evaluation_plays_exactly_its_episodes_shared_out_over_the_envs(tmp_path: Path) -> None:
     assert _quotas(7, 3).tolist() == [3, 2, 2]
-    run = _run_dir(tmp_path, make_job("evaluate", **JOBS["mlp"]))
+    run = checkpointed_run_dir(tmp_path, make_job("evaluate", **JOBS["mlp"]))
     policy = load_policy(run)
     with one_torch_thread():
         greedy = evaluate(policy.job.spec.env, policy.model, policy.actions, 7, num_envs=3)
@@ -184,7 +167,7 @@ def test_a_run_without_a_checkpoint_or_a_job_is_refused_by_name(tmp_path: Path) 
     RunDir(tmp_path).prepare(make_job("empty", **JOBS["mlp"]))
     with pytest.raises(PolicyNotFoundError, match="has no checkpoint yet"):
         load_policy(tmp_path)
-    _run_dir(tmp_path, make_job("empty", **JOBS["mlp"]))
+    checkpointed_run_dir(tmp_path, make_job("empty", **JOBS["mlp"]))
     with pytest.raises(PolicyNotFoundError, match="no complete checkpoint ckpt-000099"):
         load_policy(tmp_path, "ckpt-000099")
     # A checkpoint of another network than config.yaml describes, and one that is not a file
@@ -199,7 +182,7 @@ def test_a_run_without_a_checkpoint_or_a_job_is_refused_by_name(tmp_path: Path) 
 
 
 def test_an_evaluation_video_is_an_mp4_of_the_rendered_episode(tmp_path: Path) -> None:
-    run = _run_dir(tmp_path / "run", make_job("video", **JOBS["mlp"]))
+    run = checkpointed_run_dir(tmp_path / "run", make_job("video", **JOBS["mlp"]))
     policy = load_policy(run)
     with one_torch_thread():
         result = evaluate(policy.job.spec.env, policy.model, policy.actions, 2, num_envs=2,

@@ -80,20 +80,6 @@ class RunDir:
         """True when the directory already holds a run's checkpoints or status."""
         return bool(list_checkpoints(self.checkpoints)) or self.status_file.exists()
 
-    def adopt_root_checkpoints(self) -> list[str]:
-        """Move checkpoints found at the directory's root into checkpoints/; their names.
-
-        Releases before the whole run directory went on the claim mounted the claim at
-        checkpoints/ itself, so a claim written then holds `ckpt-*` at its root, which is now
-        the run directory's root: without this a resumed job would start over."""
-        moved = []
-        for path in sorted(self.path.glob("ckpt-*")) if self.path.is_dir() else ():
-            if path.is_dir() and not (self.checkpoints / path.name).exists():
-                self.checkpoints.mkdir(exist_ok=True)
-                path.rename(self.checkpoints / path.name)
-                moved.append(path.name)
-        return moved
-
     def clear(self) -> None:
         """Remove a previous run's files (only the ones this module writes)."""
         for name in (STATUS_FILE, HISTORY_FILE, SUMMARY_FILE, CONFIG_FILE, LOG_FILE):
