@@ -1,4 +1,4 @@
-"""Scenario 1a: CartPole-v1 env steps/s with 2 rollout workers, ours vs RLlib's IMPALA.
+"""CartPole-v1 env steps/s with 2 rollout workers, ours vs RLlib's IMPALA.
 
 Both sides train manifests/examples/cartpole.yaml for a fixed window (default 120 s) and report
 the steady env steps/s after a warm-up (bench/throughput.py).

@@ -1,4 +1,4 @@
-"""Scenario 1b: wall time and env steps until CartPole-v1's 100-episode mean return reaches 450.
+"""Wall time and env steps until CartPole-v1's 100-episode mean return reaches 450.
 
 Ours and RLlib's IMPALA alternate over seeds 0, 1, 2 (one seed per round, the same seed for both
 sides), each run capped at --cap seconds of training (a run that does not get there is a miss).

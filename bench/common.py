@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -93,8 +94,16 @@ def _git_revision() -> str:
     return f"{rev}+dirty" if rev and dirty else (rev or "-")
 
 
-def machine_info() -> dict[str, Any]:
-    """CPU model, cores, RAM, load, the versions both sides run on and our git revision."""
+TRAINER_PACKAGES = ("ray", "torch", "gymnasium", "ale-py", "numpy")
+"""The versions a trainer scenario records (both sides run on them)."""
+PACKAGE_LABELS = {"ray": "Ray", "fastapi": "FastAPI", "ale_py": "ale-py",
+                  "prometheus_client": "prometheus-client"}  # fmt: skip
+"""How machine_line names a package (its key otherwise)."""
+
+
+def machine_info(packages: Sequence[str] = TRAINER_PACKAGES) -> dict[str, Any]:
+    """CPU model, cores, RAM, load, our git revision and the versions of `packages` (keyed by
+    their distribution name with `-` as `_`: `ale-py` -> `ale_py`)."""
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
     return {
         "git": _git_revision(),
@@ -104,25 +113,31 @@ def machine_info() -> dict[str, Any]:
         "gpus": _gpu_models(),
         "load_avg": [round(x, 2) for x in load],
         "python": platform.python_version(),
-        "ray": _version("ray"),
-        "torch": _version("torch"),
-        "gymnasium": _version("gymnasium"),
-        "ale_py": _version("ale-py"),
-        "numpy": _version("numpy"),
+        **{dist.replace("-", "_"): _version(dist) for dist in packages},
     }
 
 
+_NOT_VERSIONS = {"git", "cpu", "cores", "ram_gib", "gpus", "load_avg", "python"}
+
+
+def hardware_line(m: dict[str, Any]) -> str:
+    """`cpu, N cores[, gpus][, R GiB RAM]`."""
+    gpus = "".join(f", {g}" for g in m.get("gpus", []))
+    ram = f", {m['ram_gib']:.0f} GiB RAM" if m.get("ram_gib") else ""
+    return f"{m.get('cpu', 'unknown cpu')}, {m.get('cores', '?')} cores{gpus}{ram}"
+
+
+def software_line(m: dict[str, Any]) -> str:
+    """`Python x, Ray y, torch z, ...`: every version the record holds."""
+    versions = [f"{PACKAGE_LABELS.get(k, k)} {v}" for k, v in m.items() if k not in _NOT_VERSIONS]
+    return ", ".join([f"Python {m.get('python', '?')}", *versions])
+
+
 def machine_line(info: dict[str, Any] | None = None) -> str:
-    """One line for the doc: `cpu, N cores, R GiB, load a/b/c; python, ray, torch, ...`."""
+    """One line for the doc: `cpu, N cores, R GiB RAM, load a/b/c; Python, Ray, ...; trainer at`."""
     m = info or machine_info()
     load = "/".join(f"{x:.1f}" for x in m["load_avg"])
-    gpus = "".join(f", {g}" for g in m.get("gpus", []))
-    return (
-        f"{m['cpu']}, {m['cores']} cores{gpus}, {m['ram_gib']:.0f} GiB RAM, load {load}; "
-        f"Python {m['python']}, Ray {m['ray']}, torch {m['torch']}, "
-        f"gymnasium {m['gymnasium']}, ale-py {m['ale_py']}, numpy {m['numpy']}; "
-        f"trainer at {m.get('git', '-')}"
-    )
+    return f"{hardware_line(m)}, load {load}; {software_line(m)}; trainer at {m.get('git', '-')}"
 
 
 # -- trials -----------------------------------------------------------------------------------
@@ -274,6 +289,15 @@ def median(values: Iterable[float | None]) -> float | None:
     return statistics.median(vs) if vs else None
 
 
+def percentile(values: Iterable[float], q: float) -> float:
+    """The nearest-rank q-quantile (0 < q <= 1) of `values`: the smallest value with at least a
+    q share of the values at or below it (q=1: the largest)."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("percentile of no values")
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     """a / b, or None when either is missing or b is 0."""
     if a is None or b is None or b == 0:
@@ -294,9 +318,13 @@ def fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A GitHub-markdown table (readable in a terminal too)."""
-    cells = [[fmt(c) for c in row] for row in rows]
+def table(
+    headers: Sequence[str], rows: Sequence[Sequence[Any]], digits: int | Sequence[int] = 1
+) -> str:
+    """A GitHub-markdown table (readable in a terminal too); `digits` as in fmt, for every
+    column or one per column."""
+    per_column = [digits] * len(headers) if isinstance(digits, int) else list(digits)
+    cells = [[fmt(c, d) for c, d in zip(row, per_column, strict=True)] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
     # Numbers right-aligned, text left-aligned (the markdown alignment markers say the same).
     numeric = [

@@ -1,4 +1,4 @@
-"""Scenario 3: learner-only samples/s on synthetic [rolloutFragmentLength x B] batches.
+"""Learner-only samples/s on synthetic [rolloutFragmentLength x B] batches.
 
 One pre-built train batch is pushed straight into the learner thread as fast as it takes it, for
 numSgdIter 1, 2 and 4, with the MLP (CartPole shapes, manifests/examples/cartpole.yaml) and the

@@ -1,10 +1,10 @@
 """Multi-pod throughput: env steps/s with 1, 2 and 4 rollout pods, ours vs RLlib.
 
 ours: the learner pod and N rollout pods as local processes, each running exactly the command
-line `roles.role_command` renders for its pod (the harness of tests/integration/test_multipod_*),
-so every fragment crosses Ray nodes through the object store as on a cluster. status.json is
-polled every second once all N rollout actors are healthy; the rate is common.steady_rate over
-the window after the warm-up.
+line `roles.role_command` renders for its pod (bench/multipod_cluster.py, the harness of the
+tests/integration/test_multipod_* tests too), so every fragment crosses Ray nodes as on a
+cluster. status.json is polled every second once all N rollout actors are healthy; the rate is
+common.steady_rate over the window after the warm-up.
 rllib: RLlib's IMPALA (new API stack, common.rllib_config) with N EnvRunners on one embedded Ray,
 same manifest (manifests/examples/cartpole.yaml, or --manifest): same envs per worker,
 fragment, batch, model. Both sides share this machine's cores; every process of ours runs at
@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from common import (
-    REPO,
     add_trial_args,
     alternate,
     exit_child,
@@ -89,8 +88,7 @@ def _spec_overrides(args: argparse.Namespace, pods: int) -> list[str]:
 
 def ours(args: argparse.Namespace, pods: int) -> dict[str, Any]:
     """Learner + `pods` rollout pods as local processes; points from polled status.json."""
-    sys.path.insert(0, str(REPO))
-    from tests.integration.multipod_cluster import LocalJob, healthy
+    from multipod_cluster import LocalJob, healthy
 
     job = load_spec(args.manifest, _spec_overrides(args, pods))
     manifest = job.model_dump(mode="json", by_alias=True, exclude={"status"})

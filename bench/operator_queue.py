@@ -31,6 +31,8 @@ from typing import Any
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
+# The e2e control plane (tests/cluster, `cd tests && python -m cluster`) is still the tests'
+# own harness: the operator benchmarks are the one place bench/ reaches into tests/.
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
@@ -39,8 +41,8 @@ from tests.support import queues  # noqa: E402
 
 from cluster import ControlPlane, Kube, build_binaries  # noqa: E402
 from cluster import kueue as kueue_harness  # noqa: E402
-from common import RESULTS_DIR, machine_info  # noqa: E402
-from support.net import free_port  # noqa: E402
+from common import RESULTS_DIR, machine_info, percentile  # noqa: E402
+from impala_trainer.node.ray_node import free_port  # noqa: E402
 
 OPERATOR_USER = "system:serviceaccount:impala-system:impala-operator"
 NS = "bench"
@@ -62,11 +64,6 @@ def job_manifest(name: str) -> dict[str, Any]:
         },
         "bench",
     )
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def drive(kube: Kube, names: list[str], run_seconds: float, timeout: float) -> dict[str, Any]:
@@ -206,9 +203,9 @@ def main(argv: list[str]) -> int:
         "room": args.room,
         "run_seconds": args.run_seconds,
         "interval_s": args.interval,
-        "wait_admitted_s": {q: round(pct(result["admitted_s"], v), 1)
+        "wait_admitted_s": {q: round(percentile(result["admitted_s"], v), 1)
                             for q, v in (("p50", 0.5), ("p95", 0.95), ("max", 1.0))},
-        "wait_running_s": {q: round(pct(result["running_s"], v), 1)
+        "wait_running_s": {q: round(percentile(result["running_s"], v), 1)
                            for q, v in (("p50", 0.5), ("p95", 0.95), ("max", 1.0))},
         "all_done_s": round(result["all_done_s"], 1),
         "most_running": result["most_running"],
@@ -224,7 +221,9 @@ def main(argv: list[str]) -> int:
         },
         "operator_cpu_s": round(cpu.user + cpu.system, 1),
         "rss_mib": {"idle": round(idle_rss / 2**20, 1), "end": round(rss / 2**20, 1)},
-        "machine": machine_info(),
+        "machine": machine_info(("kopf", "kubernetes")),
+        "command": " ".join(["python bench/operator_queue.py", *argv]),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }  # fmt: skip
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     (RESULTS_DIR / "operator_queue.json").write_text(json.dumps(record, indent=1))

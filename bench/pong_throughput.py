@@ -1,4 +1,4 @@
-"""Scenario 4: ALE/Pong-v5 frames/s with 2 rollout processes, ours vs RLlib's IMPALA.
+"""ALE/Pong-v5 frames/s with 2 rollout processes, ours vs RLlib's IMPALA.
 
 Both sides train manifests/examples/pong.yaml (same fragment length, train batch, envs per
 worker, frame skip and stack, CNN layers) for a fixed window (default 300 s). Frames are emulator

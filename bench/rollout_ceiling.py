@@ -1,10 +1,10 @@
-"""Scenario 2: the rollout-only ceiling (inference + env, learning off) and pipeline efficiency.
+"""The rollout-only ceiling (inference + env, learning off) and pipeline efficiency.
 
-The same 2 rollout workers as scenario 1 sample with fixed weights and no learner: ours are the
-project's RolloutActors driven by the driver's sampling loop (fragments fetched, then dropped);
-RLlib's are its EnvRunners driven by IMPALA's own sampling call
+The same 2 rollout workers as cartpole_throughput.py sample with fixed weights and no learner:
+ours are the project's RolloutActors driven by the driver's sampling loop (fragments fetched,
+then dropped); RLlib's are its EnvRunners driven by IMPALA's own sampling call
 (`foreach_env_runner_async_fetch_ready("sample")`, episodes fetched, then dropped). Pipeline
-efficiency = scenario-1 steps/s / this ceiling, per side, using
+efficiency = the CartPole throughput run's steps/s / this ceiling, per side, using
 bench/results/cartpole_throughput.json (run that first, or pass --throughput).
 
     python bench/rollout_ceiling.py                      # 3 alternating rounds of 60 s
@@ -70,7 +70,7 @@ def main(argv: list[str]) -> int:
         "--throughput",
         type=Path,
         default=RESULTS_DIR / "cartpole_throughput.json",
-        help="scenario-1 results to compute pipeline efficiency from",
+        help="cartpole_throughput results to compute pipeline efficiency from",
     )
     args = parser.parse_args(argv)
     if is_child(args):
@@ -102,7 +102,7 @@ def main(argv: list[str]) -> int:
                 summary.get("ours", {}).get("ceiling_steps_per_s"),
                 summary[side]["ceiling_steps_per_s"],
             )
-    print(table(["side", "ceiling steps/s", "scenario-1 steps/s", "pipeline efficiency"], rows))
+    print(table(["side", "ceiling steps/s", "pipeline steps/s", "pipeline efficiency"], rows))
     report("rollout_ceiling", summary, trials, info, args, argv)
     return 0
 

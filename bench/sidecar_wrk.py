@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import socket
@@ -33,73 +32,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import RESULTS_DIR, machine_info, machine_line, percentile, table
+from impala_api.roles import LOCAL_EXECUTABLE, status_command
 from impala_api.snapshot import (
     HISTORY_FILE,
     STATUS_FILE,
     append_history,
     write_json_atomic,
 )
+from impala_trainer.node.ray_node import free_port
+from sample_run import sample_history, sample_snapshot
 
 BENCH = Path(__file__).resolve().parent
-# `python bench/sidecar_wrk.py` (and its `--serve-naive` child) has bench/, not the repository, on
-# sys.path; the test helpers below are imported as `tests.support.*` from the repository root.
-sys.path.insert(0, str(BENCH.parent))
-
-from tests.support.net import free_port  # noqa: E402
-from tests.support.sample_run import sample_history, sample_snapshot  # noqa: E402
-
-from impala_api.roles import LOCAL_EXECUTABLE, status_command  # noqa: E402
-
-RESULTS_DIR = BENCH / "results"
 SIDES = ("ours", "naive")
 ENDPOINTS = ("/status", "/metrics")
+SERVING_PACKAGES = ("fastapi", "uvicorn", "prometheus-client")
+"""The versions this scenario records: the serving stack (wrk's is added beside them)."""
 
 
-def machine_info() -> dict[str, Any]:
-    """CPU model, cores, load and the versions of the serving stack."""
-    from importlib import metadata
-
-    cpu = "unknown cpu"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    versions = {d: metadata.version(d) for d in ("fastapi", "uvicorn", "prometheus-client")}
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count() or 0,
-        "load_avg": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
-        "wrk": subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split()[1],
-        **versions,
-    }
-
-
-def machine_line(m: dict[str, Any]) -> str:
-    load = "/".join(f"{x:.1f}" for x in m["load_avg"])
-    return (
-        f"{m['cpu']}, {m['cores']} cores, load {load}; Python {m['python']}, "
-        f"FastAPI {m['fastapi']}, uvicorn {m['uvicorn']}, prometheus-client "
-        f"{m['prometheus-client']}, wrk {m['wrk']}"
-    )
-
-
-def table(headers: list[str], rows: list[list[Any]]) -> str:
-    """A markdown table (numbers rounded for reading)."""
-
-    def cell(v: Any) -> str:
-        if isinstance(v, float):
-            return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3f}"
-        return f"{v:,}" if isinstance(v, int) else str(v)
-
-    cells = [[cell(c) for c in r] for r in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    out = ["| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"]
-    out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    out += [
-        "| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells
-    ]
-    return "\n".join(out)
+def serving_machine_info() -> dict[str, Any]:
+    """common.machine_info with the serving stack's versions and wrk's."""
+    wrk = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split()
+    return {**machine_info(SERVING_PACKAGES), "wrk": wrk[1] if len(wrk) > 1 else "-"}
 
 
 def naive_app(run_dir: Path) -> Any:
@@ -304,18 +258,14 @@ def asgi_service_times(side: str, run_dir: Path, endpoint: str, n: int) -> dict[
         return walls, cpus
 
     walls, cpus = asyncio.run(drive())
-
-    def pct(xs: list[float], q: float) -> float:
-        return sorted(xs)[min(len(xs) - 1, int(q / 100 * len(xs)))] * 1e6
-
     return {
         "side": side,
         "endpoint": endpoint,
         "n": n,
-        "wall_p50_us": pct(walls, 50),
-        "wall_p99_us": pct(walls, 99),
-        "cpu_p50_us": pct(cpus, 50),
-        "cpu_p99_us": pct(cpus, 99),
+        "wall_p50_us": 1e6 * percentile(walls, 0.5),
+        "wall_p99_us": 1e6 * percentile(walls, 0.99),
+        "cpu_p50_us": 1e6 * percentile(cpus, 0.5),
+        "cpu_p99_us": 1e6 * percentile(cpus, 0.99),
         "cpu_mean_us": 1e6 * statistics.fmean(cpus),
     }
 
@@ -350,7 +300,7 @@ def main() -> int:
         print("wrk not found: apt-get install wrk (tests/setup-system.sh does)", file=sys.stderr)
         return 2
 
-    info = machine_info()
+    info = serving_machine_info()
     sides = [s for s in args.sides.split(",") if s]
     trials: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="sidecar-bench-") as tmp:
@@ -433,6 +383,7 @@ def main() -> int:
                 "errors",
             ],
             rows,
+            digits=2,
         )
     )
     asgi_rows = []
@@ -450,7 +401,7 @@ def main() -> int:
     print()
     print("in-process ASGI calls (no sockets/HTTP parsing; the app's own work):")
     headers = ["endpoint", "side", "wall p50 µs", "wall p99 µs", "CPU p50 µs", "CPU p99 µs"]
-    print(table([*headers, "CPU mean µs"], asgi_rows))
+    print(table([*headers, "CPU mean µs"], asgi_rows, digits=2))
     print(f"machine: {machine_line(info)}")
     command = "python bench/sidecar_wrk.py " + " ".join(sys.argv[1:])
     line = {
@@ -466,6 +417,7 @@ def main() -> int:
     (RESULTS_DIR / "sidecar_wrk.json").write_text(
         json.dumps(
             {
+                "scenario": "sidecar_wrk",
                 "command": command.strip(),
                 "machine": info,
                 "summary": summary,

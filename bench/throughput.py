@@ -1,4 +1,4 @@
-"""Fixed-window training throughput, ours vs RLlib's IMPALA (scenarios 1a and 4 share it).
+"""Fixed-window training throughput, ours vs RLlib's IMPALA (the CartPole and Pong scripts').
 
 Both sides train the same manifest (RLlib through common.rllib_config) for a fixed window; the
 rate is the steady rate after a warm-up, on the same clock for both (common.steady_rate).

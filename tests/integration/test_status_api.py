@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from bench.sample_run import sample_history, sample_snapshot, write_sample_run
 from prometheus_client.parser import text_string_to_metric_families
 
 from impala_api.snapshot import (
@@ -25,7 +26,6 @@ from impala_api.snapshot import (
     write_json_atomic,
 )
 from impala_trainer.sidecar.settings import Settings
-from tests.support.sample_run import sample_history, sample_snapshot, write_sample_run
 from tests.support.sidecar import serve_in_thread
 
 Serve = Callable[..., httpx.Client]

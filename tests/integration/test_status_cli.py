@@ -8,7 +8,6 @@ paths are exercised without a cluster.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import os
@@ -23,13 +22,13 @@ from urllib.parse import unquote
 
 import httpx
 import pytest
+from bench.sample_run import write_sample_run
 
 from impala_api.names import STATUS_TOKEN_KEY
 from impala_api.snapshot import SUMMARY_FILE, Summary, write_json_atomic
 from impala_cli.main import main
 from impala_trainer.sidecar.settings import Settings
 from tests.support.jobs import job_manifest
-from tests.support.sample_run import write_sample_run
 from tests.support.sidecar import serve_in_thread
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
@@ -147,18 +146,13 @@ def test_token_file_problems_are_usage_errors_and_a_token_on_argv_still_works(
     (tmp_path / "empty").write_text("\n")
     empty = cli_inproc("http://127.0.0.1:9", "--token-file", str(tmp_path / "empty"))
     assert empty.returncode == 2 and "is empty" in empty.stderr
-    # A token on argv (earlier releases' --token) still works, whatever its form (and is never
-    # read as a path by argparse's prefix matching of --token-file), with a warning: `ps` shows it.
-    from impala_cli.commands import status
-
-    parsed: list[argparse.Namespace] = []
-    monkeypatch.setattr(status, "run", lambda a: parsed.append(a) or 0)
-    for argv in (["--token", "secret"], ["--token=secret"]):
-        assert main(["status", "http://127.0.0.1:9", *argv]) == 0
-        assert parsed[-1].token == "secret" and parsed[-1].token_file is None
-        err = capsys.readouterr().err
-        assert "impalajob status: warning: --token is deprecated: a token on the command" in err
-        assert "--token-file PATH" in err
+    # A token on argv is refused (`ps` would show it), and never read as a path through a
+    # prefix of --token-file.
+    for argv in (["--token", "secret"], ["--token=secret"], ["--token-f", "secret"]):
+        with pytest.raises(SystemExit) as refused:
+            main(["status", "http://127.0.0.1:9", *argv])
+        assert refused.value.code == 2
+        assert "unrecognized arguments: --token" in capsys.readouterr().err
 
 
 def test_errors_are_one_line_messages(

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from bench.sample_run import sample_history, sample_snapshot
 
 from impala_api.snapshot import (
     HISTORY_FILE,
@@ -26,7 +27,6 @@ from impala_trainer.rundir.reader import (
     downsample,
     parse_snapshot,
 )
-from tests.support.sample_run import sample_history, sample_snapshot
 
 
 def _point(step: int) -> HistoryPoint:

@@ -1,8 +1,8 @@
-"""A free TCP port for a server the test (or benchmark) starts as a separate process.
+"""A free TCP port for a server the test starts as a separate process.
 
-Imported as `tests.support.net` by the tests and bench scripts, and as `support.net` by
-tests/cluster/, whose import root is tests/ (`cd tests && python -m cluster`). The module imports
-nothing from the test tree, so both names work and give the same function.
+Imported as `tests.support.net` by the tests, and as `support.net` by tests/cluster/, whose
+import root is tests/ (`cd tests && python -m cluster`). The module imports nothing from the
+test tree, so both names work and give the same function.
 
 In-process servers do not need it: bind port 0 and read the port back (as
 `tests.support.sidecar.serve_in_thread` does), which has no race at all.

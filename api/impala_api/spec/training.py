@@ -30,7 +30,7 @@ DEFAULTS_APART_FROM_RLLIB: dict[str, tuple[object, str]] = {
     "env.numEnvsPerWorker": (
         1,
         "16: one batched forward for all of a worker's envs is where rollout speed comes from "
-        "(docs/benchmarks.md, 1a); RLlib's num_envs_per_env_runner is 1",
+        "(bench/rollout_ceiling.py); RLlib's num_envs_per_env_runner is 1",
     ),
     "training.learnerQueueSize": (
         3,

@@ -7,7 +7,7 @@ the CPUs left to it costs more than it gives: OpenMP's workers spin between para
 cores the driver loop and other pods want. Measured on a 2-core machine, the learner pod of
 `bench/multipod_scaling.py` (one rollout pod beside it): CartPole 51-57K env steps/s with 2
 threads, its OpenMP worker alone burning ~12 CPU-ms per 1,000 env steps, against 75-76K with
-one; Pong 1,663 against 2,397 (docs/benchmarks.md, "Multi-pod throughput").
+one; Pong 1,663 against 2,397 (`OMP_NUM_THREADS=2`, then 1, alternating).
 
 So threads follow what was reserved for the learner, as Ray gives an actor `OMP_NUM_THREADS`
 equal to the CPUs it reserved (RLlib's learner actor: one):

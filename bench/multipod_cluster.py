@@ -1,4 +1,6 @@
-"""A multi-pod ImpalaJob as local processes, for the tests/integration/test_multipod_* tests.
+"""A multi-pod ImpalaJob as local processes, for bench/multipod_scaling.py and the
+tests/integration/test_multipod_* tests (which import it as `bench.multipod_cluster`: bench
+imports nothing from tests/).
 
 Every process runs exactly the argv `roles.role_command(...)` renders for its pod (learner host
 127.0.0.1, each node on its own block of ports so several Ray nodes share this host), so what
