@@ -1,7 +1,7 @@
 """Multi-pod throughput: env steps/s with 1, 2 and 4 rollout pods, ours vs RLlib.
 
 ours: the learner pod and N rollout pods as local processes, each running exactly the command
-line `roles.role_command` renders for its pod (bench/multipod_cluster.py, the harness of the
+line `roles.role_command` renders for its pod (harness/multipod_cluster.py, the harness of the
 tests/integration/test_multipod_* tests too), so every fragment crosses Ray nodes as on a
 cluster. status.json is polled every second once all N rollout actors are healthy; the rate is
 common.steady_rate over the window after the warm-up.
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    REPO,
     add_trial_args,
     alternate,
     exit_child,
@@ -43,6 +44,10 @@ from common import (
     table,
     write_trial,
 )
+
+# The multi-pod harness is the shared harness package's (harness/, the tests' too), imported from
+# the repository root.
+sys.path.insert(0, str(REPO))
 
 STARTUP_TIMEOUT_S = 900.0
 
@@ -88,7 +93,7 @@ def _spec_overrides(args: argparse.Namespace, pods: int) -> list[str]:
 
 def ours(args: argparse.Namespace, pods: int) -> dict[str, Any]:
     """Learner + `pods` rollout pods as local processes; points from polled status.json."""
-    from multipod_cluster import LocalJob, healthy
+    from harness.multipod_cluster import LocalJob, healthy
 
     job = load_spec(args.manifest, _spec_overrides(args, pods))
     manifest = job.model_dump(mode="json", by_alias=True, exclude={"status"})

@@ -32,13 +32,13 @@ import psutil
 from kubernetes import client, config, watch
 
 REPO = Path(__file__).resolve().parent.parent
-# The e2e control plane (tests/cluster, `cd tests && python -m cluster`) is still the tests'
-# own harness: the operator benchmarks are the one place bench/ reaches into tests/.
-sys.path.insert(0, str(REPO / "tests"))
+# The e2e control plane is the shared harness package (harness/cluster, the tests' too), imported
+# from the repository root.
 sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO))
 
-from cluster import ControlPlane, Kube, build_binaries  # noqa: E402
 from common import RESULTS_DIR, machine_info, percentile  # noqa: E402
+from harness.cluster import ControlPlane, Kube, build_binaries  # noqa: E402
 
 CHILD_KINDS = ("ConfigMap", "Service", "NetworkPolicy", "Deployment", "Pod")
 CHILDREN_PER_JOB = {"ConfigMap": 1, "Service": 2, "NetworkPolicy": 1, "Deployment": 2, "Pod": 1}

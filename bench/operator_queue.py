@@ -1,7 +1,7 @@
 """Operator at scale under Kueue: N queued jobs at once, a ClusterQueue with room for K of them.
 
 Runs the e2e control plane (kwok nodes take pods to Running at once) with the API server's audit
-log on, a real Kueue beside it (tests/cluster/kueue.py), and `impalajob operator` as a local
+log on, a real Kueue beside it (harness/cluster/kueue.py), and `impalajob operator` as a local
 process under the manifests' ServiceAccount (so the audit log tells its calls apart). All N jobs
 are applied in one `kubectl apply`; each job that reaches Running is ended `--run-seconds` later
 (its learner pod exits 0 through kwok), so the queue turns over until every job has Succeeded.
@@ -31,17 +31,15 @@ from typing import Any
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
-# The e2e control plane (tests/cluster, `cd tests && python -m cluster`) is still the tests'
-# own harness: the operator benchmarks are the one place bench/ reaches into tests/.
-sys.path.insert(0, str(REPO / "tests"))
+# The e2e control plane and Kueue's quotas are the shared harness package (harness/, the tests'
+# too), imported from the repository root.
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 
-from tests.support import queues  # noqa: E402
-
-from cluster import ControlPlane, Kube, build_binaries  # noqa: E402
-from cluster import kueue as kueue_harness  # noqa: E402
 from common import RESULTS_DIR, machine_info, percentile  # noqa: E402
+from harness import queues  # noqa: E402
+from harness.cluster import ControlPlane, Kube, build_binaries  # noqa: E402
+from harness.cluster import kueue as kueue_harness  # noqa: E402
 from impala_trainer.node.ray_node import free_port  # noqa: E402
 
 OPERATOR_USER = "system:serviceaccount:impala-system:impala-operator"

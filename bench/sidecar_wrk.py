@@ -32,7 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+# The sample run directory is the shared harness package's (harness/, the tests' too), imported
+# from the repository root.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from common import RESULTS_DIR, machine_info, machine_line, percentile, table
+from harness.sample_run import sample_history, sample_snapshot
 from impala_api.roles import LOCAL_EXECUTABLE, status_command
 from impala_api.snapshot import (
     HISTORY_FILE,
@@ -41,7 +46,6 @@ from impala_api.snapshot import (
     write_json_atomic,
 )
 from impala_trainer.node.ray_node import free_port
-from sample_run import sample_history, sample_snapshot
 
 BENCH = Path(__file__).resolve().parent
 SIDES = ("ours", "naive")

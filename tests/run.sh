@@ -18,7 +18,7 @@ if [ "$(id -u)" -eq 0 ] && [[ " $* " != *"not slow"* ]]; then
   bash hack/build-image.sh >"$image_log" 2>&1 &
   image_pid=$!
 fi
-bash tests/cluster/setup.sh           # kube-apiserver, etcd, kcm, kubelet, CoreDNS, ... (cached)
+bash harness/cluster/setup.sh         # kube-apiserver, etcd, kcm, kubelet, CoreDNS, ... (cached)
 if [ -n "$image_pid" ] && ! wait "$image_pid"; then
   echo "hack/build-image.sh failed; its log:" >&2
   tail -n 40 "$image_log" >&2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages the tests use; installs only what is missing, so a warm machine skips it.
 #   chromium (dashboard test), wrk (bench), openssl (the control plane's PKI);
-#   for the real node and its image (as root only: tests/cluster/node.py, hack/build-image.sh):
+#   for the real node and its image (as root only: harness/cluster/node.py, hack/build-image.sh):
 #   containerd, runc, the CNI plugins, iptables, ipset, conntrack, buildah, mmdebstrap.
 set -euo pipefail
 need=()

@@ -284,17 +284,20 @@ def status_schema() -> dict[str, Any]:
     progress = _progress_schema()
     learner = _obj(
         {
-            "ready": {"type": "boolean", "description": "The learner pod is Ready."},
+            "ready": {"type": "boolean", "description": "The learner pod of rank 0 is Ready."},
+            "replicas": _int("spec.learner.replicas: learner pods per attempt."),
+            "readyReplicas": _int("Learner pods of the current attempt that are Ready."),
+            "summary": _str("readyReplicas/replicas, as `kubectl get ij` shows it."),
             "restarts": _int("Learner restarts so far (each resumes from the latest checkpoint)."),
             "failures": _int("Restarts after the learner failed: what backoffLimit counts."),
             "disruptions": _int(
-                "Restarts after the cluster ended the learner (eviction, preemption, node "
-                "shutdown or loss): retried without using backoffLimit."
+                "Restarts after the cluster or a user ended a learner pod (eviction, preemption, "
+                "node shutdown or loss, a deleted pod): retried without using backoffLimit."
             ),
-            "podName": _str("Name of the current learner pod."),
+            "podName": _str("Name of the current learner pod of rank 0 (the driver's)."),
             "lastExitCode": _int("Exit code of the last learner container that ended."),
         },
-        "The learner pod.",
+        "The learner pods.",
     )
     admission = _admission_schema()
     return _obj(
@@ -356,6 +359,7 @@ def build_crd() -> dict[str, Any]:
     )
     columns = [
         ("Phase", "string", ".status.phase", 0),
+        ("Learners", "string", ".status.learner.summary", 0),
         ("Rollouts", "string", ".status.rollouts.summary", 0),
         ("Steps", "integer", ".status.progress.timesteps", 0),
         ("Return", "number", ".status.progress.episodeReturnMean", 0),

@@ -23,7 +23,11 @@ CONDITION_TYPES = (
 """Every condition type the lifecycle sets (the CRD documents exactly these); `Admitted` only
 on a job labelled `kueue.x-k8s.io/queue-name`."""
 
-Component = Literal["config", "learner", "rollout", "aggregator", "status", "network", "auth"]
+Component = Literal[
+    "config", "learner", "learner-peer", "rollout", "aggregator", "status", "network", "auth"
+]
+"""`learner-peer`: the learner pods of ranks 1..N-1 (`spec.learner.replicas`); `learner` is rank
+0 alone, which the learner Service and the status sidecar's Service select."""
 
 APP_NAME = "impalajob"
 PART_OF = "impalajob"
@@ -37,6 +41,9 @@ PART_OF_KEY = "app.kubernetes.io/part-of"
 MANAGED_BY_KEY = "app.kubernetes.io/managed-by"
 RESTART_KEY = f"{API_GROUP}/restart"
 """On the learner pod: which learner attempt it is (0 = first run)."""
+RANK_KEY = f"{API_GROUP}/learner-rank"
+"""On each learner pod: its rank among `spec.learner.replicas` (0: the Ray head, the driver and
+the status sidecar; 1..N-1: a learner that joins the head's Ray cluster)."""
 CONFIG_HASH_KEY = f"{API_GROUP}/config-hash"
 """Annotation on the learner pod: hash of the job.yaml it was started with."""
 
@@ -70,10 +77,12 @@ def child_name(job_name: str, component: Component) -> str:
     return name
 
 
-def learner_pod_name(job_name: str, restart_count: int) -> str:
-    """`<job>-learner-<attempt>`: a restarted learner gets a new name, so the operator can create
-    it while the failed pod (kept for its logs) is still being deleted."""
-    name = f"{child_name(job_name, 'learner')}-{restart_count}"
+def learner_pod_name(job_name: str, restart_count: int, rank: int = 0) -> str:
+    """`<job>-learner-<attempt>` (rank 0) and `<job>-learner-<attempt>-<rank>`: a restarted
+    learner gets a new name, so the operator can create it while the failed pod (kept for its
+    logs) is still being deleted; within an attempt, each rank's name is fixed."""
+    suffix = f"-{rank}" if rank else ""
+    name = f"{child_name(job_name, 'learner')}-{restart_count}{suffix}"
     if len(name) > MAX_NAME:
         raise ValueError(f"learner pod name {name!r} is longer than {MAX_NAME} characters")
     return name

@@ -21,8 +21,8 @@ from typing import Literal
 
 from impala_api.spec import ImpalaJob
 
-Role = Literal["learner", "rollout", "aggregator", "status"]
-ROLES: tuple[Role, ...] = ("learner", "rollout", "aggregator", "status")
+Role = Literal["learner", "learner-peer", "rollout", "aggregator", "status"]
+ROLES: tuple[Role, ...] = ("learner", "learner-peer", "rollout", "aggregator", "status")
 
 STATUS_PORT = 8080
 """Port of the status sidecar (`/status`, `/metrics`, `/healthz`, `/readyz`)."""
@@ -30,6 +30,7 @@ STATUS_PORT = 8080
 # Role -> `impalajob` subcommand (impala_cli.main.COMMANDS).
 SUBCOMMAND: dict[Role, str] = {
     "learner": "learner",
+    "learner-peer": "learner-node",
     "rollout": "rollout-node",
     "aggregator": "aggregator-node",
     "status": "status-server",
@@ -108,6 +109,8 @@ def role_command(
     """The argv a role runs.
 
     learner:    `impalajob learner -f CONFIG --run-dir DIR --gcs-port GCS <node ports> [--resume]`
+    learner-peer: `impalajob learner-node --address HOST:GCS <node ports>` (ranks 1..N-1 of
+                `spec.learner.replicas`: a Ray node offering one unit of `learner`)
     rollout:    `impalajob rollout-node --address HOST:GCS --workers-per-pod N <node ports>`
     aggregator: `impalajob aggregator-node --address HOST:GCS <node ports>`
     status:     `impalajob status-server --run-dir DIR --status-port 8080`
@@ -131,7 +134,7 @@ def role_command(
         argv += ports.node_flags() + ip
         if resume:
             argv.append("--resume")
-    elif role in ("rollout", "aggregator"):
+    elif role in ("learner-peer", "rollout", "aggregator"):
         if not learner_host:
             raise ValueError(f"role {role!r} needs learner_host")
         gcs = ports.gcs if learner_gcs_port is None else learner_gcs_port

@@ -23,14 +23,15 @@ COMMANDS: dict[str, str] = {
     "status": "print a job's training status",
     "logs": "print the logs of a job's learner, sidecar, rollout or aggregator pods",
     "learner": "learner pod: Ray head + driver + learner",
+    "learner-node": "learner pod of rank 1..N-1 (learner.replicas): join the head's Ray cluster",
     "rollout-node": "rollout pod: join the learner's Ray cluster",
     "aggregator-node": "aggregator pod: join the learner's Ray cluster",
     "status-server": "serve a run directory over REST (the status sidecar)",
     "operator": "run the ImpalaJob operator",
     "crd": "print the ImpalaJob CustomResourceDefinition",
 }
-# rollout-node and aggregator-node share one module.
-_MODULES = {"rollout-node": "nodes", "aggregator-node": "nodes"}
+# The nodes that join the learner's Ray cluster share one module.
+_MODULES = {"rollout-node": "nodes", "aggregator-node": "nodes", "learner-node": "nodes"}
 
 
 def command_module(name: str) -> str:

@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -21,14 +20,8 @@ from types import FrameType
 
 import pytest
 
-# tests/ is the import root of the harness `cluster` (ruff's `src` says the same: it also runs
-# as `cd tests && python -m cluster`), so put it on the path explicitly.
-_TESTS = Path(__file__).resolve().parents[1]
-if str(_TESTS) not in sys.path:
-    sys.path.insert(0, str(_TESTS))
-
-from cluster import ControlPlane, Kube, NodeSpec, build_binaries  # noqa: E402
-from cluster.node import RealNode  # noqa: E402
+from harness.cluster import ControlPlane, Kube, NodeSpec, build_binaries
+from harness.cluster.node import RealNode
 
 
 def _existing_cluster() -> Kube | None:
@@ -93,7 +86,7 @@ def kwok_only(kube: Kube) -> None:
         pytest.skip("needs the local kwok control plane")
 
 
-REPO = _TESTS.parent
+REPO = Path(__file__).resolve().parents[2]
 BUILD_IMAGE = REPO / "hack" / "build-image.sh"
 
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from cluster import EXIT_CODE_ANNOTATION, CommandError, Kube, wait_for
+from harness.cluster import EXIT_CODE_ANNOTATION, CommandError, Kube, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-CHART = Path(__file__).resolve().parents[1] / "cluster" / "testdata" / "chart"
+CHART = Path(__file__).resolve().parent / "testdata" / "chart"
 # kwok never pulls it; on an existing cluster it must be pullable (override for air-gapped ones).
 IMAGE = os.environ.get("IMPALA_E2E_IMAGE", "busybox:1.36")
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from cluster import Kube, wait_for
+from harness.cluster import Kube, wait_for
 from impala_api.manifest import parse_manifest
 from impala_operator.lifecycle.plan import learner_pod, plan_children
 from tests.support.crd import install_crd
+from tests.support.crd_cases import VALID
 from tests.support.jobs import operator_access
-from tests.unit.operator.crd_cases import VALID
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
-from cluster import CommandError, Kube
+from harness.cluster import CommandError, Kube
 from impala_api.manifest import load_manifest, parse_manifest
 from impala_api.spec import ImpalaJobSpec
 from tests.support.crd import install_crd
-from tests.unit.operator.crd_cases import INVALID, VALID, Invalid, base_job, job_with
+from tests.support.crd_cases import INVALID, VALID, Invalid, base_job, job_with
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -123,6 +123,7 @@ def test_scale_subresource_and_printer_columns(crd: Kube, namespace: str) -> Non
     assert job["spec"]["rollouts"]["replicas"] == 3
     status = {
         "phase": "Running",
+        "learner": {"replicas": 2, "readyReplicas": 1, "summary": "1/2"},
         "rollouts": {
             "desired": 3,
             "replicas": 3,
@@ -154,8 +155,8 @@ def test_scale_subresource_and_printer_columns(crd: Kube, namespace: str) -> Non
     # Observed replicas (pods that exist), not ready ones, as a Deployment's scale reports.
     assert scale["status"] == {"replicas": 3, "selector": status["rollouts"]["selector"]}
     table = crd.kubectl("get", "ij", "scaled", "-n", namespace).stdout.split("\n")
-    assert table[0].split() == ["NAME", "PHASE", "ROLLOUTS", "STEPS", "RETURN", "AGE"]
-    assert table[1].split()[:5] == ["scaled", "Running", "2/3", "12345", "87.5"]
+    assert table[0].split() == ["NAME", "PHASE", "LEARNERS", "ROLLOUTS", "STEPS", "RETURN", "AGE"]
+    assert table[1].split()[:6] == ["scaled", "Running", "1/2", "2/3", "12345", "87.5"]
 
 
 def test_status_is_validated_and_pruned(crd: Kube, namespace: str) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cluster import CommandError, Kube
+from harness.cluster import CommandError, Kube
 from tests.support.crd import install_crd
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

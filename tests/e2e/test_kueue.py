@@ -1,5 +1,5 @@
 """ImpalaJobs queued by a real Kueue (v0.17.0, built from its Go module, its webhooks served to
-the test API server with Kueue's own certificates; tests/cluster/kueue.py) on kwok nodes.
+the test API server with Kueue's own certificates; harness/cluster/kueue.py) on kwok nodes.
 
 The operator runs as the manifests' ServiceAccount (manifests/rbac.yaml), so its Kueue rules are
 proven too. Each test has its own ClusterQueue and LocalQueue; quotas are computed from the
@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from cluster import Kube, build_binaries, wait_for
-from cluster import kueue as kueue_harness
+from harness import queues
+from harness.cluster import Kube, build_binaries, wait_for
+from harness.cluster import kueue as kueue_harness
+from harness.queues import admitted
 from impala_operator.build import kueue_workload
-from tests.support import queues
 from tests.support.jobs import job_manifest
 from tests.support.operator_suite import Operator, OperatorSuite
-from tests.support.queues import admitted
 
 from .conftest import REAL_NODE_REPORT
 

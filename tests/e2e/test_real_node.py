@@ -4,7 +4,7 @@
 CartPole example is `kubectl apply`d with a checkpoint claim, and the learner pod (Ray head,
 driver, learner thread, status sidecar) and the rollout pods (joining through the learner
 Service's DNS name) train it in real containers: containerd + runc, the kubelet, CNI, kube-proxy
-and CoreDNS (tests/cluster/node.py), from the image `hack/build-image.sh` builds.
+and CoreDNS (harness/cluster/node.py), from the image `hack/build-image.sh` builds.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
-from cluster import Kube, build_binaries, wait_for
-from cluster import kueue as kueue_harness
-from cluster.controlplane import SERVICE_CIDR
-from cluster.node import HOST_IP, NODE_NAME, RealNode
-from cluster.s3 import S3Server
+from harness import queues
+from harness.cluster import Kube, build_binaries, wait_for
+from harness.cluster import kueue as kueue_harness
+from harness.cluster.controlplane import SERVICE_CIDR
+from harness.cluster.node import HOST_IP, NODE_NAME, RealNode
+from harness.cluster.s3 import S3Server
 from impala_api.names import STATUS_ACCESS_LABEL
 from impala_api.roles import STATUS_PORT, RayPorts
-from tests.support import queues
 from tests.support.jobs import EXAMPLES, example_documents, example_manifest, static_volume
 
 from .conftest import REAL_NODE_REPORT
@@ -381,6 +381,66 @@ def test_a_job_image_built_from_the_product_image_trains(real_kube: Kube, operat
         assert progress["bestCheckpoint"] == "checkpoints/best"
         images = {c["image"] for p in kube.pods(ns) for c in p["spec"]["containers"]}
         assert images == {"my-impala:0.1.0"}, images
+
+
+def test_two_learner_pods_train_one_policy_and_restart_together(
+    real_kube: Kube, operator: None
+) -> None:
+    """learner.replicas 2 in real pods: rank 0 (Ray head, driver, sidecar) and rank 1 (a learner
+    node joining it) train CartPole in lock step (`kubectl get ij` LEARNERS 2/2). Deleting rank
+    1 mid-run restarts the pair from the newest checkpoint: a disruption, announced, no retry
+    used; the job still learns."""
+    kube = real_kube
+    with kube.namespace("learners") as ns:
+        checkpoints = checkpoint_claim(kube, ns, "pair-checkpoints")
+        small = {"requests": {"cpu": "200m"}}
+        kube.apply(
+            example_manifest(
+                "cartpole", name="pair", namespace=ns,
+                learner={"replicas": 2, "resources": small},
+                rollouts={"minReplicas": 1, "maxReplicas": 1, "autoscaling": {"enabled": False},
+                          "resources": small},
+                checkpoint={"volumeClaim": "pair-checkpoints",
+                            "intervalSeconds": CHECKPOINT_SECONDS},
+                stop={"timeLimitSeconds": 600},
+            )
+        )  # fmt: skip
+        with diagnosed(kube, ns):
+            t0 = time.monotonic()
+
+            def paired() -> str | None:
+                if job_status(kube, ns, "pair").get("learner", {}).get("summary") != "2/2":
+                    return None
+                if newest_checkpoint(checkpoints)[0] <= 0:  # both learners have trained
+                    return None
+                return kube.kubectl("get", "ij", "pair", "-n", ns).stdout.strip().splitlines()[-1]
+
+            row = wait_for(paired, timeout=400, interval=2, what="two learners training")
+            log(f"learners: both pods training {time.monotonic() - t0:.0f} s after apply; "
+                f"kubectl get ij: {row}")  # fmt: skip
+            assert " 2/2 " in f" {row} ", row
+            saved = newest_checkpoint(checkpoints)[0]
+            kube.kubectl("delete", "pod", "pair-learner-0-1", "-n", ns, "--wait=false")
+            restarted = wait_for(
+                lambda: running_pods(kube, ns, "learner-peer")
+                and [p["metadata"]["name"] for p in running_pods(kube, ns, "learner-peer")]
+                == ["pair-learner-1-1"],
+                timeout=300, interval=2, what="the pair's attempt 1",
+            )  # fmt: skip
+            assert restarted
+            st = wait_finished(kube, ns, "pair", timeout=600)
+        assert st["phase"] == "Succeeded", diagnose(kube, ns)
+        learner = st["learner"]
+        assert (learner["restarts"], learner["failures"], learner["disruptions"]) == (1, 0, 1)
+        replaced = kube.get("events", "-n", ns, "--field-selector", "reason=LearnerReplaced")
+        assert replaced["items"], "no Event announced the lost learner"
+        log(f"learners: rank 1 deleted at >= {saved} steps; {replaced['items'][0]['message']}")
+        log_text = (checkpoints / "trainer.log").read_text()
+        assert "resumed from" in log_text, log_text[-3000:]
+        progress = st.get("progress") or {}
+        ret, steps = progress.get("episodeReturnMean"), progress.get("timesteps")
+        log(f"learners: {st['phase']} {time.monotonic() - t0:.0f} s after apply, {ret} at {steps}")
+        assert float(ret) >= 450, progress
 
 
 def test_a_learner_process_trains_on_pong_frames_in_a_real_pod(
@@ -1344,7 +1404,7 @@ def test_aggregator_variant_trains_and_resumes_from_the_store(
 
 @pytest.fixture
 def kueue_on_node(real_kube: Kube) -> Iterator[None]:
-    """Kueue beside the control plane (tests/cluster/kueue.py), its flavor the real node; only
+    """Kueue beside the control plane (harness/cluster/kueue.py), its flavor the real node; only
     for the test that needs it, so no other test's pods pass its webhooks."""
     with kueue_harness.running(real_kube, build_binaries(), real_kube.workdir / "kueue"):
         real_kube.apply(queues.resource_flavor("node", {"kubernetes.io/hostname": NODE_NAME}))

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bench.multipod_cluster import LocalJob, healthy
 
+from harness.multipod_cluster import LocalJob, healthy
 from tests.support.jobs import job_manifest
 
 pytestmark = [pytest.mark.slow, pytest.mark.train]

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.net import free_port
 from impala_trainer.node.ray_node import NodeConfig, forget_stale_head, port_open, ray_env
-from tests.support.net import free_port
 
 pytestmark = [pytest.mark.slow]
 

@@ -1,5 +1,5 @@
 """`checkpoint.storageUri` against a real S3-compatible server (versitygw, built from its Go
-module by tests/cluster/build-s3.sh): the mirror's uploads, pruning and pull, the owner record
+module by harness/cluster/build-s3.sh): the mirror's uploads, pruning and pull, the owner record
 that keeps one job off another's run, and `impalajob train` resuming on a fresh run directory
 (another machine, a new pod) from the store alone.
 """
@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from harness.cluster import wait_for
+from harness.cluster.s3 import S3Server
 from impala_trainer.rundir.checkpoint import (
     DriverState,
     list_checkpoints,
@@ -24,13 +26,6 @@ from impala_trainer.rundir.checkpoint import (
     save_policy_checkpoint,
 )
 from impala_trainer.rundir.remote import Mirror, RemoteRun, StorageError, open_remote
-
-_TESTS = Path(__file__).resolve().parents[1]
-if str(_TESTS) not in sys.path:
-    sys.path.insert(0, str(_TESTS))
-
-from cluster import wait_for  # noqa: E402
-from cluster.s3 import S3Server  # noqa: E402
 
 EXAMPLE = "manifests/examples/cartpole.yaml"
 BUCKET = "results"

@@ -16,9 +16,9 @@ from typing import Any
 import psutil
 import pytest
 
+from harness.net import free_port
 from impala_api.manifest import load_manifest
 from impala_trainer.rollouts import channel
-from tests.support.net import free_port
 
 pytestmark = pytest.mark.slow
 

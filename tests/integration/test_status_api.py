@@ -1,7 +1,7 @@
 """Every sidecar endpoint through a real uvicorn on a free port (`serve_in_thread`).
 
-Each router's behaviour is tested in process in tests/unit/sidecar/test_routers.py (the 422s on
-bad query parameters and the configured `job` label only there).
+Each router's behaviour is tested in process in tests/unit/trainer/test_sidecar_routers.py (the
+422s on bad query parameters and the configured `job` label only there).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from bench.sample_run import sample_history, sample_snapshot, write_sample_run
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.sample_run import sample_history, sample_snapshot, write_sample_run
 from impala_api.snapshot import (
     HISTORY_FILE,
     STATUS_FILE,

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from bench.sample_run import write_sample_run
 
+from harness.net import free_port
+from harness.sample_run import write_sample_run
 from impala_api.roles import LOCAL_EXECUTABLE, status_command
 from impala_trainer.sidecar.settings import Settings
-from tests.support.net import free_port
 from tests.support.sidecar import serve_in_thread
 
 GUARDED = (

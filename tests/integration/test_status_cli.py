@@ -22,8 +22,8 @@ from urllib.parse import unquote
 
 import httpx
 import pytest
-from bench.sample_run import write_sample_run
 
+from harness.sample_run import write_sample_run
 from impala_api.names import STATUS_TOKEN_KEY
 from impala_api.snapshot import SUMMARY_FILE, Summary, write_json_atomic
 from impala_cli.main import main

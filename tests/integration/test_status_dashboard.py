@@ -15,8 +15,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from bench.sample_run import write_sample_run
 
+from harness.sample_run import write_sample_run
 from impala_trainer.sidecar.settings import Settings
 from tests.support.sidecar import serve_in_thread
 

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
-from bench.sample_run import sample_history, sample_snapshot
 
+from harness.sample_run import sample_history, sample_snapshot
 from impala_api.snapshot import (
     HISTORY_FILE,
     STATUS_FILE,

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from bench.sample_run import write_sample_run
 
+from harness.sample_run import write_sample_run
 from impala_api.snapshot import STATUS_FILE
 from impala_trainer.sidecar.settings import Settings
 from tests.support.sidecar import serve_in_thread

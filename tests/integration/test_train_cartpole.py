@@ -21,8 +21,8 @@ import psutil
 import pytest
 import yaml
 
+from harness.net import free_port
 from tests.support.jobs import job_manifest
-from tests.support.net import free_port
 
 EXAMPLE = "manifests/examples/cartpole.yaml"
 TIMEOUT = 900  # generous: the machines these run on are shared and noisy

@@ -1,13 +1,10 @@
-"""The ImpalaJob CRD on a test cluster: `install_crd`, for every e2e module that needs the CRD.
-
-Imports `cluster` (the harness under tests/cluster/), which tests/e2e/conftest.py puts on the path.
-"""
+"""The ImpalaJob CRD on a test cluster: `install_crd`, for every e2e module that needs the CRD."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from cluster import Kube
+from harness.cluster import Kube
 
 CRD = Path(__file__).resolve().parents[2] / "manifests" / "crd.yaml"
 """manifests/crd.yaml: the CRD both install paths apply."""

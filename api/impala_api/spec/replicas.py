@@ -40,9 +40,9 @@ class LearnerSpec(SpecModel):
     epsilon, while gradClip applies to the averaged gradient. Above 1, every learner is a
     process of its own (learner.process does not apply); learner 0 runs beside the driver and
     its weights are the ones broadcast to the rollouts and checkpointed. V-trace mode only.
-    impalajob train runs every learner on its embedded Ray; on a cluster this version builds
-    the first learner pod only, so the others never join and the run fails at the rendezvous
-    (300 s), saying so."""
+    impalajob train runs every learner on its embedded Ray; on a cluster each learner is a pod
+    with the learner's resources (rank 0 the Ray head and driver, ranks 1..N-1 join it), started
+    together and, when one is lost, restarted together from the newest checkpoint."""
 
     termination_grace_period_seconds: int = Field(default=120, ge=1, le=86_400)
     """SIGTERM to SIGKILL for the learner pod: time to write the final checkpoint (a large

@@ -51,7 +51,7 @@ DEFAULTS_APART_FROM_RLLIB: dict[str, tuple[object, str]] = {
     ),
 }
 """Defaults that differ from RLlib's IMPALAConfig (field -> (RLlib's default, why ours)).
-tests/unit/trainer/test_spec.py compares every default with RLlib's."""
+tests/unit/api/test_spec.py compares every default with RLlib's."""
 
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"

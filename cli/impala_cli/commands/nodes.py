@@ -1,8 +1,11 @@
-"""`impalajob rollout-node` / `aggregator-node`: lend this pod to the learner's Ray cluster.
+"""`impalajob rollout-node` / `aggregator-node` / `learner-node`: lend this pod to the learner's
+Ray cluster.
 
 The node offers the custom resource `rollout: N` (N = --workers-per-pod, the job's
 `spec.rollouts.workersPerPod`) or `aggregator: N`; the driver's membership loop (membership.py)
-sees it within a couple of seconds and places one actor per unit.
+sees it within a couple of seconds and places one actor per unit. A learner node (ranks 1..N-1
+of `spec.learner.replicas`) offers `learner: 1`, where the driver's LearnerGroup places one
+learner; it never rejoins another head: a new learner attempt has learner pods of its own.
 The process stays up for the pod's lifetime:
 
 * SIGTERM (scale-down, pod deletion): forwarded to `ray start` alone, which marks the node draining
@@ -37,7 +40,11 @@ from impala_trainer.node.ray_node import (
 )
 
 JOIN_JITTER_S = 3.0
-ROLE_BY_COMMAND = {"rollout-node": "rollout", "aggregator-node": "aggregator"}
+ROLE_BY_COMMAND = {
+    "rollout-node": "rollout",
+    "aggregator-node": "aggregator",
+    "learner-node": "learner",
+}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
     role = ROLE_BY_COMMAND[args.command]
     if args.workers_per_pod < 1:
         raise CommandError(f"--workers-per-pod must be >= 1, got {args.workers_per_pod}")
+    if role == "learner":
+        # One learner per pod, and bound to the head it first joined: the learner group it
+        # belongs to is that attempt's (a new head brings new learner pods).
+        args.workers_per_pod, args.rejoin = 1, False
     host, port = split_address(args.address)
     cfg = NodeConfig.from_args(
         args,

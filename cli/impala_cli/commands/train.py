@@ -191,7 +191,9 @@ def run(args: argparse.Namespace) -> int:
     warm.join()
     from impala_trainer.node.cpus import local_learner_threads, set_learner_threads
 
-    set_learner_threads(*local_learner_threads(num_rollout + num_aggregator))
+    set_learner_threads(
+        *local_learner_threads(num_rollout + num_aggregator, learners=spec.learner.replicas)
+    )
 
     from impala_cli.commands.progress import ProgressReporter
     from impala_trainer.driver.launch import Wiring, train

@@ -109,13 +109,20 @@ def build_config_map(job: ImpalaJob, uid: str) -> Manifest:
     }
 
 
-def build_learner_pod(job: ImpalaJob, uid: str, *, restart_count: int = 0) -> Manifest:
-    """The learner Pod: trainer container (Ray head + driver) and the status sidecar."""
+def build_learner_pod(
+    job: ImpalaJob, uid: str, *, restart_count: int = 0, rank: int = 0
+) -> Manifest:
+    """The learner Pod of `rank`: rank 0 runs the trainer container (Ray head + driver) and the
+    status sidecar; ranks 1..N-1 (`spec.learner.replicas`) a learner node of the same resources
+    that joins rank 0's Ray cluster (`build_learner_peer_pod`)."""
+    if rank:
+        return _learner_peer_pod(job, uid, restart_count, rank)
     spec = job.spec
     resources, tolerations = _learner_resources(job)
     trainer = _learner_container(job, uid, resources)
     meta = _meta(job, uid, names.learner_pod_name(job.name, restart_count), "learner")
     meta["labels"][names.RESTART_KEY] = str(restart_count)
+    meta["labels"][names.RANK_KEY] = "0"
     meta["annotations"] = {names.CONFIG_HASH_KEY: config_hash(job)}
     pod_spec = {
         **pod_template.pod_defaults(),
@@ -127,6 +134,41 @@ def build_learner_pod(job: ImpalaJob, uid: str, *, restart_count: int = 0) -> Ma
         **pod_template.placement(spec.learner.node_selector, tolerations),
     }
     pod_template.apply_overrides(meta, pod_spec, trainer, spec.learner.pod)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def _learner_peer_pod(job: ImpalaJob, uid: str, restart_count: int, rank: int) -> Manifest:
+    """A learner of rank >= 1: a Ray node offering one unit of `learner` (and its GPUs) to rank
+    0's head, where the driver's LearnerGroup places that rank's learner. It has the learner's
+    resources and placement; no run directory (rank 0 alone writes it) and no sidecar."""
+    spec = job.spec
+    resources, tolerations = _learner_resources(job)
+    host = names.learner_host(job.name, _namespace(job))
+    node = pod_template.container(
+        "learner",
+        job,
+        role_command("learner-peer", job, learner_host=host, node_ip=POD_IP),
+        resources=resources,
+        mounts=[],
+        ports=[
+            ("node-manager", DEFAULT_PORTS.node_manager),
+            ("object-manager", DEFAULT_PORTS.object_manager),
+        ],
+        extra_env=[ray_token_env(job)],
+    )
+    name = names.learner_pod_name(job.name, restart_count, rank)
+    meta = _meta(job, uid, name, "learner-peer")
+    meta["labels"][names.RESTART_KEY] = str(restart_count)
+    meta["labels"][names.RANK_KEY] = str(rank)
+    pod_spec = {
+        **pod_template.pod_defaults(),
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": spec.learner.termination_grace_period_seconds,
+        "containers": [node],
+        "volumes": pod_template.scratch_volumes(),
+        **pod_template.placement(spec.learner.node_selector, tolerations),
+    }
+    pod_template.apply_overrides(meta, pod_spec, node, spec.learner.pod)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 
@@ -303,8 +345,11 @@ def build_node_deployment(job: ImpalaJob, uid: str, role: NodeRole, replicas: in
     }
 
 
+LEARNER_COMPONENTS = ["learner", "learner-peer"]
+
+
 def build_learner_disruption_budget(job: ImpalaJob, uid: str) -> Manifest:
-    """PodDisruptionBudget `<job>-learner`: no voluntary eviction of the learner pod (drains wait
+    """PodDisruptionBudget `<job>-learner`: no voluntary eviction of a learner pod (drains wait
     for the job). Only the pod API's eviction honours it; disruptions it cannot stop restart
     the learner from its checkpoint without using a retry (run_policy)."""
     return {
@@ -315,8 +360,14 @@ def build_learner_disruption_budget(job: ImpalaJob, uid: str) -> Manifest:
             # minAvailable, not maxUnavailable 0: a maxUnavailable budget makes the disruption
             # controller read the pods' owner's scale, and the ImpalaJob's scale subresource is
             # its rollouts'.
-            "minAvailable": 1,
-            "selector": {"matchLabels": names.selector_labels(job.name, "learner")},
+            "minAvailable": job.spec.learner.replicas,
+            # Every learner pod: losing any one restarts the whole group.
+            "selector": {
+                "matchLabels": names.selector_labels(job.name),
+                "matchExpressions": [
+                    {"key": names.COMPONENT, "operator": "In", "values": LEARNER_COMPONENTS}
+                ],
+            },
             # A learner that is not Ready (stuck pulling, crash-looping sidecar) protects no
             # progress: let a drain take it rather than block the node.
             "unhealthyPodEvictionPolicy": "AlwaysAllow",

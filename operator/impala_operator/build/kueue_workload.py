@@ -86,13 +86,15 @@ def max_aggregators(job: ImpalaJob, workers_per_aggregator: int) -> int:
 
 
 def pod_sets(job: ImpalaJob, uid: str, *, workers_per_aggregator: int) -> list[dict[str, Any]]:
-    """The Workload's pod sets: the learner, the rollouts (partially admissible down to their
-    minimum), the aggregators (when the job runs any)."""
+    """The Workload's pod sets: the learners (spec.learner.replicas), the rollouts (partially
+    admissible down to their minimum), the aggregators (when the job runs any)."""
+    # Rank 0's template for every learner: the others are the same but for the sidecar, which
+    # asks little; one pod set admits them together (a group cannot train on some of them).
     learner = children.build_learner_pod(job, uid)
     sets: list[dict[str, Any]] = [
         {
             "name": LEARNER,
-            "count": 1,
+            "count": job.spec.learner.replicas,
             "template": _template(learner["spec"], learner["metadata"]["labels"]),
         }
     ]

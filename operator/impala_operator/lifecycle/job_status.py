@@ -89,6 +89,7 @@ def learner_pod_view(pod: Mapping[str, Any]) -> LearnerPod:
     meta = pod.get("metadata", {})
     pod_status = pod.get("status", {})
     attempt = meta.get("labels", {}).get(names.RESTART_KEY, "0")
+    rank = meta.get("labels", {}).get(names.RANK_KEY, "0")
     terminated = (_learner_container(pod).get("state") or {}).get("terminated") or {}
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True"
@@ -106,6 +107,7 @@ def learner_pod_view(pod: Mapping[str, Any]) -> LearnerPod:
         finished_at=parse_time(terminated.get("finishedAt")),
         spec_hash=(meta.get("annotations") or {}).get(SPEC_HASH_ANNOTATION),
         retired=RETIRED_ANNOTATION in (meta.get("annotations") or {}),
+        rank=int(rank) if str(rank).isdigit() else 0,
         disruption=disruption(pod_status, terminated.get("exitCode")),
     )
 
@@ -237,23 +239,31 @@ def compute_status(
     snapshot: StatusSnapshot | None,
     previous: Mapping[str, Any],
     last_scale_time: float | None,
+    replicas: int = 1,
 ) -> dict[str, Any]:
-    """The whole `.status` (progress kept from `previous` while the sidecar is unreachable).
+    """The whole `.status` (progress kept from `previous` while the sidecar is unreachable);
+    `replicas` is `spec.learner.replicas` (`learner.summary`: ready learner pods of the attempt
+    in force, of that many).
 
     `observedGeneration` is not computed here: it means "applied", and only the handler that
     applied a generation's children writes it. Every condition carries it too: they describe
     the job as of that generation."""
-    current = next((p for p in learner_pods if p.attempt == state.restarts), None)
+    attempt = [p for p in learner_pods if p.attempt == state.restarts]
+    current = next((p for p in attempt if p.rank == 0), None)
+    ready = sum(1 for p in attempt if p.ready and not p.deleting)
     last_exit = next(
         (
             p.exit_code
             for p in sorted(learner_pods, key=lambda p: -p.attempt)
-            if p.exit_code is not None
+            if p.exit_code is not None and p.rank == 0
         ),
         (previous.get("learner") or {}).get("lastExitCode"),
     )
     learner: dict[str, Any] = {
         "ready": bool(current and current.ready and not current.deleting),
+        "replicas": replicas,
+        "readyReplicas": ready,
+        "summary": f"{ready}/{replicas}",
         "restarts": state.restarts,
         "failures": state.failures,
         "disruptions": state.disruptions,

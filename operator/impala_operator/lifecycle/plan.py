@@ -96,11 +96,11 @@ def deployment(
 
 
 def learner_pod(
-    job: ImpalaJob, uid: str, attempt: int, admitted: Admission | None = None
+    job: ImpalaJob, uid: str, attempt: int, admitted: Admission | None = None, rank: int = 0
 ) -> Manifest:
-    """The builder's learner pod, placed where Kueue admitted it, annotated with the hash of its
-    spec."""
-    pod = children.build_learner_pod(job, uid, restart_count=attempt)
+    """The builder's learner pod of `rank`, placed where Kueue admitted it, annotated with the
+    hash of its spec."""
+    pod = children.build_learner_pod(job, uid, restart_count=attempt, rank=rank)
     if admitted is not None:
         admission.place(
             pod["metadata"], pod["spec"], admitted.placement.get(kueue_workload.LEARNER)
@@ -346,19 +346,33 @@ def _learner(
     pods: Sequence[LearnerPod],
     decided: Admission | None,
 ) -> None:
-    """The learner pod of the attempt in force: created if absent, recreated if its spec
-    changed."""
-    current = next((p for p in pods if p.attempt == attempt and not p.deleting), None)
-    pod = learner_pod(job, uid, attempt, decided)
-    wanted_hash = pod["metadata"]["annotations"][job_status.SPEC_HASH_ANNOTATION]
-    if current is None:
-        plan.create.append(pod)
-    elif current.spec_hash not in (None, wanted_hash) and not current.finished:
-        # Pods are immutable: new learner resources/image/placement mean a new pod. The
-        # learner checkpoints on SIGTERM and the same attempt resumes from it.
-        plan.delete_pods.append(current.name)
-        msg = f"learner pod spec changed; recreating {current.name} from the checkpoint"
-        plan.events.append(Event("Normal", "LearnerSpecChanged", msg))
+    """The learner pods of the attempt in force, one per rank (`spec.learner.replicas`, started
+    together): created if absent, recreated if their spec changed."""
+    wanted: dict[int, Manifest] = {}
+    changed: list[LearnerPod] = []
+    running: list[LearnerPod] = []
+    for rank in range(job.spec.learner.replicas):
+        pod = learner_pod(job, uid, attempt, decided, rank)
+        current = next(
+            (p for p in pods if p.attempt == attempt and p.rank == rank and not p.deleting), None
+        )
+        if current is None:
+            wanted[rank] = pod
+        elif not current.finished:
+            running.append(current)
+            wanted_hash = pod["metadata"]["annotations"][job_status.SPEC_HASH_ANNOTATION]
+            if current.spec_hash not in (None, wanted_hash):
+                changed.append(current)
+    if changed:
+        # Pods are immutable: new learner resources/image/placement mean new pods. The learner
+        # checkpoints on SIGTERM and the same attempt resumes from it, once they are gone; a
+        # group of learners goes together (one learner alone cannot leave it).
+        for gone in running if len(running) > 1 else changed:
+            plan.delete_pods.append(gone.name)
+            msg = f"learner pod spec changed; recreating {gone.name} from the checkpoint"
+            plan.events.append(Event("Normal", "LearnerSpecChanged", msg))
+        return
+    plan.create += wanted.values()
 
 
 def plan_tick(
@@ -420,6 +434,7 @@ def plan_tick(
         snapshot=snapshot,
         previous=status,
         last_scale_time=last_scale,
+        replicas=job.spec.learner.replicas,
     )
     if decided is not None:
         plan.status["admission"] = decided.to_status()

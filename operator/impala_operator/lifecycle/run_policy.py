@@ -50,6 +50,9 @@ class LearnerPod:
     retired: bool = False
     """The operator deleted it (suspend, queue hold, spec change, the job's end); a learner pod
     deleted without this was deleted by someone else (a user, a drain): a disruption."""
+    rank: int = 0
+    """Its rank among `spec.learner.replicas`: 0 runs the driver (its exit is the attempt's
+    outcome), 1..N-1 a learner each that the group cannot train without."""
     finished_at: float | None = None
     """When the learner container terminated (unix seconds)."""
     spec_hash: str | None = None
@@ -82,6 +85,11 @@ class LearnerPod:
     def disrupted(self) -> bool:
         """Ended by the cluster, not by a fault of its own: the attempt is retried for free."""
         return self.failed and bool(self.disruption)
+
+    @property
+    def taken(self) -> bool:
+        """Being deleted by someone other than the operator (`kubectl delete pod`, a drain)."""
+        return self.deleting and not self.retired
 
 
 @dataclass(frozen=True)
@@ -311,15 +319,26 @@ def _resume(state: JobState, now: float, events: list[Event]) -> JobState:
 
 
 def _judge_attempt(
-    state: JobState, pod: LearnerPod, policy: RunPolicy, now: float, events: list[Event]
+    state: JobState,
+    pod: LearnerPod,
+    policy: RunPolicy,
+    now: float,
+    events: list[Event],
+    peers: Sequence[LearnerPod] = (),
 ) -> JobState | _End:
-    """What the finished learner attempt `pod` means: success ends the job, a disruption or a
-    failure within backoffLimit restarts it (the next attempt, Pending), a refused configuration
-    or a failure past backoffLimit fails it."""
+    """What the finished learner attempt `pod` (rank 0) means: success ends the job, a
+    disruption or a failure within backoffLimit restarts it (the next attempt, Pending), a
+    refused configuration or a failure past backoffLimit fails it. A driver that failed because
+    the cluster took one of its `peers` (the group cannot train without it) was disrupted."""
     if pod.succeeded:
         msg = pod.message or "learner finished: a stop criterion was met"
         return _End("Succeeded", "Completed", msg)
     if pod.disrupted:
+        return _disrupted(state, pod, now, events)
+    taken = next((p for p in peers if p.disrupted or p.taken), None)
+    if taken is not None:
+        why = taken.disruption if taken.disrupted else "deleted"
+        pod = replace(pod, disruption=f"learner {taken.name} {why}")
         return _disrupted(state, pod, now, events)
     if pod.misconfigured:
         return _misconfigured(pod)
@@ -353,6 +372,31 @@ def _replaced(state: JobState, pod: LearnerPod, now: float, events: list[Event])
         state, "LearnerReplaced", msg, now, disruptions=state.disruptions + 1,
         last_failure_time=None,
     )  # fmt: skip
+
+
+def _peer_lost(
+    state: JobState,
+    peer: LearnerPod,
+    replicas: int,
+    policy: RunPolicy,
+    now: float,
+    events: list[Event],
+) -> JobState | _End:
+    """A learner of rank >= 1 ended or is being taken while the group runs: the whole group
+    restarts from the newest checkpoint (gang semantics), counted as a disruption when the
+    cluster or a user ended it, else as a failure."""
+    if peer.taken or peer.disrupted or peer.succeeded:
+        why = "was deleted" if peer.taken else f"ended ({peer.disruption or 'exit 0'})"
+        msg = (
+            f"learner pod {peer.name} {why}; the group of {replicas} learners restarts: attempt "
+            f"{state.restarts + 1} resumes from the newest checkpoint (no retry used)"
+        )
+        events.append(Event("Warning", "LearnerReplaced", msg))
+        return _restart(
+            state, "LearnerReplaced", msg, now, disruptions=state.disruptions + 1,
+            last_failure_time=None,
+        )  # fmt: skip
+    return _failed(state, peer, policy, now, events)
 
 
 def _misconfigured(pod: LearnerPod) -> _End:
@@ -414,7 +458,8 @@ def _backoff(
         (
             p.finished_at
             for p in pods
-            if p.attempt == state.restarts - 1 and p.finished_at and not p.disrupted
+            if p.attempt == state.restarts - 1 and p.rank == 0 and p.finished_at
+            and not p.disrupted
         ),
         None,
     )
@@ -460,16 +505,21 @@ def step(
     if hold is not None:
         return _hold(state, hold, pods, now, events)
     state = _resume(state, now, events)
-    current = next((p for p in pods if p.attempt == state.restarts and not p.deleting), None)
+    attempt = [p for p in pods if p.attempt == state.restarts]
+    current = next((p for p in attempt if p.rank == 0 and not p.deleting), None)
+    peers = [p for p in attempt if p.rank > 0]
     if current is not None and current.finished:
-        judged = _judge_attempt(state, current, policy, now, events)
+        judged = _judge_attempt(state, current, policy, now, events, peers)
         if isinstance(judged, _End):
             return _end(state, judged, pods, policy, now, events)
-        state, current = judged, None  # the next attempt: its pod is yet to be created
-    replaced = next(
-        (p for p in pods if p.attempt == state.restarts and p.deleting and not p.retired), None
-    )
-    if current is None and replaced is not None:
+        state, current = judged, None  # the next attempt: its pods are yet to be created
+    elif (lost := next((p for p in peers if p.finished or p.taken), None)) is not None:
+        judged = _peer_lost(state, lost, len(peers) + 1, policy, now, events)
+        if isinstance(judged, _End):
+            return _end(state, judged, pods, policy, now, events)
+        state, current = judged, None
+    replaced = next((p for p in attempt if p.rank == 0 and p.taken), None)
+    if current is None and replaced is not None and state.restarts == replaced.attempt:
         state = _replaced(state, replaced, now, events)
     waits = _deadlines(policy, state, current, now)
     if isinstance(waits, _End):
@@ -479,12 +529,20 @@ def step(
         waits.append(backoff)
     state = _phase_of_current_pod(state, current, now, events)
     # A learner still stopping (its final checkpoint on SIGTERM) must be gone before the next
-    # attempt starts: two learners would write one run directory.
+    # attempt starts: two learners would write one run directory. The pods of an earlier
+    # attempt still running (the other learners of a group that lost one) go.
     stopping = any(p.deleting and not p.finished for p in pods)
+    stale = tuple(
+        p.name
+        for p in pods
+        if p.attempt < state.restarts and not p.deleting and p.phase in ("Pending", "Running")
+        and not p.finished
+    )  # fmt: skip
     return Outcome(
         state,
-        run_learner=backoff is None and not stopping,
+        run_learner=backoff is None and not stopping and not stale,
         run_workers=True,
+        delete_pods=stale,
         events=tuple(events),
         requeue_after=min(waits) if waits else None,
     )

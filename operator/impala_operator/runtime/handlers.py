@@ -30,7 +30,7 @@ import kopf
 from impala_api import names
 from impala_api.manifest import ManifestError, parse_manifest
 from impala_api.spec import API_GROUP, API_VERSION, KIND, PLURAL, ImpalaJob
-from impala_operator.build import kueue_workload
+from impala_operator.build import children, kueue_workload
 from impala_operator.build.tokens import job_tokens
 from impala_operator.lifecycle import admission, job_status, plan
 from impala_operator.lifecycle.run_policy import Event
@@ -242,7 +242,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # operator is not sent every pod, Deployment and Workload (kopf filters handlers' labels on
     # its side, after the whole stream has been sent).
     for index in INDEXES:
-        settings.watching.label_selectors[index.resource] = names.label_selector(index.labels)
+        settings.watching.label_selectors[index.resource] = index.selector()
     # Watching listed namespaces: serve exactly those, without listing all namespaces (which
     # a namespaced Role cannot, and kopf retries ~1 min before it gives up and falls back).
     settings.scanning.disabled = not memo.settings.all_namespaces
@@ -285,16 +285,37 @@ def index_workload(body: kopf.Body, meta: kopf.Meta, **_: Any) -> dict[str, Any]
 
 class Index(NamedTuple):
     """A kopf index: the resource it watches, its id (the handlers' kwarg), its handler, and the
-    labels that are both the handler's filter and its watch's server-side labelSelector."""
+    labels that are both the handler's filter and its watch's server-side labelSelector (one
+    component, or any of `components`)."""
 
     resource: tuple[str, ...]
     id: str
     handler: Callable[..., Any]
     labels: dict[str, str]
+    components: tuple[str, ...] = ()
+
+    def kopf_labels(self) -> dict[str, Any]:
+        if not self.components:
+            return self.labels
+        wanted = self.components
+        return {**self.labels, names.COMPONENT: lambda value, **_: value in wanted}
+
+    def selector(self) -> str:
+        plain = names.label_selector(self.labels)
+        if not self.components:
+            return plain
+        return f"{plain},{names.COMPONENT} in ({','.join(self.components)})"
 
 
 INDEXES = (
-    Index(("v1", "pods"), "learner_pods", index_learner_pod, {**OURS, names.COMPONENT: "learner"}),
+    # Every learner pod: rank 0 (`learner`) and ranks 1..N-1 of learner.replicas.
+    Index(
+        ("v1", "pods"),
+        "learner_pods",
+        index_learner_pod,
+        OURS,
+        components=tuple(children.LEARNER_COMPONENTS),
+    ),
     Index(("apps", "v1", "deployments"), "node_deployments", index_node_deployment, OURS),
     # The app label, which every Workload the operator made carries (it has no managed-by).
     # Where Kueue is not installed kopf leaves this index empty and says so once.
@@ -440,7 +461,7 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
     kopf.on.startup(id="startup", registry=registry)(startup)
     kopf.on.cleanup(id="cleanup", registry=registry)(cleanup)
     for index in INDEXES:
-        kopf.index(*index.resource, id=index.id, labels=index.labels, registry=registry)(
+        kopf.index(*index.resource, id=index.id, labels=index.kopf_labels(), registry=registry)(
             index.handler
         )
     kopf.on.event(*RESOURCE, id="phase", registry=registry)(track_phase)

@@ -127,6 +127,14 @@ def test_aggregators_get_their_pod_set_and_fixed_rollouts_no_min_count() -> None
     assert "minCount" not in sets["rollout"]  # nothing to shrink: Kueue admits all or none
 
 
+def test_a_group_of_learners_is_one_pod_set_admitted_whole() -> None:
+    job = _job(learner={"replicas": 4, "resources": {"requests": {"cpu": "2"}}})
+    sets = {s["name"]: s for s in kueue_workload.pod_sets(job, UID, workers_per_aggregator=4)}
+    assert sets["learner"]["count"] == 4 and "minCount" not in sets["learner"]
+    single = {s["name"]: s for s in kueue_workload.pod_sets(_job(), UID, workers_per_aggregator=4)}
+    assert single["learner"]["count"] == 1
+
+
 def test_priority_comes_from_the_label_else_the_learner_pod() -> None:
     assert kueue_workload.priority_class(_job()) is None
     labelled = _job({kueue_workload.QUEUE_LABEL: QUEUE, kueue_workload.PRIORITY_LABEL: "urgent"})

@@ -177,6 +177,38 @@ def test_learner_pod_runs_trainer_and_status_sidecar() -> None:
     assert any(m["mountPath"] == "/etc/impalajob" for m in trainer["volumeMounts"])
 
 
+def test_learners_beyond_rank_0_are_ray_nodes_of_the_same_resources() -> None:
+    """learner.replicas 3: ranks 1 and 2 run `impalajob learner-node`, joining rank 0's head
+    through the learner Service, with the learner's resources, GPUs and placement; no sidecar,
+    no run directory; a component of their own, so the learner Service selects rank 0 alone."""
+    resources = {"requests": {"cpu": "4"}, "limits": {"memory": "8Gi"}}
+    job = _job(learner={"replicas": 3, "gpus": 1, "resources": resources,
+                        "nodeSelector": {"pool": "gpu"}})  # fmt: skip
+    leader = children.build_learner_pod(job, "uid-1", restart_count=2)
+    peer = children.build_learner_pod(job, "uid-1", restart_count=2, rank=2)
+    assert (leader["metadata"]["name"], peer["metadata"]["name"]) == (
+        "cartpole-learner-2", "cartpole-learner-2-2"
+    )  # fmt: skip
+    labels = peer["metadata"]["labels"]
+    assert labels[names.COMPONENT] == "learner-peer"
+    assert (labels[names.RESTART_KEY], labels[names.RANK_KEY]) == ("2", "2")
+    assert leader["metadata"]["labels"][names.RANK_KEY] == "0"
+    spec = peer["spec"]
+    assert "initContainers" not in spec and spec["restartPolicy"] == "Never"
+    (node,) = spec["containers"]
+    assert node["command"][:2] == ["impalajob", "learner-node"]
+    assert "--address=cartpole-learner.team-a.svc:6379" in node["command"]
+    assert node["resources"] == _container(leader["spec"], "learner")["resources"]
+    assert node["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert spec["nodeSelector"] == {"pool": "gpu"} == leader["spec"]["nodeSelector"]
+    assert not any(v["name"] in ("run", "config", "auth") for v in spec["volumes"])
+    service = next(
+        c for c in _all_children(job) if c["kind"] == "Service" and c["metadata"]["name"]
+        == "cartpole-learner"
+    )  # fmt: skip
+    assert service["spec"]["selector"][names.COMPONENT] == "learner"
+
+
 def test_gpu_request_only_with_gpus() -> None:
     cpu = _container(_learner(_all_children(_job()))["spec"], "learner")
     assert "nvidia.com/gpu" not in str(cpu["resources"])

@@ -596,7 +596,9 @@ def test_the_indexes_watch_only_our_objects_server_side() -> None:
         return selectors.collect(kopf.Resource(group, version, plural, namespaced=True))
 
     managed = "app.kubernetes.io/managed-by=impala-operator"
-    assert of("", "v1", "pods") == [f"app.kubernetes.io/component=learner,{managed}"]
+    # Every learner pod: rank 0 and the ranks 1..N-1 of learner.replicas.
+    learners = "app.kubernetes.io/component in (learner,learner-peer)"
+    assert of("", "v1", "pods") == [f"{managed},{learners}"]
     assert of("apps", "v1", "deployments") == [managed]
     assert of("kueue.x-k8s.io", "v1beta2", "workloads") == ["app.kubernetes.io/name=impalajob"]
     assert of("impala.dev", "v1alpha1", "impalajobs") == []  # every user's job is ours

@@ -172,6 +172,9 @@ def test_compute_status_fields() -> None:
     ]
     assert st["learner"] == {
         "ready": True,
+        "replicas": 1,
+        "readyReplicas": 1,
+        "summary": "1/1",
         "restarts": 1,
         "failures": 0,
         "disruptions": 0,

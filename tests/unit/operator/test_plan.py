@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from impala_api.spec import ImpalaJob
+from impala_operator.build.children import LEARNER_COMPONENTS
 from impala_operator.lifecycle import job_status
 from impala_operator.lifecycle.plan import (
     TickPlan,
@@ -218,6 +219,32 @@ def test_changed_learner_spec_recreates_the_pod_without_counting_a_failure() -> 
     assert _plan(bigger, status=first.status, pods=[unknown], deployments=deps).delete_pods == []
 
 
+def test_a_group_of_learners_is_created_together_and_recreated_together() -> None:
+    """learner.replicas 3: one pod per rank in the same tick; the status counts the ready ones
+    (`kubectl get ij` LEARNERS); a spec change takes the whole group (one learner alone cannot
+    leave it), without counting a failure."""
+    deps = {"rollout": _dep(1), "aggregator": _dep(1)}
+    job = _job(learner={"replicas": 3})
+    first = _plan(job, status={"phase": "Pending"}, deployments=deps)
+    assert [m["metadata"]["name"] for m in first.create] == [
+        "cp-learner-0", "cp-learner-0-1", "cp-learner-0-2"
+    ]  # fmt: skip
+    hashes = [m["metadata"]["annotations"][job_status.SPEC_HASH_ANNOTATION] for m in first.create]
+    pods = [
+        LearnerPod(m["metadata"]["name"], 0, phase="Running", ready=rank != 2, rank=rank,
+                   spec_hash=hashes[rank])
+        for rank, m in enumerate(first.create)
+    ]  # fmt: skip
+    running = _plan(job, status=first.status, pods=pods, deployments=deps)
+    assert running.create == [] and running.delete_pods == []
+    learner = running.status["learner"]
+    assert (learner["summary"], learner["replicas"], learner["readyReplicas"]) == ("2/3", 3, 2)
+    bigger = _job(learner={"replicas": 3, "resources": {"limits": {"memory": "8Gi"}}})
+    changed = _plan(bigger, status=running.status, pods=pods, deployments=deps)
+    assert changed.delete_pods == ["cp-learner-0", "cp-learner-0-1", "cp-learner-0-2"]
+    assert changed.create == [] and changed.status["learner"]["restarts"] == 0
+
+
 def test_learner_budget_and_grace_follow_the_spec() -> None:
     job = _job()
     (pdb,) = [
@@ -226,7 +253,9 @@ def test_learner_budget_and_grace_follow_the_spec() -> None:
         if m["kind"] == "PodDisruptionBudget"
     ]
     assert pdb["spec"]["minAvailable"] == 1
-    assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "learner"
+    assert pdb["spec"]["selector"]["matchExpressions"] == [  # every learner pod
+        {"key": "app.kubernetes.io/component", "operator": "In", "values": LEARNER_COMPONENTS}
+    ]
     assert removed_children(job) == []
     assert learner_pod(job, UID, 0)["spec"]["terminationGracePeriodSeconds"] == 120
     off = _job(

@@ -557,3 +557,61 @@ def test_end_completes_the_job_now_and_cleans_up() -> None:
     assert out.delete_pods == ("j-learner-0",) and not out.run_learner
     assert [(e.type, e.reason) for e in out.events] == [("Warning", "DeadlineExceeded")]
     assert _cond(out, "Failed")["message"] == "too long"
+
+
+# --- learner.replicas: the group's pods live and restart together ---
+
+
+def _peer(attempt: int = 0, rank: int = 1, **kw: object) -> LearnerPod:
+    return LearnerPod(name=f"j-learner-{attempt}-{rank}", attempt=attempt, rank=rank, **kw)  # type: ignore[arg-type]
+
+
+def test_a_deleted_learner_of_a_group_restarts_the_whole_group_as_a_disruption() -> None:
+    """`kubectl delete pod j-learner-0-1` while the group trains: a disruption, announced; the
+    driver's pod goes too (it checkpoints on SIGTERM) and the next attempt's pods start only
+    once both are gone."""
+    state = JobState(phase="Running", start_time=T0)
+    pods = [_pod(0, **RUNNING), _peer(0, phase="Running", ready=True, deleting=True)]
+    out = _run(RunPolicy(backoff_limit=0), state, pods, T0)
+    assert (out.state.restarts, out.state.failures, out.state.disruptions) == (1, 0, 1)
+    assert out.delete_pods == ("j-learner-0",) and not out.run_learner
+    assert "LearnerReplaced" in _reasons(out) and "j-learner-0-1 was deleted" in out.state.message
+    # The driver's pod, deleted by the operator, stopping; then both gone: attempt 1 starts.
+    stopping = [_pod(0, **RUNNING, deleting=True, retired=True), pods[1]]
+    again = _run(RunPolicy(backoff_limit=0), out.state, stopping, T0 + 5)
+    assert again.state.disruptions == 1 and not again.run_learner and not again.delete_pods
+    gone = _run(RunPolicy(backoff_limit=0), again.state, [], T0 + 30)
+    assert gone.run_learner and gone.state.restarts == 1
+
+
+def test_a_learner_of_a_group_that_fails_on_its_own_is_a_failure() -> None:
+    state = JobState(phase="Running", start_time=T0)
+    pods = [_pod(0, **RUNNING), _peer(0, phase="Failed", exit_code=137, reason="OOMKilled")]
+    out = _run(RunPolicy(backoff_limit=2), state, pods, T0)
+    assert (out.state.restarts, out.state.failures, out.state.disruptions) == (1, 1, 0)
+    assert out.delete_pods == ("j-learner-0",) and "LearnerFailed" in _reasons(out)
+    assert "OOMKilled" in out.state.message
+    assert _run(RunPolicy(backoff_limit=0), state, pods, T0).state.phase == "Failed"
+
+
+def test_a_driver_that_failed_because_a_peer_was_taken_was_disrupted() -> None:
+    """The group's all-reduce breaks when a peer is evicted or deleted, and the driver exits 1
+    before the operator sees the peer go: the attempt was still the cluster's doing."""
+    state = JobState(phase="Running", start_time=T0)
+    failed = _pod(0, phase="Failed", exit_code=1)
+    evicted = _peer(0, phase="Failed", exit_code=143, disruption="DisruptionTarget: Evict")
+    out = _run(RunPolicy(backoff_limit=0), state, [failed, evicted], T0)
+    assert (out.state.restarts, out.state.failures, out.state.disruptions) == (1, 0, 1)
+    assert "j-learner-0-1" in out.state.message and "LearnerDisrupted" in _reasons(out)
+    # Alone, the same exit is the learner's own failure.
+    alone = _run(RunPolicy(backoff_limit=0), state, [failed, _peer(0, **RUNNING)], T0)
+    assert alone.state.phase == "Failed"
+    assert alone.delete_pods == ("j-learner-0-1",)  # the job's end takes the group's others
+
+
+def test_the_rest_of_a_finished_attempts_group_is_deleted_before_the_next_starts() -> None:
+    state = JobState(phase="Pending", restarts=1, disruptions=1, start_time=T0)
+    pods = [_pod(0, phase="Failed", exit_code=130), _peer(0, **RUNNING), _peer(1, phase="Pending")]
+    out = _run(RunPolicy(), state, pods, T0)
+    assert out.delete_pods == ("j-learner-0-1",) and not out.run_learner
+    assert out.state.restarts == 1  # nothing counted twice

@@ -147,6 +147,10 @@ def test_a_local_run_leaves_a_core_to_each_actor() -> None:
     assert local_learner_threads(3, environ={}, cpus=2)[0] == 1
     assert local_learner_threads(2, environ={}, cpus=8)[0] == 6
     assert local_learner_threads(2, environ={"OMP_NUM_THREADS": "3"}, cpus=8)[0] == 3
+    # learner.replicas learners share what the actors leave: each its part.
+    threads, why = local_learner_threads(2, environ={}, cpus=8, learners=3)
+    assert threads == 2 and "shared by 3 learners" in why
+    assert local_learner_threads(2, environ={}, cpus=2, learners=2)[0] == 1
 
 
 def test_the_threads_set_are_those_the_learner_thread_takes() -> None:

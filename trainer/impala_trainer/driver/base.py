@@ -157,6 +157,11 @@ class Driver:
                     f"aside: {'; '.join(restored.skipped)}"
                 )
                 logger.warning(message)
+            else:
+                logger.info(
+                    "resumed from %s at %d env steps",
+                    restored.path.name, self.stats.counters.num_env_steps_sampled,
+                )  # fmt: skip
         if self.spec.evaluation is not None:
             self.evaluations = EvaluationSchedule(self.spec.evaluation, self.stats.evaluation)
         self.learner.global_timestep = self.stats.counters.num_env_steps_trained

@@ -419,12 +419,12 @@ def make_learner_group(
 ) -> LearnerGroup:
     """The group the spec asks for: learner.replicas learners, else one learner thread where
     learner.process says. `intra_op_threads`: what the driver's process was given for its
-    learner (node/cpus.py), shared by the learners of a group on this node."""
+    learner (node/cpus.py), and so what each learner of a group takes."""
     if spec.learner.replicas > 1:
-        # Every learner of a local run shares this machine; in a cluster each learner pod's
-        # CPU request is its own (the learner pods ask for the same).
-        threads = max(1, intra_op_threads // spec.learner.replicas)
-        return DistributedLearnerGroup(spec, model, seed, backend, threads)
+        # Each learner gets what the driver was given: on a cluster each learner pod has the
+        # same CPU request as the driver's; locally `impalajob train` gave the driver its share
+        # of the machine (node/cpus.py: local_learner_threads).
+        return DistributedLearnerGroup(spec, model, seed, backend, intra_op_threads)
     if spec.learner.process == "separate":
         return LocalLearnerGroup(LearnerProcess(spec, *model, seed, intra_op_threads))
     from impala_trainer.learning.threads import make_learner_thread

@@ -129,7 +129,8 @@ class RayBackend:
         rank: int,
         intra_op_threads: int,
     ) -> Handle:
-        options: dict[str, Any] = {"resources": {LEARNER_RESOURCE: 1}}
+        # Placed by its unit of `learner`, as the rollouts by theirs: no CPU is asked of the node.
+        options: dict[str, Any] = {"num_cpus": 0, "resources": {LEARNER_RESOURCE: 1}}
         if rank == 0:  # beside the driver: the weights it broadcasts are read there
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
                 ray.get_runtime_context().get_node_id(), soft=False

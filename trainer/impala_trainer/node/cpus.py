@@ -181,16 +181,24 @@ def pod_learner_threads(
 
 
 def local_learner_threads(
-    actors: int, environ: Mapping[str, str] = os.environ, cpus: int | None = None
+    actors: int,
+    environ: Mapping[str, str] = os.environ,
+    cpus: int | None = None,
+    *,
+    learners: int = 1,
 ) -> tuple[int, str]:
-    """`impalajob train`'s intra-op threads, and why: the actors share this machine, and a team
-    beyond the cores they leave free only contends (a CartPole update is several times slower
-    with 2 threads on a busy 2-core box)."""
+    """`impalajob train`'s intra-op threads per learner, and why: the actors and the
+    `learner.replicas` learners share this machine, and a team beyond the cores they leave free
+    only contends (a CartPole update is several times slower with 2 threads on a busy 2-core
+    box). A learner pod has its own CPUs (`pod_learner_threads`)."""
     pinned = _from_environment(environ)
     if pinned is not None:
         return pinned, "OMP_NUM_THREADS"
     cpus = available_cpus() if cpus is None else cpus
-    return max(1, cpus - actors), f"{_usable(cpus)}, {actors} actors beside the learner"
+    why = f"{_usable(cpus)}, {actors} actors beside the learner"
+    if learners > 1:
+        why += f", shared by {learners} learners"
+    return max(1, (cpus - actors) // learners), why
 
 
 def _usable(cpus: int) -> str:

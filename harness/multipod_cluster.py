@@ -1,6 +1,5 @@
 """A multi-pod ImpalaJob as local processes, for bench/multipod_scaling.py and the
-tests/integration/test_multipod_* tests (which import it as `bench.multipod_cluster`: bench
-imports nothing from tests/).
+tests/integration/test_multipod_* tests (both import it as `harness.multipod_cluster`).
 
 Every process runs exactly the argv `roles.role_command(...)` renders for its pod (learner host
 127.0.0.1, each node on its own block of ports so several Ray nodes share this host), so what

@@ -1,13 +1,10 @@
-"""A free TCP port for a server the test starts as a separate process.
-
-Imported as `tests.support.net` by the tests, and as `support.net` by tests/cluster/, whose
-import root is tests/ (`cd tests && python -m cluster`). The module imports nothing from the
-test tree, so both names work and give the same function.
+"""A free TCP port for a server the caller starts as a separate process (the control plane's
+components, Kueue, the operator, a sidecar): `harness.net.free_port`, for the harness, the tests
+and the benchmarks alike.
 
 In-process servers do not need it: bind port 0 and read the port back (as
 `tests.support.sidecar.serve_in_thread` does), which has no race at all.
 """
-
 from __future__ import annotations
 
 import socket

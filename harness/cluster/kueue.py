@@ -34,8 +34,7 @@ from typing import Any
 
 import yaml
 
-from support.net import free_port
-
+from ..net import free_port
 from .kube import Kube, wait_for
 
 NAMESPACE = "kueue-system"

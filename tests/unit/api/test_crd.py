@@ -20,7 +20,7 @@ from impala_api import cel, crd
 from impala_api.manifest import ManifestError, parse_manifest
 from impala_api.spec import ImpalaJobSpec
 from impala_cli.main import main as cli_main
-from tests.unit.operator.crd_cases import INVALID, VALID, job_with
+from tests.support.crd_cases import INVALID, VALID, job_with
 
 ROOT = Path(__file__).resolve().parents[3]
 GENERATED = [ROOT / "manifests/crd.yaml", ROOT / "charts/impala-operator/crds/impalajob-crd.yaml"]
@@ -131,7 +131,7 @@ def _at(schema: dict[str, Any], json_path: str) -> dict[str, Any]:
 
 def test_printer_columns_point_at_schema_fields() -> None:
     columns = {c["name"]: c for c in VERSION["additionalPrinterColumns"]}
-    assert list(columns)[:5] == ["Phase", "Rollouts", "Steps", "Return", "Age"]
+    assert list(columns)[:6] == ["Phase", "Learners", "Rollouts", "Steps", "Return", "Age"]
     for column in columns.values():
         if column["jsonPath"].startswith(".status"):
             node = _at(ROOT_SCHEMA, column["jsonPath"])

@@ -33,11 +33,7 @@ from typing import IO, Any
 
 import yaml
 
-# tests/ is this package's import root, under pytest (tests/e2e/conftest.py puts it on sys.path)
-# and standalone (`cd tests && python -m cluster`), so the shared helper is `support.net` here;
-# a relative `..support` would climb above the top-level package `cluster`.
-from support.net import free_port
-
+from ..net import free_port
 from . import provisioner
 from .kube import KWOK_NODE_ANNOTATION, Kube, b64file, wait_for, write_kubeconfig
 from .node import HOST_IP, NODE_NAME, RealNode, missing_prerequisites

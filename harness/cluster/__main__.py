@@ -1,10 +1,11 @@
-"""`cd tests && python -m cluster [--real-node]`: start a cluster and keep it up until Ctrl-C.
+"""`python -m harness.cluster [--real-node]`, run from the repository root: start a cluster and
+keep it up until Ctrl-C.
 
 Plain: the control plane with three kwok nodes. `--real-node`: the control plane with one real
 node and no kwok nodes, with the product image (hack/build-image.sh, or `--image ARCHIVE`)
 imported and a default StorageClass (the local-path provisioner, provisioner.py), so `helm install
 charts/impala-operator` and `kubectl apply -f manifests/examples/...` run for real, unchanged,
-their claims included (as root; see tests/cluster/node.py).
+their claims included (as root; see harness/cluster/node.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main() -> None:
     """Start a cluster, print how to reach it, wait for Ctrl-C, tear it down."""
-    parser = argparse.ArgumentParser(prog="python -m cluster", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m harness.cluster", description=__doc__)
     parser.add_argument("--real-node", action="store_true", help="one real node, no kwok nodes")
     parser.add_argument(
         "--storage-image",

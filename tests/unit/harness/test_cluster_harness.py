@@ -4,17 +4,11 @@ CI once lost a passing e2e test to a FileNotFoundError raised from `Path.rglob` 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-# tests/ is the harness's import root (see tests/e2e/conftest.py).
-_TESTS = Path(__file__).resolve().parents[1]
-if str(_TESTS) not in sys.path:
-    sys.path.insert(0, str(_TESTS))
-
-from cluster import node  # noqa: E402
+from harness.cluster import node
 
 
 @pytest.fixture

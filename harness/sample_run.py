@@ -3,9 +3,7 @@
 `bench/sidecar_wrk.py` and the sidecar's tests need run directories before (and apart from) a
 real training run; this writes what a CartPole IMPALA run's driver would: a learning curve that
 rises toward 500, throughput around 700 env steps/s, a full learner/timing/membership snapshot.
-It lives in bench/ because bench imports nothing from tests/: the benchmark imports it as
-`sample_run` (bench/ is its script directory), the tests as `bench.sample_run`. It imports
-nothing but the product's snapshot models, so both names give the same functions.
+Both import it as `harness.sample_run`; it imports nothing but the product's snapshot models.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 
 EXIT_CODE_ANNOTATION = "e2e.impala.dev/exit-code"
 """Set on a Running pod of the local cluster to end it: `0` succeeds, anything else fails
-(see tests/cluster/kwok/stages.yaml)."""
+(see harness/cluster/kwok/stages.yaml)."""
 
 
 class CommandError(RuntimeError):

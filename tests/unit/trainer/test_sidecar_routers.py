@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from bench.sample_run import sample_snapshot, write_sample_run
 from fastapi.testclient import TestClient
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.sample_run import sample_snapshot, write_sample_run
 from impala_api.snapshot import (
     HISTORY_FILE,
     STATUS_FILE,

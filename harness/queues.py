@@ -1,6 +1,6 @@
 """Kueue objects and quotas for the queueing tests (tests/e2e/test_kueue.py on kwok nodes, the
-real node's preemption test): queues whose quota is computed from a job's own pod sets, so a
-change to the pods' requests cannot make a test pass by accident."""
+real node's preemption test) and bench/operator_queue.py: queues whose quota is computed from a
+job's own pod sets, so a change to the pods' requests cannot make a test pass by accident."""
 
 from __future__ import annotations
 
