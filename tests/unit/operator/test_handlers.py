@@ -370,6 +370,9 @@ def test_a_refused_learner_pod_shows_on_the_job_and_fails_it_at_the_startup_dead
     again = _tick(_body(spec, **first), _memo(api))  # asked again; announced once
     assert [e.reason for e in api.events if e.type == "Warning"] == ["LearnerPodRefused"]
     assert again.get("phase", first["phase"]) == "Pending"
+    # No worker pods are held for a learner that cannot be made: both groups at 0.
+    workers = {k: m["spec"]["replicas"] for k, m in api.written.items() if "Deployment/" in k}
+    assert workers == {"Deployment/cp-rollout": 0, "Deployment/cp-aggregator": 0}, workers
 
     late = {**first, "startTime": "2020-01-01T00:00:00Z"}  # the deadline has passed
     failed = _tick(_body(spec, **late), _memo(api))
