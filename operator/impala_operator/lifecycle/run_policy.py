@@ -352,11 +352,23 @@ def _disrupted(state: JobState, pod: LearnerPod, now: float, events: list[Event]
         f"learner attempt {pod.attempt} was disrupted ({pod.disruption}); attempt "
         f"{state.restarts + 1} resumes from the latest checkpoint (no retry used)"
     )
-    events.append(Event("Normal", "LearnerDisrupted", msg))
+    return _restart_disrupted(state, "Normal", "LearnerDisrupted", msg, now, events)
+
+
+def _restart_disrupted(
+    state: JobState,
+    kind: Literal["Normal", "Warning"],
+    reason: str,
+    msg: str,
+    now: float,
+    events: list[Event],
+) -> JobState:
+    """The next attempt at once (no backoff: the last failure time is cleared), one more
+    disruption, announced."""
+    events.append(Event(kind, reason, msg))
     return _restart(
-        state, "LearnerDisrupted", msg, now, disruptions=state.disruptions + 1,
-        last_failure_time=None,
-    )  # fmt: skip
+        state, reason, msg, now, disruptions=state.disruptions + 1, last_failure_time=None
+    )
 
 
 def _replaced(state: JobState, pod: LearnerPod, now: float, events: list[Event]) -> JobState:
@@ -367,11 +379,7 @@ def _replaced(state: JobState, pod: LearnerPod, now: float, events: list[Event])
         f"learner pod {pod.name} was deleted (not by the operator); attempt "
         f"{state.restarts + 1} resumes from its final checkpoint once it is gone (no retry used)"
     )
-    events.append(Event("Warning", "LearnerReplaced", msg))
-    return _restart(
-        state, "LearnerReplaced", msg, now, disruptions=state.disruptions + 1,
-        last_failure_time=None,
-    )  # fmt: skip
+    return _restart_disrupted(state, "Warning", "LearnerReplaced", msg, now, events)
 
 
 def _peer_lost(
@@ -391,11 +399,7 @@ def _peer_lost(
             f"learner pod {peer.name} {why}; the group of {replicas} learners restarts: attempt "
             f"{state.restarts + 1} resumes from the newest checkpoint (no retry used)"
         )
-        events.append(Event("Warning", "LearnerReplaced", msg))
-        return _restart(
-            state, "LearnerReplaced", msg, now, disruptions=state.disruptions + 1,
-            last_failure_time=None,
-        )  # fmt: skip
+        return _restart_disrupted(state, "Warning", "LearnerReplaced", msg, now, events)
     return _failed(state, peer, policy, now, events)
 
 
