@@ -108,6 +108,9 @@ class OperatorTests(OperatorSuite):
         assert st["statusURL"] == f"http://cartpole-status.{ns}.svc:8080/status"
         assert st["learner"] == {
             "ready": True,
+            "replicas": 1,
+            "readyReplicas": 1,
+            "summary": "1/1",
             "restarts": 0,
             "failures": 0,
             "disruptions": 0,
