@@ -7,6 +7,7 @@ Each router's behaviour is tested in process in tests/unit/trainer/test_sidecar_
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -95,7 +96,8 @@ def test_readyz_is_stale_only_while_running(serve: Serve, run_dir: Path) -> None
     r = client.get("/readyz")
     assert r.status_code == 503
     assert r.json()["error"] == "stale"
-    assert "600 s old" in r.json()["detail"]
+    # 600 s when written; a second or more later on a loaded machine when read.
+    assert re.search(r"snapshot is 6\d\d s old \(limit 60 s\)", r.json()["detail"]), r.json()
 
     done = sample_snapshot("j", None, phase="Succeeded", updated_at=old)
     write_json_atomic(run_dir / STATUS_FILE, done)
