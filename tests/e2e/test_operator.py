@@ -472,6 +472,8 @@ class OperatorTests(OperatorSuite):
         st = self.wait_status(kube, ns, "unfit", lambda s: s.get("phase") == "Failed", "Failed")
         assert self.condition(st, "Failed")["reason"] == "StartupDeadlineExceeded"
         assert "StartupDeadlineExceeded" in self.events(kube, ns, "unfit")
+        # The scheduler's reason, as the job's message: which pod, and why it has no node.
+        assert "learner pod unfit-learner-0 cannot be scheduled: " in st["message"], st["message"]
 
     def test_ttl_deletes_the_finished_job(self, kube: Kube, ns: str, operator: Operator) -> None:
         self.create(

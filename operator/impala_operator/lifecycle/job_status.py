@@ -108,8 +108,19 @@ def learner_pod_view(pod: Mapping[str, Any]) -> LearnerPod:
         spec_hash=(meta.get("annotations") or {}).get(SPEC_HASH_ANNOTATION),
         retired=RETIRED_ANNOTATION in (meta.get("annotations") or {}),
         rank=int(rank) if str(rank).isdigit() else 0,
+        unschedulable=_unschedulable(pod_status),
         disruption=disruption(pod_status, terminated.get("exitCode")),
     )
+
+
+def _unschedulable(pod_status: Mapping[str, Any]) -> str:
+    """The scheduler's message while it cannot place the pod, else ""."""
+    for cond in pod_status.get("conditions") or []:
+        if (cond.get("type"), cond.get("status"), cond.get("reason")) == (
+            "PodScheduled", "False", "Unschedulable"
+        ):  # fmt: skip
+            return str(cond.get("message") or "Unschedulable")
+    return ""
 
 
 def deployment_view(deployment: Mapping[str, Any]) -> DeploymentView:

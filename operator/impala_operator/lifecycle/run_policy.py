@@ -53,6 +53,8 @@ class LearnerPod:
     rank: int = 0
     """Its rank among `spec.learner.replicas`: 0 runs the driver (its exit is the attempt's
     outcome), 1..N-1 a learner each that the group cannot train without."""
+    unschedulable: str = ""
+    """The scheduler's reason while it cannot place the pod (PodScheduled=False), else ""."""
     finished_at: float | None = None
     """When the learner container terminated (unix seconds)."""
     spec_hash: str | None = None
@@ -427,11 +429,15 @@ def _failed(
 
 
 def _deadlines(
-    policy: RunPolicy, state: JobState, current: LearnerPod | None, now: float
+    policy: RunPolicy,
+    state: JobState,
+    current: LearnerPod | None,
+    now: float,
+    waiting: Sequence[LearnerPod] = (),
 ) -> list[float] | _End:
-    """activeDeadlineSeconds (from the job's start) and, while no learner is ready,
-    startupDeadlineSeconds (from when one last ran): the job fails once either is reached, else
-    the seconds left before each."""
+    """activeDeadlineSeconds (from the job's start) and, while the learners are not all ready
+    (rank 0 `current` and the group's others still `waiting`), startupDeadlineSeconds (from when
+    they last ran): the job fails once either is reached, else the seconds left before each."""
     started = state.start_time if state.start_time is not None else now
     deadline = policy.active_deadline_seconds
     if deadline is not None and now - started >= deadline:
@@ -439,10 +445,12 @@ def _deadlines(
         return _End("Failed", "DeadlineExceeded", msg)
     waits = [] if deadline is None else [started + deadline - now]
     startup = policy.startup_deadline_seconds
-    if startup is not None and not (current is not None and current.ready):
+    if startup is not None and not (current is not None and current.ready and not waiting):
         waiting_since = _not_running_since(state, started, now)
         if now - waiting_since >= startup:
             msg = f"the learner did not become ready within startupDeadlineSeconds ({startup}s)"
+            unplaced = [p for p in (current, *waiting) if p is not None and p.unschedulable]
+            msg += "".join(f"; {_why_waiting(p)}" for p in unplaced)
             return _End("Failed", "StartupDeadlineExceeded", msg)
         waits.append(waiting_since + startup - now)
     return waits
@@ -475,18 +483,36 @@ def _backoff(
 
 
 def _phase_of_current_pod(
-    state: JobState, current: LearnerPod | None, now: float, events: list[Event]
+    state: JobState,
+    current: LearnerPod | None,
+    now: float,
+    events: list[Event],
+    waiting: Sequence[LearnerPod] = (),
 ) -> JobState:
-    """The phase the current attempt's pod shows: Pending until it runs (or while it is yet to
-    be created), Starting while the learner is up but not ready, Running once it is ready."""
+    """The phase the current attempt's pods show: Pending until rank 0 runs (or while it is yet
+    to be created), Starting while it is up but not ready or the group's others (`waiting`) are
+    not, naming them and why, Running once all are ready."""
     if current is None or current.phase == "Pending":
-        if state.phase == "Pending":  # keeps the message a restart or a resume gave
+        unplaced = current is not None and bool(current.unschedulable)
+        if state.phase == "Pending" and not unplaced:  # keeps a restart's or resume's message
             return state
-        msg = "waiting for the learner pod"
+        msg = _why_waiting(current) if current is not None and unplaced else (
+            "waiting for the learner pod"
+        )  # fmt: skip
         return _transition(state, "Pending", "LearnerPending", msg, now, events)
-    if current.ready:
+    if current.ready and not waiting:
         return _transition(state, "Running", "Running", "learner running", now, events)
-    return _transition(state, "Starting", "LearnerStarting", "learner starting", now, events)
+    msg = "learner starting"
+    if waiting:
+        msg = "waiting for learner pods: " + "; ".join(_why_waiting(p) for p in waiting)
+    return _transition(state, "Starting", "LearnerStarting", msg, now, events)
+
+
+def _why_waiting(pod: LearnerPod) -> str:
+    """A learner pod not yet ready, and the scheduler's reason when it cannot place it."""
+    if pod.unschedulable:
+        return f"learner pod {pod.name} cannot be scheduled: {pod.unschedulable}"
+    return f"learner pod {pod.name} is {pod.phase.lower()}"
 
 
 def step(
@@ -525,13 +551,14 @@ def step(
     replaced = next((p for p in attempt if p.rank == 0 and p.taken), None)
     if current is None and replaced is not None and state.restarts == replaced.attempt:
         state = _replaced(state, replaced, now, events)
-    waits = _deadlines(policy, state, current, now)
+    waiting = [p for p in peers if not p.ready and not p.deleting] if current else []
+    waits = _deadlines(policy, state, current, now, waiting)
     if isinstance(waits, _End):
         return _end(state, waits, pods, policy, now, events)
     backoff = _backoff(state, pods, current, now, restart_backoff)
     if backoff is not None:
         waits.append(backoff)
-    state = _phase_of_current_pod(state, current, now, events)
+    state = _phase_of_current_pod(state, current, now, events, waiting)
     # A learner still stopping (its final checkpoint on SIGTERM) must be gone before the next
     # attempt starts: two learners would write one run directory. The pods of an earlier
     # attempt still running (the other learners of a group that lost one) go.

@@ -90,6 +90,13 @@ def test_learner_pod_view_reads_the_learner_container() -> None:
     assert learner_pod_view(deleting).deleting and not learner_pod_view(deleting).retired
     deleting["metadata"]["annotations"] = {RETIRED_ANNOTATION: "1"}  # the operator's delete
     assert learner_pod_view(deleting).retired
+    pending = _pod(0, "Pending")
+    pending["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/1 nodes are available: 1 Insufficient cpu."}
+    ]  # fmt: skip
+    assert learner_pod_view(pending).unschedulable == "0/1 nodes are available: 1 Insufficient cpu."
+    assert learner_pod_view(_pod(0, "Running")).unschedulable == ""
 
 
 def test_deployment_view() -> None:

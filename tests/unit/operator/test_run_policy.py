@@ -615,3 +615,21 @@ def test_the_rest_of_a_finished_attempts_group_is_deleted_before_the_next_starts
     out = _run(RunPolicy(), state, pods, T0)
     assert out.delete_pods == ("j-learner-0-1",) and not out.run_learner
     assert out.state.restarts == 1  # nothing counted twice
+
+
+def test_a_group_is_running_only_once_every_learner_is_and_says_which_it_waits_for() -> None:
+    """More learners than the cluster can place: the job stays Starting, naming the pod and the
+    scheduler's reason, and startupDeadlineSeconds fails it with that reason: no silent hang."""
+    policy = RunPolicy(startup_deadline_seconds=300)
+    state = JobState(phase="Pending", start_time=T0)
+    why = "0/1 nodes are available: 1 Insufficient cpu."
+    pods = [_pod(0, **RUNNING), _peer(0, phase="Pending", unschedulable=why)]
+    out = _run(policy, state, pods, T0 + 10)
+    assert out.state.phase == "Starting" and out.run_learner and not out.delete_pods
+    wanted = f"waiting for learner pods: learner pod j-learner-0-1 cannot be scheduled: {why}"
+    assert out.state.message == wanted
+    failed = _run(policy, out.state, pods, T0 + 300)
+    assert (failed.state.phase, failed.state.reason) == ("Failed", "StartupDeadlineExceeded")
+    assert f"j-learner-0-1 cannot be scheduled: {why}" in failed.state.message
+    placed = [pods[0], _peer(0, **RUNNING)]
+    assert _run(policy, out.state, placed, T0 + 20).state.phase == "Running"
