@@ -114,37 +114,38 @@ def build_learner_pod(
 ) -> Manifest:
     """The learner Pod of `rank`: rank 0 runs the trainer container (Ray head + driver) and the
     status sidecar; ranks 1..N-1 (`spec.learner.replicas`) a learner node of the same resources
-    that joins rank 0's Ray cluster (`build_learner_peer_pod`)."""
-    if rank:
-        return _learner_peer_pod(job, uid, restart_count, rank)
+    and placement that joins rank 0's Ray cluster, with no run directory (rank 0 alone writes
+    it) and no sidecar."""
     spec = job.spec
     resources, tolerations = _learner_resources(job)
-    trainer = _learner_container(job, uid, resources)
-    meta = _meta(job, uid, names.learner_pod_name(job.name, restart_count), "learner")
+    name = names.learner_pod_name(job.name, restart_count, rank)
+    meta = _meta(job, uid, name, "learner-peer" if rank else "learner")
     meta["labels"][names.RESTART_KEY] = str(restart_count)
-    meta["labels"][names.RANK_KEY] = "0"
-    meta["annotations"] = {names.CONFIG_HASH_KEY: config_hash(job)}
-    pod_spec = {
+    meta["labels"][names.RANK_KEY] = str(rank)
+    pod_spec: dict[str, Any] = {
         **pod_template.pod_defaults(),
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": spec.learner.termination_grace_period_seconds,
-        "initContainers": [_status_sidecar(job)],
-        "containers": [trainer],
-        "volumes": _learner_volumes(job),
         **pod_template.placement(spec.learner.node_selector, tolerations),
     }
-    pod_template.apply_overrides(meta, pod_spec, trainer, spec.learner.pod)
+    if rank:
+        main = _learner_peer_container(job, resources)
+        pod_spec["volumes"] = pod_template.scratch_volumes()
+    else:
+        main = _learner_container(job, uid, resources)
+        meta["annotations"] = {names.CONFIG_HASH_KEY: config_hash(job)}
+        pod_spec["initContainers"] = [_status_sidecar(job)]
+        pod_spec["volumes"] = _learner_volumes(job)
+    pod_spec["containers"] = [main]
+    pod_template.apply_overrides(meta, pod_spec, main, spec.learner.pod)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 
-def _learner_peer_pod(job: ImpalaJob, uid: str, restart_count: int, rank: int) -> Manifest:
+def _learner_peer_container(job: ImpalaJob, resources: dict[str, Any]) -> dict[str, Any]:
     """A learner of rank >= 1: a Ray node offering one unit of `learner` (and its GPUs) to rank
-    0's head, where the driver's LearnerGroup places that rank's learner. It has the learner's
-    resources and placement; no run directory (rank 0 alone writes it) and no sidecar."""
-    spec = job.spec
-    resources, tolerations = _learner_resources(job)
+    0's head, where the driver's LearnerGroup places that rank's learner."""
     host = names.learner_host(job.name, _namespace(job))
-    node = pod_template.container(
+    return pod_template.container(
         "learner",
         job,
         role_command("learner-peer", job, learner_host=host, node_ip=POD_IP),
@@ -156,20 +157,6 @@ def _learner_peer_pod(job: ImpalaJob, uid: str, restart_count: int, rank: int) -
         ],
         extra_env=[ray_token_env(job)],
     )
-    name = names.learner_pod_name(job.name, restart_count, rank)
-    meta = _meta(job, uid, name, "learner-peer")
-    meta["labels"][names.RESTART_KEY] = str(restart_count)
-    meta["labels"][names.RANK_KEY] = str(rank)
-    pod_spec = {
-        **pod_template.pod_defaults(),
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": spec.learner.termination_grace_period_seconds,
-        "containers": [node],
-        "volumes": pod_template.scratch_volumes(),
-        **pod_template.placement(spec.learner.node_selector, tolerations),
-    }
-    pod_template.apply_overrides(meta, pod_spec, node, spec.learner.pod)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 
 def _learner_resources(job: ImpalaJob) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -329,9 +329,17 @@ def learner_pod_refused(
     return out, Event("Warning", LEARNER_POD_REFUSED, message) if first else None
 
 
+def learner_pod_is_refused(status: Mapping[str, Any]) -> bool:
+    """The API server refused the learner pod at the last tick (Created=False)."""
+    return any(
+        c.get("type") == "Created" and c.get("reason") == LEARNER_POD_REFUSED
+        for c in status.get("conditions") or ()
+    )
+
+
 def learner_pod_accepted(status: Mapping[str, Any], now: float) -> dict[str, Any]:
     """The tick's status once a refused learner pod was created after all: Created again."""
-    if not any(c.get("reason") == LEARNER_POD_REFUSED for c in status.get("conditions") or ()):
+    if not learner_pod_is_refused(status):
         return dict(status)
     created = "the learner pod was created"
     out = _created(status, True, "Created", created, now)

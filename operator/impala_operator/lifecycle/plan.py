@@ -375,15 +375,6 @@ def _learner(
     plan.create += wanted.values()
 
 
-def _learner_refused(status: Mapping[str, Any]) -> bool:
-    """The API server refused the learner pod at the last tick (Created=False)."""
-    return any(
-        c.get("type") == "Created" and c.get("reason") == job_status.LEARNER_POD_REFUSED
-        and c.get("status") == "False"
-        for c in status.get("conditions") or ()
-    )  # fmt: skip
-
-
 def plan_tick(
     job: ImpalaJob,
     uid: str,
@@ -409,7 +400,7 @@ def plan_tick(
         restart_backoff=settings.restart_backoff_seconds,
         hold=hold,
     )
-    if _learner_refused(status):
+    if job_status.learner_pod_is_refused(status):
         # No rollout or aggregator pods for a learner the API server will not take: they would
         # hold the cluster's resources for a job that cannot train (startupDeadlineSeconds
         # fails it unless the learner pod is made meanwhile).
