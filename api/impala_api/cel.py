@@ -18,6 +18,7 @@ from impala_api.spec import (
     MOUNT_NAMES_VOLUME_MESSAGE,
     NO_STOP_CRITERION,
     ONE_VOLUME_SOURCE_MESSAGE,
+    POPART_NEEDS_VTRACE,
     PREV_ACTION_REWARD_LSTM,
     REPLICAS_NEED_VTRACE,
     RESERVED_ENV,
@@ -173,6 +174,12 @@ RULES: dict[tuple[str, ...], list[Rule]] = {
             "!has(self.training.mode) || self.training.mode == 'vtrace'",
             REPLICAS_NEED_VTRACE,
             ".learner.replicas",
+        ),
+        _rule(
+            "!has(self.model.popart) || !self.model.popart || "
+            "!has(self.training.mode) || self.training.mode == 'vtrace'",
+            POPART_NEEDS_VTRACE,
+            ".model.popart",
         ),
     ],
     ("stop",): [

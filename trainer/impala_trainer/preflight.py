@@ -1,5 +1,6 @@
 """What every command checks before it starts a job, beyond the manifest's own validation: that
-the environment can be made here and the model fits its spaces.
+the environment can be made here and the model fits its spaces; and the defaults that depend on
+the env's action space (`space_defaults`).
 
 The API server cannot know these (it imports neither gymnasium nor the user's code), so
 `impalajob validate`, `train` and the learner pod run them and refuse with exit 2, naming the
@@ -9,9 +10,10 @@ once to be checked (`impalajob validate` of a built-in model stays torch-free).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
+import numpy as np
 
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.rollouts.envs import env_problem, make_vector_env
@@ -24,11 +26,24 @@ def job_problem(spec: ImpalaJobSpec) -> tuple[str, str] | None:
         field, why = problem
         return f"env.{field}", why
     model = spec.model
-    if model.type not in ("cnn", "resnet", "custom") and not model.free_log_std:
+    if (
+        model.type not in ("cnn", "resnet", "custom")
+        and not model.free_log_std
+        and not model.squash_actions
+    ):
         return None  # the MLP takes any observation the env checks accepted
     obs_space, action_space = _spaces(spec)
     if model.free_log_std and not isinstance(action_space, gym.spaces.Box):
         return "model.freeLogStd", f"freeLogStd needs a Box action space, not {action_space}"
+    if model.squash_actions:
+        from impala_trainer.learning.distributions import squashable  # torch: only when asked
+
+        if not squashable(action_space):
+            return (
+                "model.squashActions",
+                f"squashActions needs a Box action space with finite bounds, not "
+                f"{action_space}: set it to false (the env gets the sample clipped) or omit it",
+            )
     shape = tuple(obs_space.shape or ())
     if model.type in ("cnn", "resnet") and len(shape) != 3:
         return (
@@ -40,11 +55,60 @@ def job_problem(spec: ImpalaJobSpec) -> tuple[str, str] | None:
         from impala_trainer.learning.distributions import action_distribution
         from impala_trainer.learning.model_factory import model_problem
 
-        dist = action_distribution(action_space)
+        dist = action_distribution(action_space, model.squash_actions)
         return model_problem(
             model, shape, obs_space.dtype, dist, spec.training.separate_vf_optimizer
         )
     return None
+
+
+BOX_SURROGATE_CLIP = 0.3
+"""training.surrogateClip for Box actions when the manifest omits it (PPO's usual clip)."""
+
+
+class SpaceDefault(NamedTuple):
+    """A field the manifest left out whose value depends on the env's action space."""
+
+    field: str
+    """Its path under spec, camelCase."""
+    value: Any
+    why: str
+
+    def __str__(self) -> str:
+        value = str(self.value).lower() if isinstance(self.value, bool) else self.value
+        return f"spec.{self.field}: {value} ({self.why})"
+
+
+def space_defaults(spec: ImpalaJobSpec) -> tuple[ImpalaJobSpec, list[SpaceDefault]]:
+    """`spec` with the fields it omits that depend on the action space set for this env's, and
+    what was set and why (for `impalajob validate`, the run's log and config.yaml).
+
+    Box actions: a squashed Gaussian where every bound is finite, and APPO's clipped surrogate.
+    A learner a few updates ahead of its actors (the policy lag IMPALA runs with) kept pushing a
+    Gaussian past what the acting policy did, under V-trace's truncated weights, until its actions
+    saturated at a bound and the policy walked away from every target (docs/models.md, "Box
+    actions"); the clip stops that push. Discrete actions keep IMPALA's own policy gradient."""
+    if spec.env.is_atari:  # ALE's actions are Discrete: nothing depends on the space
+        return spec, []
+    space = _spaces(spec)[1]
+    if not isinstance(space, gym.spaces.Box):
+        return spec, []
+    chosen: list[SpaceDefault] = []
+    model, training = spec.model, spec.training
+    if model.squash_actions is None:
+        finite = bool(np.isfinite(space.low).all() and np.isfinite(space.high).all())
+        why = (
+            "Box actions with finite bounds: the Gaussian's sample squashed into them"
+            if finite
+            else "Box actions with an infinite bound: the Gaussian's sample as it is"
+        )
+        chosen.append(SpaceDefault("model.squashActions", finite, why))
+        model = model.model_copy(update={"squash_actions": finite})
+    if training.surrogate_clip is None:
+        why = "Box actions: APPO's clipped surrogate holds a Gaussian policy under policy lag"
+        chosen.append(SpaceDefault("training.surrogateClip", BOX_SURROGATE_CLIP, why))
+        training = training.model_copy(update={"surrogate_clip": BOX_SURROGATE_CLIP})
+    return spec.model_copy(update={"model": model, "training": training}), chosen
 
 
 def _spaces(spec: ImpalaJobSpec) -> tuple[gym.Space[Any], gym.Space[Any]]:

@@ -20,6 +20,7 @@ from impala_api.spec.replicas import (
 )
 from impala_api.spec.training import (
     MAX_SEQ_LEN_DIVIDES,
+    POPART_NEEDS_VTRACE,
     EnvSpec,
     ModelSpec,
     StopSpec,
@@ -87,6 +88,8 @@ class ImpalaJobSpec(SpecModel):
             raise ValueError(SEPARATE_LEARNER_NEEDS_VTRACE)
         if self.learner.replicas > 1 and self.training.mode != "vtrace":
             raise ValueError(REPLICAS_NEED_VTRACE)
+        if self.model.popart and self.training.mode != "vtrace":
+            raise ValueError(POPART_NEEDS_VTRACE)
         return self
 
 

@@ -141,6 +141,12 @@ PREV_ACTION_REWARD_LSTM = (
     "spec.model.lstmUsePrevActionReward feeds the LSTM core: it needs spec.model.useLstm: true"
 )
 
+POPART_NEEDS_VTRACE = (
+    "spec.model.popart rewrites the value head as the learner's statistics of the V-trace "
+    "targets move, and spec.training.mode async-gradients has no such learner (the driver "
+    "applies each worker's gradients): use popart false, or mode vtrace"
+)
+
 MAX_SEQ_LEN_DIVIDES = (
     "spec.model.maxSeqLen must divide spec.training.rolloutFragmentLength (each fragment is cut "
     "into whole sequences; nothing is padded)"
@@ -182,6 +188,21 @@ class ModelSpec(SpecModel):
     free_log_std: bool = False
     """Box actions: the Gaussian's log-std as parameters of their own, state-independent
     (RLlib's free_log_std), instead of outputs of the policy head."""
+
+    squash_actions: bool | None = None
+    """Box actions: the env gets the Gaussian's sample squashed into the space's bounds by tanh
+    (true: SAC's and Brax's squashed Gaussian, whose entropy is the squashed action's, so the
+    entropy bonus keeps the actions apart) or clipped to them (false: RLlib's clip_actions); the
+    learner scores the sample either way. Omitted: true where every bound is finite, else false
+    (`impalajob validate` says which)."""
+
+    popart: bool = False
+    """Normalise the value function with PopArt (Hessel et al. 2019, the IMPALA authors'): the
+    value head learns in units of the V-trace targets' running mean and scale, its weights
+    rewritten whenever they move so its outputs stay exactly the same, and the policy gradient's
+    advantages are divided by that scale. Rewards of any scale then train alike, with the same
+    learning rate and entropy coefficient. Needs a value_head of one nn.Linear output (every
+    built-in model has one); not with training.mode async-gradients."""
 
     import_path: str | None = Field(default=None, alias="import", pattern=IMPORT_PATH_PATTERN)
     """type custom: your model class, `package.module:Class`, a subclass of
@@ -249,6 +270,14 @@ class TrainingSpec(SpecModel):
 
     vtrace_clip_pg_rho_threshold: float = Field(default=1.0, gt=0.0)
     """V-trace clip on importance weights in the policy-gradient advantage."""
+
+    surrogate_clip: float | None = Field(default=None, gt=0.0, lt=1.0)
+    """The policy loss as APPO's clipped surrogate, min(r A, clip(r, 1 - c, 1 + c) A) with r the
+    learner's probability of the action over the acting policy's and A the V-trace advantage,
+    at this c (RLlib APPO's clip_param). Past the clip a batch that an older policy sampled
+    stops pushing the learner's further from it. Omitted: 0.3 for Box actions (a Gaussian
+    learned and then collapsed under V-trace's policy gradient at IMPALA's usual policy lag;
+    `impalajob validate` says so), V-trace's policy gradient (IMPALA's) for discrete ones."""
 
     vf_loss_coeff: float = Field(default=0.5, ge=0.0)
     """Weight of the value-function loss."""

@@ -62,8 +62,10 @@ def add_resume_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_job(args: argparse.Namespace) -> ImpalaJob:
-    """The manifest of `-f` with `--set` applied, validated; CommandError when it cannot run.
+def load_job(args: argparse.Namespace) -> tuple[ImpalaJob, list[str]]:
+    """The manifest of `-f` with `--set` applied, validated, and the fields it omits that
+    depend on the env's action space set (with a line for each: what and why); CommandError
+    when it cannot run.
 
     Validation is the model's alone (the CRD's CEL rules restate it, so the API server refuses
     the same manifests); on top of it, what only a machine with the trainer can know: whether
@@ -76,13 +78,14 @@ def load_job(args: argparse.Namespace) -> ImpalaJob:
         job = load_manifest(args.file, args.set)
     except ManifestError as err:
         raise CommandError(str(err)) from None
-    from impala_trainer.preflight import job_problem
+    from impala_trainer.preflight import job_problem, space_defaults
 
     problem = job_problem(job.spec)
     if problem is not None:
         field, why = problem
         raise CommandError(str(ManifestError(str(args.file), [f"spec.{field}: {why}"])))
-    return job
+    spec, chosen = space_defaults(job.spec)
+    return job.model_copy(update={"spec": spec}), [str(c) for c in chosen]
 
 
 def mirror_run(

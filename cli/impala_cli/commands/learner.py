@@ -70,7 +70,7 @@ def _stop_on_sigterm(signum: int, _frame: FrameType | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    job = load_job(args)
+    job, chosen = load_job(args)
 
     from impala_trainer.node.allocator import keep_freed_memory
     from impala_trainer.rundir.checkpoint import list_checkpoints
@@ -82,10 +82,12 @@ def run(args: argparse.Namespace) -> int:
     resume = args.resume and bool(list_checkpoints(run_dir.checkpoints))
     if not resume and run_dir.has_previous_run():
         run_dir.clear()  # no --resume, or nothing to resume from: a fresh run
-    run_dir.prepare(job)
+    run_dir.prepare(job, chosen)
     # The run's log on the claim beside its results, as a local run writes it, and in the pod's
     # log: the learner's device and precision, membership, checkpoints, warnings.
     run_dir.log_to_file(also_stderr=True)
+    for line in chosen:
+        logging.getLogger("impala_cli.learner").info("set for this env: %s", line)
 
     # Before any thread starts: the learner's large per-update tensors reuse freed memory.
     keep_freed_memory()

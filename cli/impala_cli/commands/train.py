@@ -136,7 +136,9 @@ def _shutdown_ray() -> None:
     ray.shutdown()
 
 
-def _open_run_dir(job: ImpalaJob, args: argparse.Namespace) -> tuple[RunDir, Mirror | None, bool]:
+def _open_run_dir(
+    job: ImpalaJob, args: argparse.Namespace, chosen: list[str]
+) -> tuple[RunDir, Mirror | None, bool]:
     """The run directory prepared for this run, its storageUri mirror, and whether it resumes."""
     from impala_trainer.rundir.checkpoint import list_checkpoints
     from impala_trainer.rundir.writer import RunDir
@@ -152,13 +154,15 @@ def _open_run_dir(job: ImpalaJob, args: argparse.Namespace) -> tuple[RunDir, Mir
                 "--overwrite to replace it, or --run-dir for a new directory"
             )
         run_dir.clear()
-    run_dir.prepare(job)
+    run_dir.prepare(job, chosen)
     run_dir.log_to_file()
+    for line in chosen:
+        print(f"[{job.name}] set for this env: {line}", flush=True)
     return run_dir, mirror, resume
 
 
 def run(args: argparse.Namespace) -> int:
-    job = load_job(args)
+    job, chosen = load_job(args)
     spec = job.spec
     num_rollout = args.num_rollout_workers or max(
         1, spec.rollouts.initial_replicas * spec.rollouts.workers_per_pod
@@ -171,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
 
     from impala_trainer.node.allocator import keep_freed_memory
 
-    run_dir, mirror, resume = _open_run_dir(job, args)
+    run_dir, mirror, resume = _open_run_dir(job, args, chosen)
     # Before any thread starts: the learner's large per-update tensors reuse freed memory.
     keep_freed_memory()
     # A learner process's imports happen in the forkserver it is forked from, beside Ray's

@@ -17,6 +17,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    job = load_job(args)
+    job, chosen = load_job(args)
     print(f"{args.file}: ImpalaJob {job.name} is valid")
+    for line in chosen:
+        print(f"  for this env: {line}")
     return 0

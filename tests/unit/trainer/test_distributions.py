@@ -15,6 +15,7 @@ from impala_trainer.learning.distributions import (
     Categorical,
     DiagGaussian,
     MultiCategorical,
+    SquashedGaussian,
     action_distribution,
 )
 from impala_trainer.learning.learner import Learner
@@ -99,14 +100,22 @@ def test_spaces_map_to_their_distributions() -> None:
     assert multi.to_env(np.zeros((3, 4), np.int64)).shape == (3, 2, 2)
     binary = action_distribution(gym.spaces.MultiBinary(3))
     assert (binary.num_inputs, binary.to_env(np.ones((2, 3), np.int64)).dtype) == (6, np.int8)
-    box = action_distribution(gym.spaces.Box(-1.0, 2.0, (2, 2), np.float32))
+    bounded = gym.spaces.Box(-1.0, 2.0, (2, 2), np.float32)
+    assert type(action_distribution(bounded)) is SquashedGaussian  # finite bounds: squashed
+    box = action_distribution(bounded, squash=False)
+    assert type(box) is DiagGaussian
     assert (box.num_inputs, box.action_shape) == (8, (4,))
     clipped = box.to_env(np.array([[-5.0, 0.5, 3.0, 1.0]], np.float32))
     np.testing.assert_array_equal(clipped, [[[-1.0, 0.5], [2.0, 1.0]]])
+    unbounded = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    assert type(action_distribution(unbounded)) is DiagGaussian
+    with pytest.raises(ValueError, match="finite bounds"):
+        action_distribution(unbounded, squash=True)
 
 
 def test_box_actions_are_clipped_at_the_env_and_learned_unclipped() -> None:
-    spec = make_spec(env={"id": "Pendulum-v1", "numEnvsPerWorker": 3}, model={"hidden": [16]},
+    spec = make_spec(env={"id": "Pendulum-v1", "numEnvsPerWorker": 3},
+                     model={"hidden": [16], "squashActions": False},
                      training={"rolloutFragmentLength": 10})  # fmt: skip
     worker = RolloutWorker(spec, "w", seed=0)
     # A wide policy: many samples fall outside Pendulum's [-2, 2] torque.

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from impala_trainer.learning.distributions import SquashedGaussian
 from impala_trainer.policy.acting import PolicyActor
 from impala_trainer.policy.evaluation import _quotas, evaluate
 from impala_trainer.policy.export import export_policy
@@ -99,6 +100,8 @@ def _checkpoint_outputs(policy: Any, feed: dict[str, np.ndarray]) -> list[np.nda
             out, val, states = model.forward_sequence(obs[None], state, no_reset)
             outputs, values, extra = out[0], val[0], [states[0].numpy()]
     greedy = policy.actions.greedy(outputs.numpy())
+    if isinstance(policy.actions, SquashedGaussian):  # the graph's action is the env's
+        greedy = policy.actions.to_env(greedy).reshape(len(greedy), -1)
     return [outputs.numpy(), greedy, values.numpy(), *extra]
 
 

@@ -109,7 +109,7 @@ class Driver:
         self._evaluators: list[Handle] = []
         self._round: Round | None = None
         torch.manual_seed(self.seed)
-        spaces = env_spaces(self.spec.env)
+        spaces = env_spaces(self.spec.env, self.spec.model.squash_actions)
         self.obs_shape, self.actions = spaces.obs_shape, spaces.actions
         self.obs_dtype = spaces.obs_dtype
         # The actors start now, before the subclass builds its learner: each actor is a process

@@ -8,10 +8,23 @@ for every space.
 - `Categorical(n)` for Discrete: inputs are logits.
 - `MultiCategorical(nvec)` for MultiDiscrete/MultiBinary: one Categorical per component, the
   log-probabilities and entropies summed (independent components, as RLlib's).
-- `DiagGaussian(low, high)` for Box: inputs are [mean, log_std] per dimension. The learner scores
-  the sampled, unclipped action; only the env sees it clipped to the space (RLlib's
+- `SquashedGaussian(low, high)` for a Box whose bounds are all finite (the default there): a
+  Gaussian sample squashed into the bounds by tanh (SAC's, Brax's PPO's). The learner scores the
+  sample before the squash; its entropy is that of the squashed action.
+- `DiagGaussian(low, high)` for any Box: inputs are [mean, log_std] per dimension. The learner
+  scores the sampled, unclipped action; only the env sees it clipped to the space (RLlib's
   `normalize_actions: False, clip_actions: True`), so log-probabilities stay those of the
   distribution that acted.
+
+Why squash where the bounds allow: with clipping, the expected return is flat in the mean once
+the mean is past a bound (every sample near it reaches the env as the bound itself), yet the
+policy gradient keeps pushing it out whenever the bound is the best action (the probability of
+landing inside is always positive), and nothing pulls it back; the only way left to reach the
+inside is a wider Gaussian, so the log-std climbs even without an entropy bonus. Learned
+policies then drift into actions saturated at one bound and walk away from every target
+(`tests/unit/trainer/test_distributions.py` shows both gradients). Squashed, the bounds are
+reached only in the limit, and the entropy of the squashed action (which falls as samples
+saturate) holds the Gaussian inside the range where its actions differ.
 
 Workers draw each fragment's noise in one call (Gumbel for the categoricals, standard normal for
 the Gaussian), which is cheaper than a distribution object per step and makes a worker's actions
@@ -56,9 +69,14 @@ class ActionDistribution(ABC):
         """[..., num_inputs] -> [...]."""
 
     def log_prob_and_entropy(
-        self, inputs: torch.Tensor, actions: torch.Tensor
+        self,
+        inputs: torch.Tensor,
+        actions: torch.Tensor,
+        behaviour_inputs: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Both at once (what the loss needs of the learner's own outputs)."""
+        """Both at once (what the loss needs of the learner's own outputs). `behaviour_inputs`
+        are those of the policy that sampled `actions`: a distribution whose entropy has no
+        closed form estimates it from the sample's own noise."""
         return self.log_prob(inputs, actions), self.entropy(inputs)
 
     @abstractmethod
@@ -122,7 +140,10 @@ class Categorical(ActionDistribution):
         return -(log_probs.exp() * log_probs).sum(-1)
 
     def log_prob_and_entropy(
-        self, inputs: torch.Tensor, actions: torch.Tensor
+        self,
+        inputs: torch.Tensor,
+        actions: torch.Tensor,
+        behaviour_inputs: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # One log-softmax for both: the CartPole learner's update is op dispatch, op for op.
         log_probs = F.log_softmax(inputs, dim=-1)
@@ -261,10 +282,76 @@ class DiagGaussian(ActionDistribution):
         return np.asarray(clipped.reshape(len(actions), *self.env_shape), self.env_dtype)
 
 
-def action_distribution(space: gym.Space[Any]) -> ActionDistribution:
+class SquashedGaussian(DiagGaussian):
+    """A diagonal Gaussian sample u squashed into [low, high] by tanh: the env gets
+    `low + (tanh(u) + 1) / 2 * (high - low)`, the batch keeps u.
+
+    Scoring u is exact for V-trace: the squash's Jacobian depends on u alone, so it cancels in
+    the ratio of two policies' densities. The entropy is the squashed action's (the Gaussian's
+    plus E[log |det J(u)|]), estimated at one sample of the learner's policy drawn with the
+    behaviour sample's own noise, `u' = mean + std * (u - mean_b) / std_b`: differentiable in
+    the learner's outputs, with no random numbers in the loss."""
+
+    def __init__(self, low: np.ndarray, high: np.ndarray, dtype: str = "float32") -> None:
+        super().__init__(low, high, dtype)
+        if not (np.isfinite(self.low).all() and np.isfinite(self.high).all()):
+            raise ValueError(f"a squashed Gaussian needs finite bounds, not {self.space_name}")
+        self._center = (self._flat_high + self._flat_low) / 2
+        self._half = (self._flat_high - self._flat_low) / 2
+        self._log_half = float(np.log(self._half).sum())
+
+    def squashed_entropy(self, inputs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """The squashed action's entropy at the sample `mean + std * noise` of `inputs`."""
+        mean, log_std = self._mean_log_std(inputs)
+        u = mean + torch.exp(log_std) * noise
+        # log(1 - tanh(u)^2), stable for large |u|.
+        log_det = 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))
+        gaussian = (log_std + 0.5 * (_LOG_2PI + 1.0)).sum(-1)
+        return gaussian + log_det.sum(-1) + self._log_half
+
+    def log_prob_and_entropy(
+        self,
+        inputs: torch.Tensor,
+        actions: torch.Tensor,
+        behaviour_inputs: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if behaviour_inputs is None:
+            return self.log_prob(inputs, actions), self.entropy(inputs)
+        b_mean, b_log_std = self._mean_log_std(behaviour_inputs.to(inputs.dtype))
+        noise = (actions.to(inputs.dtype) - b_mean) * torch.exp(-b_log_std)
+        return self.log_prob(inputs, actions), self.squashed_entropy(inputs, noise)
+
+    def entropy(self, inputs: torch.Tensor) -> torch.Tensor:
+        # Without a sample: the estimate at the mean (noise 0), for reports only; the loss
+        # uses log_prob_and_entropy.
+        return self.squashed_entropy(inputs, torch.zeros_like(inputs[..., : self.dim]))
+
+    def mode(self, inputs: torch.Tensor) -> torch.Tensor:
+        center = torch.as_tensor(self._center, dtype=inputs.dtype, device=inputs.device)
+        half = torch.as_tensor(self._half, dtype=inputs.dtype, device=inputs.device)
+        return center + half * torch.tanh(inputs[..., : self.dim])
+
+    def to_env(self, actions: np.ndarray) -> np.ndarray:
+        squashed = self._center + self._half * np.tanh(actions)
+        # tanh rounds to exactly +-1 in float32 from |u| ~ 9: keep the result inside the space.
+        np.clip(squashed, self._flat_low, self._flat_high, out=squashed)
+        return np.asarray(squashed.reshape(len(actions), *self.env_shape), self.env_dtype)
+
+
+def squashable(space: gym.Space[Any]) -> bool:
+    """Whether a squashed Gaussian fits `space`: a Box whose every bound is finite."""
+    return (
+        isinstance(space, gym.spaces.Box)
+        and bool(np.isfinite(space.low).all())
+        and bool(np.isfinite(space.high).all())
+    )
+
+
+def action_distribution(space: gym.Space[Any], squash: bool | None = None) -> ActionDistribution:
     """The policy's distribution over `space` (one `rollouts.envs.check_spaces` accepts):
     Categorical for Discrete, one Categorical per component for MultiDiscrete and MultiBinary,
-    a diagonal Gaussian for a float Box."""
+    for a float Box a squashed Gaussian (`squash`; None: where every bound is finite) or a
+    clipped one."""
     if isinstance(space, gym.spaces.Discrete):
         return Categorical(int(space.n))
     if isinstance(space, gym.spaces.MultiDiscrete):
@@ -273,6 +360,8 @@ def action_distribution(space: gym.Space[Any]) -> ActionDistribution:
         shape = tuple(space.shape)
         return MultiCategorical([2] * int(np.prod(shape)), shape, str(space.dtype))
     if isinstance(space, gym.spaces.Box):
+        if squash or (squash is None and squashable(space)):
+            return SquashedGaussian(space.low, space.high, str(space.dtype))
         return DiagGaussian(space.low, space.high, str(space.dtype))
     raise ValueError(f"no action distribution for {space}")
 

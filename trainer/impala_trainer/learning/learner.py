@@ -18,7 +18,7 @@ import torch
 
 from impala_api.spec import ImpalaJobSpec, TrainingSpec
 from impala_trainer.batches import TrainBatch, slice_columns
-from impala_trainer.learning import optimizers
+from impala_trainer.learning import optimizers, popart
 from impala_trainer.learning.collective import Collective
 from impala_trainer.learning.distributions import ActionDistribution, as_distribution
 from impala_trainer.learning.losses import (
@@ -214,6 +214,7 @@ class Learner:
             entropy_coeff=self.entropy_schedule(self.global_timestep),
             clip_rho_threshold=t.vtrace_clip_rho_threshold,
             clip_pg_rho_threshold=t.vtrace_clip_pg_rho_threshold,
+            surrogate_clip=t.surrogate_clip,
         )
 
     def join(self, collective: Collective) -> None:
@@ -258,6 +259,18 @@ class Learner:
             for opt in self.optimizers:
                 opt.step()
             self.policy_version += 1
+
+    def _update_popart(self, target_moments: torch.Tensor) -> None:
+        """After a step: a PopArt head's statistics towards the batch's targets (their means
+        over the group with learner.replicas, so every learner keeps the same head)."""
+        head = popart.head_of(self.model)
+        if head is None:
+            return
+        moments = target_moments.to(self.params[0].device, torch.float32).clone()
+        if self.collective is not None:
+            self.collective.average([moments])
+        with self.lock:
+            head.update(moments[0], moments[1])
 
     def _stats(
         self, loss_stats: torch.Tensor, gnorm: torch.Tensor, coeffs: LossCoefficients
@@ -305,6 +318,7 @@ class Learner:
         out = self._backward_on(batch, coeffs, keep)
         gnorm = self._clip_gradients()
         self._step()
+        self._update_popart(out.target_moments)
         return self._stats(out.stats, gnorm, coeffs)
 
     # -- A3C mode -------------------------------------------------------------------------------
@@ -484,7 +498,7 @@ class MultiDeviceLearner(Learner):
         """Env steps of the batch last loaded into `buffer_index`."""
         return self._loaded_steps.get(buffer_index, 0)
 
-    def _tower_loss(self, shard: _Shard, coeffs: LossCoefficients) -> torch.Tensor:
+    def _tower_loss(self, shard: _Shard, coeffs: LossCoefficients) -> LossOutput:
         tower = self.towers[shard.tower]
         for p in tower.parameters():
             p.grad = None
@@ -492,7 +506,7 @@ class MultiDeviceLearner(Learner):
             tower, shard.tensors, coeffs, self.dist, self.autocast_dtype, shard.inputs
         )
         backward(tower, out, self.spec.training.separate_vf_optimizer)
-        return out.stats
+        return out
 
     def learn_on_loaded_batch(self, buffer_index: int) -> dict[str, float]:
         """Per-tower gradients in parallel, summed into the master, one step, re-sync.
@@ -502,9 +516,9 @@ class MultiDeviceLearner(Learner):
         coeffs = self.coefficients()
         if self._pool is not None and len(shards) > 1:
             futures = [self._pool.submit(self._tower_loss, shard, coeffs) for shard in shards]
-            tower_stats = [f.result() for f in futures]
+            outs = [f.result() for f in futures]
         else:
-            tower_stats = [self._tower_loss(shard, coeffs) for shard in shards]
+            outs = [self._tower_loss(shard, coeffs) for shard in shards]
 
         master = self.devices[0]
         with torch.no_grad():
@@ -525,13 +539,18 @@ class MultiDeviceLearner(Learner):
             # Sums add over shards; per-step means are weighted by the shard's share of columns.
             summed = torch.tensor(SUMMED_STATS, device=master)
             weighted = [
-                torch.where(summed, s.to(master), s.to(master) * shard.share)
-                for s, shard in zip(tower_stats, shards, strict=True)
+                torch.where(summed, out.stats.to(master), out.stats.to(master) * shard.share)
+                for out, shard in zip(outs, shards, strict=True)
             ]
             loss_stats = torch.stack(weighted).sum(0)
+            moments = sum(
+                out.target_moments.to(master) * shard.share
+                for out, shard in zip(outs, shards, strict=True)
+            )
 
         gnorm = self._clip_gradients()
         self._step()
+        self._update_popart(torch.as_tensor(moments))
         self._sync_towers()
         return self._stats(loss_stats, gnorm, coeffs)
 
@@ -546,6 +565,9 @@ class MultiDeviceLearner(Learner):
     def _sync_towers(self) -> None:
         with torch.no_grad(), self.lock:
             for tower in self.towers[1:]:
+                # Buffers too: a PopArt head's statistics move with every step.
+                for dst, src in zip(tower.buffers(), self.model.buffers(), strict=True):
+                    dst.copy_(src, non_blocking=True)
                 tower_params: list[torch.Tensor] = list(tower.parameters())
                 if tower_params[0].device == self.params[0].device:
                     torch._foreach_copy_(tower_params, list[torch.Tensor](self.params))

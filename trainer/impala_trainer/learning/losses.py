@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from impala_trainer.learning import vtrace
+from impala_trainer.learning import popart, vtrace
 from impala_trainer.learning.distributions import ActionDistribution, Categorical
 from impala_trainer.learning.models import ActorCritic
 from impala_trainer.learning.precision import autocast
@@ -47,6 +47,8 @@ class LossCoefficients(NamedTuple):
     entropy_coeff: float
     clip_rho_threshold: float | None
     clip_pg_rho_threshold: float | None
+    surrogate_clip: float | None = None
+    """training.surrogateClip: the policy loss as APPO's clipped surrogate (None: V-trace's)."""
 
 
 class LossOutput(NamedTuple):
@@ -59,6 +61,9 @@ class LossOutput(NamedTuple):
     stats: torch.Tensor
     """[6] detached: policy_loss, vf_loss (sums), entropy (mean per step), total_loss,
     vf_explained_var, mean_rho. One tensor so a GPU learner syncs once for all of them."""
+    target_moments: torch.Tensor
+    """[2] detached: the mean and the mean square of the batch's V-trace targets (what a
+    PopArt head's statistics move towards)."""
 
 
 STAT_NAMES = ("policy_loss", "vf_loss", "entropy", "total_loss", "vf_explained_var", "mean_rho")
@@ -173,8 +178,11 @@ def impala_loss(
     discounts = (~done).to(dtype) * coeffs.gamma
 
     # V-trace needs only the joint log-probability of the action taken, whatever the space.
-    target_logp, entropy = dist.log_prob_and_entropy(fwd.outputs, batch.actions)  # [T, B] each
-    behaviour_logp = dist.log_prob(batch.behaviour_logits.to(dtype), batch.actions)
+    behaviour_inputs = batch.behaviour_logits.to(dtype)
+    target_logp, entropy = dist.log_prob_and_entropy(  # [T, B] each
+        fwd.outputs, batch.actions, behaviour_inputs
+    )
+    behaviour_logp = dist.log_prob(behaviour_inputs, batch.actions)
     log_rhos = target_logp.detach() - behaviour_logp
     returns = vtrace.from_importance_weights(
         log_rhos=log_rhos,
@@ -186,8 +194,19 @@ def impala_loss(
         clip_pg_rho_threshold=coeffs.clip_pg_rho_threshold,
     )
 
-    policy_loss = -(target_logp * returns.pg_advantages).sum()
+    # PopArt: the value error and the advantages in units of the targets' running scale.
+    sigma = popart.scale(model)
+    if coeffs.surrogate_clip is None:
+        pg_advantages = returns.pg_advantages if sigma is None else returns.pg_advantages / sigma
+        policy_loss = -(target_logp * pg_advantages).sum()
+    else:
+        policy_loss = -_clipped_surrogate(
+            target_logp, behaviour_logp, returns.vs, rewards, discounts, values.detach(),
+            fwd.bootstrap_value.detach(), coeffs.surrogate_clip, sigma,
+        ).sum()  # fmt: skip
     value_error = returns.vs - values
+    if sigma is not None:
+        value_error = value_error / sigma
     vf_loss = 0.5 * value_error.pow(2).sum()
     entropy_sum = entropy.sum()
     policy_total = policy_loss - coeffs.entropy_coeff * entropy_sum
@@ -195,6 +214,7 @@ def impala_loss(
 
     with torch.no_grad():
         explained_var = 1.0 - (returns.vs - values).var() / returns.vs.var().clamp(min=1e-8)
+        target_moments = torch.stack([returns.vs.mean(), returns.vs.square().mean()])
         stats = torch.stack(
             [
                 policy_loss.detach(),
@@ -205,7 +225,31 @@ def impala_loss(
                 log_rhos.exp().mean(),
             ]
         )
-    return LossOutput(total_loss, policy_total, vf_loss, stats)
+    return LossOutput(total_loss, policy_total, vf_loss, stats, target_moments)
+
+
+def _clipped_surrogate(
+    target_logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    vs: torch.Tensor,
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    clip: float,
+    sigma: torch.Tensor | None,
+) -> torch.Tensor:
+    """[T, B] APPO's surrogate: min(r A, clip(r, 1 - clip, 1 + clip) A), r = pi/mu the ratio to
+    the behaviour policy, A the V-trace advantage r_t + gamma v_{t+1} - V(x_t) (its importance
+    weight is r itself). Past the clip in the advantage's direction the gradient is zero: a
+    batch that a learner several updates ahead of its actors trains on stops pushing the policy
+    further from the one that acted, where V-trace's truncated weight min(1, r) keeps pushing."""
+    vs_t_plus_1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    advantages = rewards + discounts * vs_t_plus_1 - values
+    if sigma is not None:
+        advantages = advantages / sigma
+    ratio = torch.exp(target_logp - behaviour_logp)
+    return torch.minimum(ratio * advantages, ratio.clamp(1.0 - clip, 1.0 + clip) * advantages)
 
 
 _DISJOINT: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from impala_api.spec import ModelSpec
+from impala_trainer.learning import popart
 from impala_trainer.learning.distributions import ActionDistribution, as_distribution
 from impala_trainer.learning.models import (
     ActorCritic,
@@ -34,8 +35,13 @@ def build_model(
     For the CNNs, `model.hidden` is the fully connected part after the convolutions (the paper
     uses one layer of 256). `useLstm` puts an LSTM core between any built-in torso and the heads.
     """
-    dist = as_distribution(actions)
-    obs_shape = tuple(obs_shape)
+    built = _network(model, tuple(obs_shape), as_distribution(actions))
+    if model.popart:
+        popart.attach(built)
+    return built
+
+
+def _network(model: ModelSpec, obs_shape: tuple[int, ...], dist: ActionDistribution) -> ActorCritic:
     if model.type == "custom":
         return _custom_model(model, obs_shape, dist)
     kind = model.type
@@ -98,7 +104,7 @@ def model_problem(
     except UserCodeError as err:
         return f"model.{err.field}", str(err)
     except ValueError as err:
-        field = "freeLogStd" if "freeLogStd" in str(err) else "type"
+        field = next((f for f in ("freeLogStd", "popart") if f in str(err)), "type")
         return f"model.{field}", str(err)
     where = "model.import" if model.type == "custom" else "model"
     try:

@@ -151,7 +151,7 @@ class Evaluator:
         torch.set_num_threads(1)
         self.spec = spec
         self.seed = seed
-        spaces = env_spaces(spec.env)
+        spaces = env_spaces(spec.env, spec.model.squash_actions)
         self.actions = spaces.actions
         self.model = build_model(spec.model, spaces.obs_shape, spaces.actions).eval()
 

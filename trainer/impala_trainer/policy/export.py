@@ -2,11 +2,12 @@
 
 The graph takes observations as the env (with the job's wrappers and preprocessing) makes them,
 batch first: `obs [N, *obs_shape]`, uint8 frames unscaled (the division by 255 is inside it).
-Its outputs are, in order: `action_inputs` (the distribution's inputs: logits, or [mean,
-log_std]), `action` (the greedy action: argmax, or the Gaussian's mean, which the env clips to
-its bounds), `value`. A recurrent policy adds the input `state [N, S]` (zeros at an episode's
-start) and the output `state_out` to feed back on the next step; with lstmUsePrevActionReward
-also the inputs `prev_action` and `prev_reward` (the last step's, zeros at an episode's start).
+Its outputs are, in order: `action_inputs` (the distribution's inputs: logits, or [mean, log_std]),
+`action` (the greedy action: argmax; the squashed Gaussian's mean squashed into the bounds; or the
+clipped Gaussian's mean, which the env clips to its bounds), `value`. A recurrent policy adds the
+input `state [N, S]` (zeros at an episode's start) and the output `state_out` to feed back on the
+next step; with lstmUsePrevActionReward also the inputs `prev_action` and `prev_reward` (the last
+step's, zeros at an episode's start).
 The sidecar (`FILE.json`) says all of that for the file at hand: shapes, dtypes, the
 preprocessing, the action space and how to read an action, the state.
 """
@@ -29,6 +30,7 @@ from impala_trainer.learning.distributions import (
     Categorical,
     DiagGaussian,
     MultiCategorical,
+    SquashedGaussian,
 )
 from impala_trainer.learning.models import ActorCritic
 from impala_trainer.policy.loaded import LoadedPolicy
@@ -157,6 +159,17 @@ def _action_metadata(dist: ActionDistribution) -> dict[str, Any]:
     elif isinstance(dist, MultiCategorical):
         meta["greedy"] = "argmax of each component's slice of action_inputs"
         meta["components"] = list(dist.nvec)
+        meta["env_shape"] = list(dist.env_shape)
+    elif isinstance(dist, SquashedGaussian):
+        meta["greedy"] = (
+            "the `action` output: tanh of the mean, action_inputs[:, :dim], scaled into [low, high]"
+        )
+        meta["sampling"] = (
+            "low + (tanh(mean + exp(clamp(log_std, -20, 2)) * N(0, 1)) + 1) / 2 * (high - low), "
+            "log_std the second half"
+        )
+        meta["low"] = dist.low.tolist()
+        meta["high"] = dist.high.tolist()
         meta["env_shape"] = list(dist.env_shape)
     elif isinstance(dist, DiagGaussian):
         meta["greedy"] = "the mean, action_inputs[:, :dim], clipped to [low, high] at the env"

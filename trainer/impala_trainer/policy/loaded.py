@@ -76,7 +76,7 @@ def load_policy(run_dir: Path, checkpoint: str | None = None) -> LoadedPolicy:
         state, _ = load_checkpoint(path)
     except Exception as err:  # torch's unpickler and json: truncated, corrupt, not ours
         raise PolicyNotFoundError(f"{weights} cannot be read: {_first_line(err)}") from None
-    spaces = env_spaces(job.spec.env)
+    spaces = env_spaces(job.spec.env, job.spec.model.squash_actions)
     model = build_model(job.spec.model, spaces.obs_shape, spaces.actions)
     try:
         model.load_state_dict(state["model"])

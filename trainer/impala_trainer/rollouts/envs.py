@@ -264,9 +264,9 @@ class EnvSpaces(NamedTuple):
     action_space: gym.Space[Any]
 
 
-def env_spaces(env: EnvSpec) -> EnvSpaces:
+def env_spaces(env: EnvSpec, squash_actions: bool | None = None) -> EnvSpaces:
     """The observation shape and dtype and the action distribution of `env`, from a throwaway
-    instance."""
+    instance (`squash_actions`: spec.model.squashActions, for a Box)."""
     # Here, not at the top: `impalajob validate` imports this module and must not load torch.
     from impala_trainer.learning.distributions import action_distribution
 
@@ -275,6 +275,7 @@ def env_spaces(env: EnvSpec) -> EnvSpaces:
         obs, space = vec.single_observation_space, vec.single_action_space
         check_spaces(obs, space)
         assert obs.shape is not None
-        return EnvSpaces(tuple(obs.shape), np.dtype(obs.dtype), action_distribution(space), space)
+        actions = action_distribution(space, squash_actions)
+        return EnvSpaces(tuple(obs.shape), np.dtype(obs.dtype), actions, space)
     finally:
         vec.close()

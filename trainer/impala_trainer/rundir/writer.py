@@ -13,6 +13,7 @@ import logging
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -106,11 +107,14 @@ class RunDir:
             self._events = EventFileWriter(self.tensorboard_dir)
         self._events.add_image(env_steps, "evaluation/episode", gif, height, width)
 
-    def prepare(self, job: ImpalaJob) -> None:
-        """Create the directory and write config.yaml (the manifest with defaults filled in)."""
+    def prepare(self, job: ImpalaJob, chosen: Sequence[str] = ()) -> None:
+        """Create the directory and write config.yaml (the manifest with defaults filled in;
+        `chosen`: the defaults set for the env's spaces, each said in a comment at the top and
+        in the log)."""
         self.path.mkdir(parents=True, exist_ok=True)
         self.checkpoints.mkdir(exist_ok=True)
-        text = yaml.safe_dump(job.to_manifest(), sort_keys=False)
+        header = "".join(f"# set for this env: {line}\n" for line in chosen)
+        text = header + yaml.safe_dump(job.to_manifest(), sort_keys=False)
         tmp = self.path / f".{CONFIG_FILE}.tmp"
         tmp.write_text(text)
         tmp.replace(self.path / CONFIG_FILE)
