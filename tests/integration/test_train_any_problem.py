@@ -14,34 +14,64 @@ from typing import Any
 
 import pytest
 
+import harness.reach as reach
+
 pytestmark = [pytest.mark.slow, pytest.mark.train]
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _train(tmp_path: Path, example: str, *sets: str, pythonpath: str = "") -> dict[str, Any]:
-    """Train manifests/examples/EXAMPLE.yaml with `--set`s; the run's summary and history."""
-    run = tmp_path / f"{example}-{len(list(tmp_path.iterdir()))}"  # one directory per run
+    """Train manifests/examples/EXAMPLE.yaml (or the manifest at the path EXAMPLE) with `--set`s;
+    the run's summary and history."""
+    manifest = example if example.endswith(".yaml") else f"manifests/examples/{example}.yaml"
+    run = tmp_path / f"{Path(example).stem}-{len(list(tmp_path.iterdir()))}"  # one per run
     res = subprocess.run(
         [sys.executable, "-m", "impala_cli.main", "train", "-f",
-         f"manifests/examples/{example}.yaml", "--run-dir", str(run), "--set", "training.seed=0",
+         manifest, "--run-dir", str(run), "--set", "training.seed=0",
          *(arg for s in sets for arg in ("--set", s))],
         capture_output=True, text=True, timeout=900, cwd=ROOT,
         env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": pythonpath},
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     history = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
-    return {"summary": json.loads((run / "summary.json").read_text()), "history": history}
+    summary = json.loads((run / "summary.json").read_text())
+    return {"summary": summary, "history": history, "run": str(run)}
 
 
 def _returns(history: list[dict[str, Any]]) -> list[float]:
     return [h["episode_return_mean"] for h in history if h["episode_return_mean"] is not None]
 
 
-def test_pendulum_learns_continuous_control(tmp_path: Path) -> None:
+def test_pendulum_learns_continuous_control_from_a_bare_manifest(tmp_path: Path) -> None:
+    # The example names only the env and the stop criterion.
     out = _train(tmp_path, "pendulum", "stop.episodeReturnMean=-400")
     assert out["summary"]["stopped_by"] == "episodeReturnMean", out["summary"]
     assert _returns(out["history"])[0] < -900  # from a random policy's return
+    config = (Path(out["run"]) / "config.yaml").read_text()
+    assert "# set for this env: spec.training.surrogateClip: 0.3" in config
+
+
+def test_a_users_continuous_task_learns_from_a_bare_manifest_and_keeps_it(
+    tmp_path: Path,
+) -> None:
+    """The point-reaching env (harness.reach) as a new user tries it, env and stop only: 80% of
+    the way from acting at random to the best return, then no fall below that mark for ten
+    times the env steps it took (V-trace's policy gradient reached -36 and fell to -207)."""
+    manifest = tmp_path / "reach.yaml"
+    manifest.write_text(
+        "apiVersion: impala.dev/v1alpha1\nkind: ImpalaJob\nmetadata: {name: reach}\n"
+        "spec:\n  env: {id: 'harness.reach:PointReach-v0'}\n  stop: {timesteps: 2500000}\n"
+    )
+    out = _train(tmp_path, str(manifest), pythonpath=str(ROOT))
+    mark = reach.RANDOM_RETURN + 0.8 * (reach.BEST_RETURN - reach.RANDOM_RETURN)
+    rows = [(h["env_steps"], h["episode_return_mean"]) for h in out["history"]
+            if h["episode_return_mean"] is not None]  # fmt: skip
+    reached = next((steps for steps, ret in rows if ret >= mark), None)
+    assert reached is not None, rows[-5:]
+    after = [ret for steps, ret in rows if steps >= reached]
+    assert rows[-1][0] >= 10 * reached, (reached, rows[-1])
+    assert min(after) >= mark, (mark, reached, min(after))
 
 
 def test_an_lstm_remembers_what_a_feed_forward_policy_cannot_see(tmp_path: Path) -> None:

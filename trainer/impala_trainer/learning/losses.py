@@ -196,18 +196,10 @@ def impala_loss(
 
     # PopArt: the value error and the advantages in units of the targets' running scale.
     sigma = popart.scale(model)
-    if coeffs.surrogate_clip is None:
-        pg_advantages = returns.pg_advantages if sigma is None else returns.pg_advantages / sigma
-        policy_loss = -(target_logp * pg_advantages).sum()
-    else:
-        policy_loss = -_clipped_surrogate(
-            target_logp, behaviour_logp, returns.vs, rewards, discounts, values.detach(),
-            fwd.bootstrap_value.detach(), coeffs.surrogate_clip, sigma,
-        ).sum()  # fmt: skip
+    policy_loss = _policy_loss(target_logp, behaviour_logp, returns, rewards, discounts,
+                               values.detach(), fwd, coeffs, sigma)  # fmt: skip
     value_error = returns.vs - values
-    if sigma is not None:
-        value_error = value_error / sigma
-    vf_loss = 0.5 * value_error.pow(2).sum()
+    vf_loss = 0.5 * (value_error if sigma is None else value_error / sigma).pow(2).sum()
     entropy_sum = entropy.sum()
     policy_total = policy_loss - coeffs.entropy_coeff * entropy_sum
     total_loss = policy_total + coeffs.vf_loss_coeff * vf_loss
@@ -228,27 +220,37 @@ def impala_loss(
     return LossOutput(total_loss, policy_total, vf_loss, stats, target_moments)
 
 
-def _clipped_surrogate(
+def _policy_loss(
     target_logp: torch.Tensor,
     behaviour_logp: torch.Tensor,
-    vs: torch.Tensor,
+    returns: vtrace.VTraceReturns,
     rewards: torch.Tensor,
     discounts: torch.Tensor,
     values: torch.Tensor,
-    bootstrap_value: torch.Tensor,
-    clip: float,
+    fwd: _Forward,
+    coeffs: LossCoefficients,
     sigma: torch.Tensor | None,
 ) -> torch.Tensor:
-    """[T, B] APPO's surrogate: min(r A, clip(r, 1 - clip, 1 + clip) A), r = pi/mu the ratio to
-    the behaviour policy, A the V-trace advantage r_t + gamma v_{t+1} - V(x_t) (its importance
-    weight is r itself). Past the clip in the advantage's direction the gradient is zero: a
-    batch that a learner several updates ahead of its actors trains on stops pushing the policy
-    further from the one that acted, where V-trace's truncated weight min(1, r) keeps pushing."""
-    vs_t_plus_1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    """V-trace's policy-gradient loss, or with `coeffs.surrogate_clip` APPO's clipped surrogate
+    on the V-trace advantage r_t + gamma v_{t+1} - V(x_t) without its importance weight (the
+    surrogate's ratio is that weight); advantages in units of PopArt's sigma where there is
+    one. `values` detached."""
+    if coeffs.surrogate_clip is None:
+        pg_advantages = returns.pg_advantages if sigma is None else returns.pg_advantages / sigma
+        return -(target_logp * pg_advantages).sum()
+    vs_t_plus_1 = torch.cat([returns.vs[1:], fwd.bootstrap_value.detach().unsqueeze(0)], dim=0)
     advantages = rewards + discounts * vs_t_plus_1 - values
     if sigma is not None:
         advantages = advantages / sigma
     ratio = torch.exp(target_logp - behaviour_logp)
+    return -_clipped_surrogate(ratio, advantages, coeffs.surrogate_clip).sum()
+
+
+def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip: float) -> torch.Tensor:
+    """APPO's surrogate min(r A, clip(r, 1 - clip, 1 + clip) A), r = pi/mu the ratio to the
+    behaviour policy. Past the clip in the advantage's direction its gradient is zero: a batch
+    that a learner several updates ahead of its actors trains on stops pushing the policy
+    further from the one that acted, where V-trace's truncated weight min(1, r) keeps pushing."""
     return torch.minimum(ratio * advantages, ratio.clamp(1.0 - clip, 1.0 + clip) * advantages)
 
 
