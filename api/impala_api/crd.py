@@ -196,6 +196,14 @@ def _progress_schema() -> dict[str, Any]:
                 "nullable": True,
                 "description": "Mean return of the last 100 episodes (null before the first).",
             },
+            "bestEpisodeReturnMean": {
+                "type": "number",
+                "nullable": True,
+                "description": (
+                    "The best of those means so far, once 100 episodes have ended (the "
+                    "ReturnRegressed condition compares the mean with it)."
+                ),
+            },
             "evaluationReturnMean": {
                 "type": "number",
                 "nullable": True,
@@ -364,6 +372,7 @@ def build_crd() -> dict[str, Any]:
         ("Steps", "integer", ".status.progress.timesteps", 0),
         ("Return", "number", ".status.progress.episodeReturnMean", 0),
         ("Age", "date", ".metadata.creationTimestamp", 0),
+        ("Regressed", "string", '.status.conditions[?(@.type=="ReturnRegressed")].status', 0),
         ("Eval", "number", ".status.progress.evaluationReturnMean", 1),
         ("Message", "string", ".status.message", 1),
     ]

@@ -19,6 +19,7 @@ CONDITION_TYPES = (
     "Succeeded",
     "Failed",
     "Admitted",
+    "ReturnRegressed",
 )
 """Every condition type the lifecycle sets (the CRD documents exactly these); `Admitted` only
 on a job labelled `kueue.x-k8s.io/queue-name`."""

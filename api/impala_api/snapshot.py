@@ -139,6 +139,29 @@ class CheckpointInfo(Snap):
     """Counter value at that checkpoint."""
 
 
+class ReturnTrend(Snap):
+    """The training return against its own past, so that a learned policy is not lost silently
+    (`impala_trainer.rundir.trend`): once a full window of episodes has ended, the first window's
+    mean and the best; `regressed` when the mean has given back at least half of what it gained
+    from the first to the best, and stayed there for at least a quarter of the env steps the best
+    took (and a full window of episodes)."""
+
+    first_return_mean: float | None = None
+    """The first full window's mean return."""
+    best_return_mean: float | None = None
+    """The best window mean so far."""
+    best_env_steps: int = 0
+    """The env-step counter when the best was reached."""
+    below_since_env_steps: int | None = None
+    """The env-step counter since which the mean has been below the regression threshold (None
+    while it is not)."""
+    below_since_episodes: int | None = None
+    """The episode counter at that point."""
+    regressed: bool = False
+    message: str | None = None
+    """What `regressed` means for this run, in words (the ReturnRegressed condition's)."""
+
+
 class EvaluationInfo(Snap):
     """The latest evaluation during training (spec.evaluation), and the best one so far."""
 
@@ -216,6 +239,8 @@ class StatusSnapshot(Snap):
     evaluation: EvaluationInfo | None = None
     """The latest evaluation (spec.evaluation), None before the first."""
     stop: StopProgress = Field(default_factory=StopProgress)
+    return_trend: ReturnTrend = Field(default_factory=ReturnTrend)
+    """Whether the training return has fallen far below its best, for long."""
     policy_lag_mean: float = 0.0
     """Mean learner-version minus behaviour-version of trained batches (off-policy lag), taken
     at each batch's first update: the time it waited in the learner queue counts."""

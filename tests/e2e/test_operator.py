@@ -136,7 +136,7 @@ class OperatorTests(OperatorSuite):
         assert st["progress"]["learnerQueueFill"] == 0.5
 
         table = kube.kubectl("get", "ij", "-n", ns).stdout.splitlines()
-        header = ["NAME", "PHASE", "LEARNERS", "ROLLOUTS", "STEPS", "RETURN", "AGE"]
+        header = ["NAME", "PHASE", "LEARNERS", "ROLLOUTS", "STEPS", "RETURN", "AGE", "REGRESSED"]
         assert table[0].split() == header
         assert table[1].split()[:6] == ["cartpole", "Running", "1/1", f"{n}/{n}", "12500", "125"]
         assert "Created" in self.events(kube, ns, "cartpole")

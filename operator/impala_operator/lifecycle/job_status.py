@@ -163,6 +163,7 @@ def metric_sample(snapshot: StatusSnapshot | None, now: float, stale_after: floa
 
 def progress(snapshot: StatusSnapshot) -> dict[str, Any]:
     """`status.progress` from a sidecar snapshot."""
+    best = snapshot.return_trend.best_return_mean
     evaluation: dict[str, Any] = {}
     if snapshot.evaluation is not None:
         ev = snapshot.evaluation
@@ -176,12 +177,39 @@ def progress(snapshot: StatusSnapshot) -> dict[str, Any]:
         "timesteps": snapshot.counters.num_env_steps_sampled,
         "episodes": snapshot.counters.episodes,
         "episodeReturnMean": snapshot.episode_return_mean,
+        **({"bestEpisodeReturnMean": best} if best is not None else {}),
         **evaluation,
         "envStepsPerSecond": round(snapshot.throughput.env_steps_per_s, 3),
         "learnerQueueFill": round(snapshot.learner_queue.fill, 4),
         "policyVersion": snapshot.counters.policy_version,
         "updatedAt": rfc3339(snapshot.updated_at),
     }
+
+
+def return_regressed(
+    status: dict[str, Any], snapshot: StatusSnapshot | None, now: float
+) -> Event | None:
+    """Set `status`'s ReturnRegressed condition from the snapshot's return trend: True
+    (ReturnFellFromBest, the trend's message) while the training return has fallen far below its
+    best for long, False (ReturnHolds) otherwise once a full window of episodes has ended; left
+    as it was without a snapshot. A Warning Event when it turns True."""
+    if snapshot is None or snapshot.return_trend.first_return_mean is None:
+        return None
+    trend = snapshot.return_trend
+    conditions = status.get("conditions") or []
+    was = next((c for c in conditions if c.get("type") == RETURN_REGRESSED), None)
+    generation = status.get("observedGeneration")
+    if trend.regressed:
+        message = trend.message or "the training return fell far below its best"
+        reason = "ReturnFellFromBest"
+    else:
+        message, reason = "the training return holds against its best", "ReturnHolds"
+    status["conditions"] = list(
+        set_condition(conditions, RETURN_REGRESSED, trend.regressed, reason, message, now,
+                      generation)
+    )  # fmt: skip
+    turned = trend.regressed and (was is None or was.get("status") != "True")
+    return Event("Warning", RETURN_REGRESSED, message) if turned else None
 
 
 def job_state(status: Mapping[str, Any]) -> JobState:
@@ -308,6 +336,7 @@ def compute_status(
 
 
 LEARNER_POD_REFUSED = "LearnerPodRefused"
+RETURN_REGRESSED = "ReturnRegressed"
 
 
 def learner_pod_refused(

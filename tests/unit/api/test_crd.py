@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import io
+import re
 import types
 import typing
 from collections.abc import Iterator
@@ -123,9 +124,12 @@ def test_names_and_subresources() -> None:
 
 
 def _at(schema: dict[str, Any], json_path: str) -> dict[str, Any]:
+    """The schema node a printer column's path reads (`list[?(filter)]` reads an item)."""
     node = schema
-    for part in json_path.strip(".").split("."):
-        node = node["properties"][part]
+    for part in re.sub(r"\[\?\(.*?\)\]", "[]", json_path).strip(".").split("."):
+        name, item = part.removesuffix("[]"), part.endswith("[]")
+        node = node["properties"][name]
+        node = node["items"] if item else node
     return node
 
 

@@ -15,6 +15,7 @@ from impala_api.snapshot import (
     STATUS_FILE,
     Counters,
     LearnerQueue,
+    ReturnTrend,
     StatusSnapshot,
     Throughput,
     write_json_atomic,
@@ -30,6 +31,7 @@ from impala_operator.lifecycle.job_status import (
     job_state,
     learner_pod_view,
     metric_sample,
+    return_regressed,
     sidecar_url,
     status_patch,
 )
@@ -329,3 +331,25 @@ def test_a_status_from_before_disruptions_counts_every_restart_as_a_failure() ->
     assert job_state({"phase": "Running", "learner": {"restarts": 2}}).failures == 2
     state = job_state({"learner": {"restarts": 3, "failures": 1, "disruptions": 2}})
     assert (state.restarts, state.failures, state.disruptions) == (3, 1, 2)
+
+
+def test_a_return_fallen_from_its_best_is_a_condition_and_one_warning() -> None:
+    fell = ReturnTrend(first_return_mean=-56.0, best_return_mean=-9.5, best_env_steps=76_000,
+                       below_since_env_steps=100_000, below_since_episodes=2_000, regressed=True,
+                       message="the training return -152 has given back ...")  # fmt: skip
+    status: dict[str, Any] = {"conditions": [], "observedGeneration": 3}
+    assert return_regressed(status, None, 0.0) is None and status["conditions"] == []
+    event = return_regressed(status, _snapshot(return_trend=fell), 10.0)
+    assert event is not None and (event.type, event.reason) == ("Warning", "ReturnRegressed")
+    (cond,) = status["conditions"]
+    assert (cond["status"], cond["reason"], cond["observedGeneration"]) == (
+        "True", "ReturnFellFromBest", 3
+    )
+    assert cond["message"] == fell.message
+    assert return_regressed(status, _snapshot(return_trend=fell), 20.0) is None  # said once
+    held = fell.model_copy(update={"regressed": False, "message": None})
+    assert return_regressed(status, _snapshot(return_trend=held), 30.0) is None
+    assert [(c["status"], c["reason"]) for c in status["conditions"]] == [("False", "ReturnHolds")]
+    # Before a full window of episodes the trend has nothing to say.
+    assert return_regressed(status, _snapshot(), 40.0) is None
+    assert status["conditions"][0]["lastTransitionTime"] == rfc3339(30.0)

@@ -51,6 +51,8 @@ class DriverState:
     """Unix time the first run started."""
     evaluation: dict[str, Any] | None = None
     """The latest evaluation and the best so far (snapshot.EvaluationInfo), if any."""
+    return_trend: dict[str, Any] | None = None
+    """The training return's first and best window means (snapshot.ReturnTrend)."""
 
 
 def _seq(path: Path) -> int | None:

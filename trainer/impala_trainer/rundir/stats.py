@@ -18,6 +18,7 @@ from impala_api.snapshot import (
     HistoryPoint,
     LearnerQueue,
     Membership,
+    ReturnTrend,
     RunPhase,
     StatusSnapshot,
     StopProgress,
@@ -25,6 +26,7 @@ from impala_api.snapshot import (
     Throughput,
 )
 from impala_api.spec import StopSpec
+from impala_trainer.rundir import trend
 from impala_trainer.rundir.checkpoint import DriverState
 
 EPISODE_WINDOW = 100
@@ -59,6 +61,7 @@ class RunStats:
         self.evaluation: EvaluationInfo | None = (
             EvaluationInfo.model_validate(state.evaluation) if state.evaluation else None
         )
+        self.trend = ReturnTrend.model_validate(state.return_trend or {})
 
     # -- updates --------------------------------------------------------------------------------
 
@@ -208,6 +211,10 @@ class RunStats:
         returns = list(self.returns)
         lengths = list(self.lengths)
         self._fold_learner_stats()
+        mean = self.return_mean
+        if len(returns) >= EPISODE_WINDOW and mean is not None:
+            c = self.counters
+            self.trend = trend.observe(self.trend, mean, c.num_env_steps_sampled, c.episodes)
         return StatusSnapshot(
             job=self.job,
             phase=phase,
@@ -231,6 +238,7 @@ class RunStats:
             stop=StopProgress(
                 criteria=self.criteria(), progress=self.progress(), stopped_by=stopped_by
             ),
+            return_trend=self.trend,
             policy_lag_mean=self.policy_lag_mean,
         )
 
@@ -278,6 +286,7 @@ class RunStats:
             iteration=self.iteration,
             started_at=self.started_at,
             evaluation=self.evaluation.model_dump() if self.evaluation else None,
+            return_trend=self.trend.model_dump(),
         )
 
     def set_learner_queue(

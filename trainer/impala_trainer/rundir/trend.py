@@ -1,0 +1,63 @@
+"""Whether a learned policy is being lost: the training return against its own best.
+
+A run whose return climbs and then falls back, and stays down, has lost what it learned (a
+continuous-control policy collapsing, a learning rate too high for the late phase, a
+non-stationary env). `checkpoints/best` keeps the best evaluated policy, but nobody looks there
+unless told: this says so in the status (`ReturnTrend`), which the operator turns into the
+job's `ReturnRegressed` condition, an Event and a `kubectl get ij` column.
+
+The rule, scale-free (returns have any sign and scale): with `first` the first full window's
+mean (100 episodes) and `best` the best window mean, the run has regressed when the mean is
+below `best - LOST_FRACTION * (best - first)` and has been for at least `HOLD_FRACTION` of the
+env steps it took to reach the best, and for at least a full window of episodes. It clears as
+soon as the mean is above that threshold again. Pure: the driver calls `observe` at each
+snapshot.
+"""
+
+from __future__ import annotations
+
+from impala_api.snapshot import ReturnTrend
+
+LOST_FRACTION = 0.5
+"""Regressed below best - LOST_FRACTION * (best - first): half of what was gained given back."""
+HOLD_FRACTION = 0.25
+"""... for at least this fraction of the env steps the best took to reach."""
+WINDOW_EPISODES = 100
+"""... and for at least this many episodes (a window of its own, not one bad stretch)."""
+
+
+def observe(trend: ReturnTrend, mean: float, env_steps: int, episodes: int) -> ReturnTrend:
+    """The trend after a full window's mean `mean` at these counters."""
+    first = mean if trend.first_return_mean is None else trend.first_return_mean
+    best, best_at = trend.best_return_mean, trend.best_env_steps
+    if best is None or mean > best:
+        best, best_at = mean, env_steps
+    threshold = best - LOST_FRACTION * (best - first)
+    if best <= first or mean >= threshold:
+        return ReturnTrend(first_return_mean=first, best_return_mean=best, best_env_steps=best_at)
+    since = trend.below_since_env_steps if trend.below_since_env_steps is not None else env_steps
+    since_episodes = trend.below_since_episodes
+    if since_episodes is None:
+        since_episodes = episodes
+    regressed = (
+        env_steps - since >= HOLD_FRACTION * best_at
+        and episodes - since_episodes >= WINDOW_EPISODES
+    )
+    message = None
+    if regressed:
+        lost = (best - mean) / (best - first)
+        message = (
+            f"the training return {mean:.4g} has given back {lost:.0%} of what it gained (from "
+            f"{first:.4g} to its best {best:.4g} at {best_at} env steps) and stayed below "
+            f"{threshold:.4g} for {env_steps - since} env steps (with spec.evaluation, "
+            "checkpoints/best keeps the best evaluated policy)"
+        )
+    return ReturnTrend(
+        first_return_mean=first,
+        best_return_mean=best,
+        best_env_steps=best_at,
+        below_since_env_steps=since,
+        below_since_episodes=since_episodes,
+        regressed=regressed,
+        message=message,
+    )
