@@ -155,7 +155,8 @@ def test_scale_subresource_and_printer_columns(crd: Kube, namespace: str) -> Non
     # Observed replicas (pods that exist), not ready ones, as a Deployment's scale reports.
     assert scale["status"] == {"replicas": 3, "selector": status["rollouts"]["selector"]}
     table = crd.kubectl("get", "ij", "scaled", "-n", namespace).stdout.split("\n")
-    assert table[0].split() == ["NAME", "PHASE", "LEARNERS", "ROLLOUTS", "STEPS", "RETURN", "AGE", "REGRESSED"]
+    header = ["NAME", "PHASE", "LEARNERS", "ROLLOUTS", "STEPS", "RETURN", "AGE", "REGRESSED"]
+    assert table[0].split() == header
     assert table[1].split()[:6] == ["scaled", "Running", "1/2", "2/3", "12345", "87.5"]
 
 
