@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.sample_run import write_sample_run
+from impala_api.snapshot import STATUS_FILE, ReturnTrend, write_json_atomic
 from impala_trainer.sidecar.settings import Settings
 from tests.support.sidecar import serve_in_thread
 
@@ -186,3 +187,24 @@ def test_dashboard_shows_the_evaluation_curve_and_plays_its_video(tmp_path: Path
     assert 'data-decoded="600x400"' in proc.stdout  # CartPole's frames, decoded by Chromium
     print(f"dashboard screenshot with the evaluation: {shot}")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_dashboard_warns_when_the_return_has_regressed(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    snap, _ = write_sample_run(run_dir, job="cartpole-regressed", points=10)
+    message = "the training return 12.5 has given back 90% of what it gained"
+    trend = ReturnTrend(first_return_mean=10.0, best_return_mean=400.0, best_env_steps=5_000,
+                        below_since_env_steps=6_000, below_since_episodes=50, regressed=True,
+                        message=message)  # fmt: skip
+    write_json_atomic(run_dir / STATUS_FILE, snap.model_copy(update={"return_trend": trend}))
+    url, stop = serve_in_thread(run_dir, "127.0.0.1", 0, settings=Settings())
+    try:
+        proc = _run_chromium(tmp_path, "--dump-dom", f"{url}/")
+    finally:
+        stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"Return regressed: {message}" in proc.stdout
+    assert 'id="regressed" class="warning" hidden' not in proc.stdout
+    page = _Plots()
+    page.feed(proc.stdout)
+    assert page.cards["Best mean return"] == "400"

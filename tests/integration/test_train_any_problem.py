@@ -61,7 +61,7 @@ def test_a_users_continuous_task_learns_from_a_bare_manifest_and_keeps_it(
     manifest = tmp_path / "reach.yaml"
     manifest.write_text(
         "apiVersion: impala.dev/v1alpha1\nkind: ImpalaJob\nmetadata: {name: reach}\n"
-        "spec:\n  env: {id: 'harness.reach:PointReach-v0'}\n  stop: {timesteps: 2500000}\n"
+        "spec:\n  env: {id: 'harness.reach:PointReach-v0'}\n  stop: {timesteps: 2000000}\n"
     )
     out = _train(tmp_path, str(manifest), pythonpath=str(ROOT))
     mark = reach.RANDOM_RETURN + 0.8 * (reach.BEST_RETURN - reach.RANDOM_RETURN)

@@ -1,4 +1,4 @@
-"""The wrappers the trainer ships for `env.wrappers`: StatelessCartPole's two."""
+"""The wrappers the trainer ships for `env.wrappers`: StatelessCartPole's two, and ScaleRewards."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from impala_trainer.rollouts.wrappers import KeepObservations, RescaleObservations
+from impala_trainer.rollouts.wrappers import KeepObservations, RescaleObservations, ScaleRewards
 
 
 def test_keep_observations_keeps_the_listed_entries_and_their_bounds() -> None:
@@ -33,3 +33,10 @@ def test_rescale_observations_maps_the_bounds_to_the_unit_box_without_warnings()
     np.testing.assert_allclose(obs, raw / np.array([4.8, 0.41887903]), rtol=1e-5)
     with pytest.raises(ValueError, match="finite bounds"):
         RescaleObservations(gym.make("CartPole-v1"))  # the velocities are unbounded
+
+
+def test_scale_rewards_multiplies_every_reward() -> None:
+    env = ScaleRewards(gym.make("CartPole-v1"), 1000.0)
+    env.reset(seed=0)
+    _, reward, *_ = env.step(0)
+    assert reward == 1000.0

@@ -5,7 +5,8 @@ only position and angle (indices [0, 2]) is RLlib's StatelessCartPole, the stand
 recurrent policy remembers what a feed-forward one cannot see (the velocities).
 `RescaleObservations` maps a bounded Box observation onto [low, high] by its bounds: a fixed
 scale, which plays the same in evaluation and in an exported policy (a running mean/std filter
-lives in each env and starts over in every new one).
+lives in each env and starts over in every new one). `ScaleRewards` multiplies every reward
+by a constant.
 """
 
 from __future__ import annotations
@@ -48,3 +49,15 @@ class RescaleObservations(gym.wrappers.RescaleObservation):  # type: ignore[misc
             raise ValueError(f"RescaleObservations needs a Box with finite bounds, not {space}")
         dtype = space.dtype
         super().__init__(env, np.full(space.shape, low, dtype), np.full(space.shape, high, dtype))
+
+
+class ScaleRewards(gym.RewardWrapper):  # type: ignore[misc]
+    """Every reward times `scale`: a problem's returns at another scale, as a user's own rewards
+    come (what `model.popart` makes no difference to; docs/models.md, "PopArt")."""
+
+    def __init__(self, env: gym.Env, scale: float) -> None:
+        super().__init__(env)
+        self.scale = float(scale)
+
+    def reward(self, reward: float) -> float:
+        return float(reward) * self.scale

@@ -79,6 +79,16 @@ _GAUGES = (
     ("impala_episode_return_max", "Max return of the last 100 episodes.", "episode_return_max"),
     ("impala_episode_length_mean", "Mean length of the last 100 episodes.", "episode_len_mean"),
     (
+        "impala_episode_return_best",
+        "Best 100-episode mean return so far.",
+        "return_trend.best_return_mean",
+    ),
+    (
+        "impala_return_regressed",
+        "1 while the mean return has fallen far below its best for long (ReturnRegressed).",
+        "return_trend.regressed",
+    ),
+    (
         "impala_evaluation_return_mean",
         "Mean return of the latest evaluation (spec.evaluation).",
         "evaluation.episode_return_mean",

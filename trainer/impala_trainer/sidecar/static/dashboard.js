@@ -148,6 +148,7 @@ function renderStatus(s) {
     card("Env steps sampled", count(c.num_env_steps_sampled)),
     card("Episodes", count(c.episodes)),
     card("Mean return (100 ep)", fmt(s.episode_return_mean)),
+    card("Best mean return", fmt(s.return_trend.best_return_mean)),
     card("Mean episode length", fmt(s.episode_len_mean, 1)),
     card("Env steps / s", fmt(t.env_steps_per_s, 1)),
     card("Trained steps / s", fmt(t.trained_steps_per_s, 1)),
@@ -162,6 +163,10 @@ function renderStatus(s) {
     ...evaluationCards(s.evaluation),
   );
   renderEvaluation(s.evaluation);
+  // The learned policy being lost (the job's ReturnRegressed condition says the same).
+  $("regressed").hidden = !s.return_trend.regressed;
+  $("regressed").textContent = s.return_trend.regressed
+    ? `Return regressed: ${s.return_trend.message}` : "";
   table("learner", Object.entries(s.learner).map(([k, v]) => [k, fmt(v, 4)]));
   table("timing", Object.entries(s.timing_breakdown).map(([k, v]) => [k, fmt(v, 2)]));
   const counts = {};
