@@ -52,9 +52,19 @@ class PointReach(gym.Env):  # type: ignore[misc]
         return self._obs(), reward, False, False, {}
 
 
+class UnboundedPointReach(PointReach):
+    """The same task with actions declared unbounded (the env still clips them): a Box a
+    squashed Gaussian cannot fit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.action_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+
+
 def best_action(obs: np.ndarray) -> np.ndarray:
     """The best policy's action: the rest of the way to the target, at most a full step."""
     return np.clip((obs[..., 2:] - obs[..., :2]) / STEP, -1.0, 1.0).astype(np.float32)
 
 
 gym.register("PointReach-v0", entry_point=PointReach, max_episode_steps=HORIZON)
+gym.register("UnboundedPointReach-v0", entry_point=UnboundedPointReach, max_episode_steps=HORIZON)
