@@ -83,8 +83,7 @@ def space_defaults(spec: ImpalaJobSpec) -> tuple[ImpalaJobSpec, list[SpaceDefaul
     """`spec` with the fields it omits that depend on the action space set for this env's, and
     what was set and why (for `impalajob validate`, the run's log and config.yaml).
 
-    Box actions: a squashed Gaussian where every bound is finite, APPO's clipped surrogate and
-    PopArt (with a built-in model).
+    Box actions: a squashed Gaussian where every bound is finite, and APPO's clipped surrogate.
     A learner a few updates ahead of its actors (the policy lag IMPALA runs with) kept pushing a
     Gaussian past what the acting policy did, under V-trace's truncated weights, until its actions
     saturated at a bound and the policy walked away from every target (docs/models.md, "Box
@@ -109,17 +108,6 @@ def space_defaults(spec: ImpalaJobSpec) -> tuple[ImpalaJobSpec, list[SpaceDefaul
         why = "Box actions: APPO's clipped surrogate holds a Gaussian policy under policy lag"
         chosen.append(SpaceDefault("training.surrogateClip", BOX_SURROGATE_CLIP, why))
         training = training.model_copy(update={"surrogate_clip": BOX_SURROGATE_CLIP})
-    if model.popart is None:
-        popart = model.type != "custom" and training.mode == "vtrace"
-        why = (
-            "Box actions: their rewards come unclipped, at any scale"
-            if popart
-            else "your own model's value head is yours to normalise"
-            if model.type == "custom"
-            else "training.mode async-gradients has no learner to keep its statistics"
-        )
-        chosen.append(SpaceDefault("model.popart", popart, why))
-        model = model.model_copy(update={"popart": popart})
     return spec.model_copy(update={"model": model, "training": training}), chosen
 
 

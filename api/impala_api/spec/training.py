@@ -196,15 +196,13 @@ class ModelSpec(SpecModel):
     learner scores the sample either way. Omitted: true where every bound is finite, else false
     (`impalajob validate` says which)."""
 
-    popart: bool | None = None
+    popart: bool = False
     """Normalise the value function with PopArt (Hessel et al. 2019, the IMPALA authors'): the
     value head learns in units of the V-trace targets' running mean and scale, its last layer
     rewritten whenever they move so its outputs stay exactly the same, and the policy gradient's
     advantages are divided by that scale, so rewards of any scale train alike with the same
     learning rate and entropy coefficient. Needs a value_head of one nn.Linear output (every
-    built-in model has one); not with training.mode async-gradients. Omitted: true for Box
-    actions with a built-in model (continuous rewards come unclipped, at any scale), false
-    otherwise (`impalajob validate` says which)."""
+    built-in model has one); not with training.mode async-gradients."""
 
     import_path: str | None = Field(default=None, alias="import", pattern=IMPORT_PATH_PATTERN)
     """type custom: your model class, `package.module:Class`, a subclass of

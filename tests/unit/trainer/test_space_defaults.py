@@ -9,30 +9,21 @@ from tests.support.jobs import make_spec
 REACH = {"id": "harness.reach:PointReach-v0"}
 
 
-def test_a_bare_box_manifest_gets_the_squash_the_surrogate_and_popart() -> None:
+def test_a_bare_box_manifest_gets_the_squash_and_the_surrogate() -> None:
     spec, chosen = space_defaults(make_spec(env=REACH))
-    model, training = spec.model, spec.training
-    assert (model.squash_actions, training.surrogate_clip, model.popart) == (True, 0.3, True)
+    assert (spec.model.squash_actions, spec.training.surrogate_clip) == (True, 0.3)
     said = "\n".join(map(str, chosen))
     assert "spec.model.squashActions: true (Box actions with finite bounds" in said
-    assert "spec.training.surrogateClip: 0.3" in said and "spec.model.popart: true" in said
+    assert "spec.training.surrogateClip: 0.3" in said and len(chosen) == 2
 
 
 def test_what_the_manifest_says_stays_and_discrete_spaces_get_nothing() -> None:
-    given = make_spec(env=REACH, model={"squashActions": False, "popart": False},
+    given = make_spec(env=REACH, model={"squashActions": False},
                       training={"surrogateClip": 0.2})  # fmt: skip
     spec, chosen = space_defaults(given)
     assert chosen == [] and spec == given
     cartpole = make_spec(env={"id": "CartPole-v1"})
     assert space_defaults(cartpole) == (cartpole, [])
-
-
-def test_a_custom_model_keeps_its_own_value_head() -> None:
-    model = {"type": "custom", "import": "tests.support.custom_models:NoValueHead"}
-    custom = make_spec(env=REACH, model=model)
-    spec, chosen = space_defaults(custom)
-    assert spec.model.popart is False
-    assert any("your own model's value head" in str(c) for c in chosen)
 
 
 def test_an_unbounded_box_is_clipped_and_squashing_it_is_refused_naming_the_field() -> None:
