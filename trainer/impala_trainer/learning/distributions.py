@@ -16,15 +16,12 @@ for every space.
   `normalize_actions: False, clip_actions: True`), so log-probabilities stay those of the
   distribution that acted.
 
-Why squash where the bounds allow: with clipping, the expected return is flat in the mean once
-the mean is past a bound (every sample near it reaches the env as the bound itself), yet the
-policy gradient keeps pushing it out whenever the bound is the best action (the probability of
-landing inside is always positive), and nothing pulls it back; the only way left to reach the
-inside is a wider Gaussian, so the log-std climbs even without an entropy bonus. Learned
-policies then drift into actions saturated at one bound and walk away from every target
-(`tests/unit/trainer/test_distributions.py` shows both gradients). Squashed, the bounds are
-reached only in the limit, and the entropy of the squashed action (which falls as samples
-saturate) holds the Gaussian inside the range where its actions differ.
+Why squash where the bounds allow: the env's actions stay inside the space by construction,
+near a bound the policy still tells its actions apart (tanh's slope shrinks smoothly, where a
+clipped sample past the bound is the bound itself), and the entropy bonus is the squashed
+action's, which falls as samples saturate, so it pulls a saturating policy back instead of
+widening it. (What made continuous policies collapse was not the clip but policy lag under
+V-trace's policy gradient: `tests/unit/trainer/test_policy_lag.py`, `training.surrogateClip`.)
 
 Workers draw each fragment's noise in one call (Gumbel for the categoricals, standard normal for
 the Gaussian), which is cheaper than a distribution object per step and makes a worker's actions

@@ -260,11 +260,11 @@ class Learner:
                 opt.step()
             self.policy_version += 1
 
-    def _update_popart(self, target_moments: torch.Tensor) -> None:
+    def _update_popart(self, target_moments: torch.Tensor | None) -> None:
         """After a step: a PopArt head's statistics towards the batch's targets (their means
         over the group with learner.replicas, so every learner keeps the same head)."""
         head = popart.head_of(self.model)
-        if head is None:
+        if head is None or target_moments is None:
             return
         moments = target_moments.to(self.params[0].device, torch.float32).clone()
         if self.collective is not None:
@@ -543,14 +543,16 @@ class MultiDeviceLearner(Learner):
                 for out, shard in zip(outs, shards, strict=True)
             ]
             loss_stats = torch.stack(weighted).sum(0)
-            moments = sum(
-                out.target_moments.to(master) * shard.share
-                for out, shard in zip(outs, shards, strict=True)
-            )
+            moments = None
+            if outs[0].target_moments is not None:  # a PopArt head: every tower has one
+                moments = torch.stack(
+                    [out.target_moments.to(master) * shard.share  # type: ignore[union-attr]
+                     for out, shard in zip(outs, shards, strict=True)]
+                ).sum(0)  # fmt: skip
 
         gnorm = self._clip_gradients()
         self._step()
-        self._update_popart(torch.as_tensor(moments))
+        self._update_popart(moments)
         self._sync_towers()
         return self._stats(loss_stats, gnorm, coeffs)
 

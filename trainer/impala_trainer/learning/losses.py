@@ -61,9 +61,9 @@ class LossOutput(NamedTuple):
     stats: torch.Tensor
     """[6] detached: policy_loss, vf_loss (sums), entropy (mean per step), total_loss,
     vf_explained_var, mean_rho. One tensor so a GPU learner syncs once for all of them."""
-    target_moments: torch.Tensor
+    target_moments: torch.Tensor | None
     """[2] detached: the mean and the mean square of the batch's V-trace targets (what a
-    PopArt head's statistics move towards)."""
+    PopArt head's statistics move towards); None for a model without one."""
 
 
 STAT_NAMES = ("policy_loss", "vf_loss", "entropy", "total_loss", "vf_explained_var", "mean_rho")
@@ -206,7 +206,9 @@ def impala_loss(
 
     with torch.no_grad():
         explained_var = 1.0 - (returns.vs - values).var() / returns.vs.var().clamp(min=1e-8)
-        target_moments = torch.stack([returns.vs.mean(), returns.vs.square().mean()])
+        target_moments = (
+            None if sigma is None else torch.stack([returns.vs.mean(), returns.vs.square().mean()])
+        )
         stats = torch.stack(
             [
                 policy_loss.detach(),
