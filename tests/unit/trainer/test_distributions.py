@@ -140,3 +140,32 @@ def test_free_log_std_is_state_independent_and_trained() -> None:
     learner = Learner(spec, worker.obs_shape, worker.actions)
     learner.learn_on_batch(concat_fragments([f]))
     assert learner.model.log_std is not None and learner.model.log_std.grad is not None
+
+
+def test_squashed_gaussian_scores_the_sample_and_its_entropy_is_the_squashed_actions() -> None:
+    """Against torch's tanh-transformed Normal scaled into the bounds: the learner's log-prob is
+    the Gaussian's at the stored sample (the Jacobian cancels in every ratio), the env gets the
+    transform of it, and the entropy estimate at the behaviour's own noise averages to the
+    squashed action's entropy, E[-log p(a)]."""
+    from torch.distributions import AffineTransform, TanhTransform, TransformedDistribution
+
+    low, high = np.array([-2.0, 0.0]), np.array([2.0, 1.0])
+    dist = SquashedGaussian(low, high)
+    inputs = torch.tensor([[0.3, -1.0, -0.5, 0.2]], dtype=torch.float64).expand(50_000, 4)
+    normal = Normal(inputs[:, :2], inputs[:, 2:].exp())
+    squashed = TransformedDistribution(normal, [
+        TanhTransform(),
+        AffineTransform(torch.tensor((high + low) / 2), torch.tensor((high - low) / 2)),
+    ])  # fmt: skip
+    u = normal.sample()
+    logp, entropy = dist.log_prob_and_entropy(inputs, u, inputs)  # the behaviour is the learner
+    torch.testing.assert_close(logp, normal.log_prob(u).sum(-1))
+    env = torch.from_numpy(dist.to_env(u.float().numpy()).astype(np.float64))
+    assert (env >= torch.tensor(low)).all() and (env <= torch.tensor(high)).all()
+    a = squashed.transforms[1](squashed.transforms[0](u))
+    torch.testing.assert_close(env, a, atol=1e-5, rtol=1e-5)
+    truth = -squashed.log_prob(a.clamp(torch.tensor(low) + 1e-9, torch.tensor(high) - 1e-9))
+    assert float(entropy.mean()) == pytest.approx(float(truth.sum(-1).mean()), abs=0.02)
+    # The greedy action the export gives is the squashed mean.
+    greedy = squashed.transforms[1](torch.tanh(inputs[:1, :2]))
+    torch.testing.assert_close(dist.mode(inputs[:1]), greedy)

@@ -303,8 +303,7 @@ class SquashedGaussian(DiagGaussian):
         u = mean + torch.exp(log_std) * noise
         # log(1 - tanh(u)^2), stable for large |u|.
         log_det = 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))
-        gaussian = (log_std + 0.5 * (_LOG_2PI + 1.0)).sum(-1)
-        return gaussian + log_det.sum(-1) + self._log_half
+        return super().entropy(inputs) + log_det.sum(-1) + self._log_half
 
     def log_prob_and_entropy(
         self,
@@ -313,7 +312,7 @@ class SquashedGaussian(DiagGaussian):
         behaviour_inputs: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if behaviour_inputs is None:
-            return self.log_prob(inputs, actions), self.entropy(inputs)
+            return super().log_prob_and_entropy(inputs, actions)
         b_mean, b_log_std = self._mean_log_std(behaviour_inputs.to(inputs.dtype))
         noise = (actions.to(inputs.dtype) - b_mean) * torch.exp(-b_log_std)
         return self.log_prob(inputs, actions), self.squashed_entropy(inputs, noise)
