@@ -187,18 +187,21 @@ def progress(snapshot: StatusSnapshot) -> dict[str, Any]:
 
 
 def return_regressed(
-    status: dict[str, Any], snapshot: StatusSnapshot | None, now: float
+    status: dict[str, Any],
+    snapshot: StatusSnapshot | None,
+    now: float,
+    generation: int | None = None,
 ) -> Event | None:
     """Set `status`'s ReturnRegressed condition from the snapshot's return trend: True
     (ReturnFellFromBest, the trend's message) while the training return has fallen far below its
     best for long, False (ReturnHolds) otherwise once a full window of episodes has ended; left
-    as it was without a snapshot. A Warning Event when it turns True."""
+    as it was without a snapshot; stamped with `generation` as the other conditions are. A
+    Warning Event when it turns True."""
     if snapshot is None or snapshot.return_trend.first_return_mean is None:
         return None
     trend = snapshot.return_trend
     conditions = status.get("conditions") or []
     was = next((c for c in conditions if c.get("type") == RETURN_REGRESSED), None)
-    generation = status.get("observedGeneration")
     if trend.regressed:
         message = trend.message or "the training return fell far below its best"
         reason = "ReturnFellFromBest"

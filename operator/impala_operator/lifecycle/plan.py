@@ -441,7 +441,9 @@ def plan_tick(
         last_scale_time=last_scale,
         replicas=job.spec.learner.replicas,
     )
-    regressed = job_status.return_regressed(plan.status, snapshot, now)
+    regressed = job_status.return_regressed(
+        plan.status, snapshot, now, status.get("observedGeneration")
+    )
     if regressed is not None:
         plan.events.append(regressed)
     if decided is not None:

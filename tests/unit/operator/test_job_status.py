@@ -337,9 +337,9 @@ def test_a_return_fallen_from_its_best_is_a_condition_and_one_warning() -> None:
     fell = ReturnTrend(first_return_mean=-56.0, best_return_mean=-9.5, best_env_steps=76_000,
                        below_since_env_steps=100_000, below_since_episodes=2_000, regressed=True,
                        message="the training return -152 has given back ...")  # fmt: skip
-    status: dict[str, Any] = {"conditions": [], "observedGeneration": 3}
-    assert return_regressed(status, None, 0.0) is None and status["conditions"] == []
-    event = return_regressed(status, _snapshot(return_trend=fell), 10.0)
+    status: dict[str, Any] = {"conditions": []}
+    assert return_regressed(status, None, 0.0, 3) is None and status["conditions"] == []
+    event = return_regressed(status, _snapshot(return_trend=fell), 10.0, 3)
     assert event is not None and (event.type, event.reason) == ("Warning", "ReturnRegressed")
     (cond,) = status["conditions"]
     assert (cond["status"], cond["reason"], cond["observedGeneration"]) == (
