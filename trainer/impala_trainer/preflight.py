@@ -10,12 +10,13 @@ once to be checked (`impalajob validate` of a built-in model stays torch-free).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
 
-from impala_api.spec import ImpalaJobSpec
+from impala_api.spec import EnvSpec, ImpalaJobSpec
 from impala_trainer.rollouts.envs import env_problem, make_vector_env
 
 
@@ -35,15 +36,12 @@ def job_problem(spec: ImpalaJobSpec) -> tuple[str, str] | None:
     obs_space, action_space = _spaces(spec)
     if model.free_log_std and not isinstance(action_space, gym.spaces.Box):
         return "model.freeLogStd", f"freeLogStd needs a Box action space, not {action_space}"
-    if model.squash_actions:
-        from impala_trainer.learning.distributions import squashable  # torch: only when asked
-
-        if not squashable(action_space):
-            return (
-                "model.squashActions",
-                f"squashActions needs a Box action space with finite bounds, not "
-                f"{action_space}: set it to false (the env gets the sample clipped) or omit it",
-            )
+    if model.squash_actions and not _bounded(action_space):
+        return (
+            "model.squashActions",
+            f"squashActions needs a Box action space with finite bounds, not "
+            f"{action_space}: set it to false (the env gets the sample clipped) or omit it",
+        )
     shape = tuple(obs_space.shape or ())
     if model.type in ("cnn", "resnet") and len(shape) != 3:
         return (
@@ -96,7 +94,7 @@ def space_defaults(spec: ImpalaJobSpec) -> tuple[ImpalaJobSpec, list[SpaceDefaul
     chosen: list[SpaceDefault] = []
     model, training = spec.model, spec.training
     if model.squash_actions is None:
-        finite = bool(np.isfinite(space.low).all() and np.isfinite(space.high).all())
+        finite = _bounded(space)
         why = (
             "Box actions with finite bounds: the Gaussian's sample squashed into them"
             if finite
@@ -111,9 +109,25 @@ def space_defaults(spec: ImpalaJobSpec) -> tuple[ImpalaJobSpec, list[SpaceDefaul
     return spec.model_copy(update={"model": model, "training": training}), chosen
 
 
+def _bounded(space: gym.Space[Any]) -> bool:
+    """A Box whose every bound is finite: what a squashed Gaussian fits (distributions'
+    `squashable`, without importing torch: validate of a built-in model stays torch-free)."""
+    return (
+        isinstance(space, gym.spaces.Box)
+        and bool(np.isfinite(space.low).all())
+        and bool(np.isfinite(space.high).all())
+    )
+
+
 def _spaces(spec: ImpalaJobSpec) -> tuple[gym.Space[Any], gym.Space[Any]]:
-    """The observation and action space one worker's env has (after wrappers and flattening)."""
-    vec = make_vector_env(spec.env, 1, seed=0)
+    """The observation and action space one worker's env has (after wrappers and flattening),
+    from one throwaway env per env spec: job_problem and space_defaults both ask."""
+    return _env_spaces(spec.env.model_dump_json())
+
+
+@functools.lru_cache(maxsize=8)
+def _env_spaces(env_json: str) -> tuple[gym.Space[Any], gym.Space[Any]]:
+    vec = make_vector_env(EnvSpec.model_validate_json(env_json), 1, seed=0)
     try:
         return vec.single_observation_space, vec.single_action_space
     finally:
