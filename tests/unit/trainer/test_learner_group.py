@@ -169,3 +169,34 @@ def test_learners_that_never_join_fail_naming_the_field(
     assert message.startswith("spec.learner.replicas 3: the learners did not form a group")
     assert "did not join" in message
     assert all(a.error is not None for a in backend.learners)  # none left behind
+
+
+def test_the_other_learners_start_only_once_learner_0_is_placed(tmp_path: Path) -> None:
+    """Learner 0 is pinned to the driver's node, which offers one unit of `learner`: a rank
+    started beside it could take that unit while the learner pods are still joining, and
+    learner 0 would never be placed. So the others are started once learner 0 has answered."""
+    backend = LocalBackend(rollout_units=1)
+    real_start, real_call = backend.start_learner, backend.learner_call
+    answered: list[bool] = []
+    address_refs: list[LocalRef] = []
+
+    def start(*args: Any) -> Any:
+        rank = args[3]
+        if rank > 0:
+            answered.append(bool(address_refs) and address_refs[0].done())
+        return real_start(*args)
+
+    def call(handle: Any, method: Any, *args: Any) -> Any:
+        ref = real_call(handle, method, *args)
+        if method == "address":
+            address_refs.append(ref)
+        return ref
+
+    backend.start_learner = start  # type: ignore[method-assign]
+    backend.learner_call = call  # type: ignore[method-assign]
+    driver = build_driver(_job(3), RunDir(tmp_path / "run"), backend, Wiring(rollout_workers=1))
+    assert isinstance(driver, ImpalaDriver)
+    try:
+        assert answered == [True, True]
+    finally:
+        driver.group.close(timeout=30)

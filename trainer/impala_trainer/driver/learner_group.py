@@ -209,10 +209,9 @@ class DistributedLearnerGroup:
         self.world_size = spec.learner.replicas
         self.capacity = spec.training.learner_queue_size
         """Batches one learner may have outstanding (queued, not yet begun)."""
-        self.handles: list[Handle] = [
-            backend.start_learner(spec, model, seed, rank, intra_op_threads)
-            for rank in range(self.world_size)
-        ]
+        self._learner_args = (spec, model, seed)
+        self._intra_op_threads = intra_op_threads
+        self.handles: list[Handle] = [self._start(0)]  # the others once it is placed (`_form`)
         self.outstanding = [0] * self.world_size
         self._polls: dict[Ref, int] = {}
         self._feeds: list[Ref] = []
@@ -233,14 +232,22 @@ class DistributedLearnerGroup:
     # -- forming the group ------------------------------------------------------------------
 
     def _form(self) -> LearnerInfo:
-        """Rank 0's address, then every learner joins there (blocks until all have)."""
+        """Rank 0's address, then every learner joins there (blocks until all have).
+
+        The other ranks are started only once rank 0 is placed: rank 0 must sit on the driver's
+        node, whose one unit of `learner` a rank started beside it could take first (the peer
+        pods not joined yet), and rank 0 would then never be placed."""
         deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_SECONDS
         refs = [self._call(0, "address")]
         address: Rendezvous = self._wait_for(refs, deadline, forming=True)[0]
+        self.handles += [self._start(rank) for rank in range(1, self.world_size)]
         rendezvous = Rendezvous(address.host, address.port, self.world_size)
         refs = [self._call(rank, "join", rendezvous) for rank in range(self.world_size)]
         infos: list[LearnerInfo] = self._wait_for(refs, deadline, forming=True)
         return infos[0]
+
+    def _start(self, rank: int) -> Handle:
+        return self.backend.start_learner(*self._learner_args, rank, self._intra_op_threads)
 
     def _wait_for(self, refs: list[Ref], deadline: float, forming: bool = False) -> list[Any]:
         """The values of `refs` (one call per rank, in rank order, or learner 0's alone)."""
