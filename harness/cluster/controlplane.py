@@ -36,7 +36,7 @@ import yaml
 from ..net import free_port
 from . import provisioner
 from .kube import KWOK_NODE_ANNOTATION, Kube, b64file, wait_for, write_kubeconfig
-from .node import HOST_IP, NODE_NAME, RealNode, missing_prerequisites
+from .node import HOST_IP, NODE_NAME, RealNode, default_image_store, missing_prerequisites
 from .pki import ClusterPKI, KeyPair, make_pki
 
 HERE = Path(__file__).resolve().parent
@@ -212,7 +212,10 @@ class ControlPlane:
             if problems:
                 shutil.rmtree(workdir, ignore_errors=True)
                 raise RuntimeError(f"the real node needs: {'; '.join(problems)}")
-            cp.node = RealNode(bin_dir, workdir, images=images, taint=taint_real_node)
+            cp.node = RealNode(
+                bin_dir, workdir, images=images, taint=taint_real_node,
+                image_store=default_image_store(),
+            )  # fmt: skip
         atexit.register(cp.stop)
         try:
             kube = cp._boot(timeout)

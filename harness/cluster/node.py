@@ -31,14 +31,17 @@ Choices, and why:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -187,6 +190,23 @@ def without_blobs(archive: Path, present: set[str], out: Path) -> Path | None:
     return out
 
 
+def default_image_store() -> Path:
+    """Where the real node keeps containerd's root between sessions: the test cache, keyed by
+    containerd's version (its on-disk format is that version's)."""
+    version = re.sub(r"[^A-Za-z0-9._-]", "_", _run("containerd", "--version").stdout.split()[2])
+    cache = Path(os.environ.get("IMPALA_TEST_CACHE") or Path.home() / ".cache" / "impalajob")
+    return cache / f"real-node-containerd-{version}"
+
+
+def manifest_digests(archive: Path) -> set[str]:
+    """The digests of the manifests an OCI archive's index lists."""
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("index.json")
+        assert member is not None, f"{archive}: no index.json"
+        index = json.load(member)
+    return {m["digest"] for m in index.get("manifests", [])}
+
+
 def docker_reference(name: str) -> str:
     """The fully qualified name the CRI looks an image up by (`impalajob:0.1.0` ->
     `docker.io/library/impalajob:0.1.0`)."""
@@ -290,6 +310,12 @@ class RealNode:
     taint: bool = False
     """Taint the node so only pods that tolerate `REAL_NODE_LABEL` land on it (kwok tests' pods
     never do); off for a cluster where the examples should run unchanged."""
+    image_store: Path | None = None
+    """containerd's root (content and unpacked layers) kept across sessions: an image imported
+    once is not unpacked again, and a code change imports its project layer alone (the 3 GB
+    dependency layer took ~2 min). One session at a time holds it (`flock`); another, or None,
+    gets a root in its work dir. Stale containers of an earlier session are removed before the
+    kubelet starts, and images no archive of this session names after the import."""
     owner_pid: int = field(default_factory=os.getpid)
     """The session's process: every host-wide name (netns, veth, cgroup root) carries it, so a
     dead session's leftovers can be found (`reap`). The addresses are fixed: one real node per
@@ -305,6 +331,7 @@ class RealNode:
     _started: bool = False
     _torn_down: bool = False
     processes: dict[str, Any] = field(default_factory=dict)
+    _store_lock: Any = None
 
     @property
     def dir(self) -> Path:
@@ -401,16 +428,13 @@ class RealNode:
         self._start_kube_proxy(spawn, kubeconfigs["kube-proxy"])
         self._start_coredns(spawn, kubeconfigs["coredns"])
 
-    def _ctr(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    def _ctr(
+        self, *args: str, timeout: float = 600, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         return _run(
-            "ctr",
-            "--address",
-            str(self.containerd_socket),
-            "--namespace",
-            "k8s.io",
-            *args,
-            timeout=timeout,
-        )
+            "ctr", "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args,
+            timeout=timeout, check=check,
+        )  # fmt: skip
 
     def _write_cni_config(self) -> None:
         conf = self.dir / "cni" / "net.d"
@@ -444,13 +468,29 @@ class RealNode:
             )
         )
 
+    def _containerd_root(self) -> Path:
+        """The kept image store when this session can hold it, else a root in the work dir."""
+        local = self.dir / "containerd" / "root"
+        if self.image_store is None:
+            return local
+        self.image_store.mkdir(parents=True, exist_ok=True)
+        lock = (self.image_store / ".lock").open("w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            print(f"[real-node] {self.image_store} is another session's: images imported anew")
+            return local
+        self._store_lock = lock
+        return self.image_store / "root"
+
     def _start_containerd(self, spawn: Spawn) -> None:
         d = self.dir / "containerd"
         d.mkdir(parents=True, exist_ok=True)
         cri = '[plugins."io.containerd.grpc.v1.cri"]'
         (d / "config.toml").write_text(
             f"""version = 2
-root = "{d / "root"}"
+root = "{self._containerd_root()}"
 state = "{d / "state"}"
 disabled_plugins = [
   "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
@@ -487,13 +527,34 @@ disabled_plugins = [
             "containerd", self.in_netns("containerd", "--config", str(d / "config.toml"))
         )
 
+    def _forget_earlier_sessions(self) -> None:
+        """A kept store still lists the containers (pods' and sandboxes') of the session that
+        used it last, none of which runs: removed, so the kubelet starts on a clean runtime and
+        containerd collects their snapshots."""
+        stale = self._ctr("containers", "ls", "-q").stdout.split()
+        for chunk in range(0, len(stale), 50):
+            self._ctr("containers", "rm", *stale[chunk : chunk + 50], check=False)
+
+    def _keep_only(self, archives: Sequence[Path]) -> None:
+        """Remove the images that none of `archives` holds (an earlier build's), so the kept
+        store does not grow with every dependency change: containerd collects their layers."""
+        wanted = set().union(*(manifest_digests(a) for a in archives))
+        for line in self._ctr("images", "ls").stdout.splitlines()[1:]:
+            ref, _kind, digest = line.split()[:3]
+            if digest not in wanted:
+                self._ctr("images", "rm", ref, check=False)
+
     def _import_images(self) -> None:
+        self._forget_earlier_sessions()
         archives = [pause_image_archive(self.bin_dir / "pause", self.dir / "pause.oci.tar")]
         for i, archive in enumerate([*archives, *self.images]):
             before = {line.split()[0] for line in self._ctr("images", "ls", "-q").stdout.split()}
             present = set(self._ctr("content", "ls", "-q").stdout.split())
+            started = time.monotonic()
             thin = without_blobs(archive, present, self.dir / f"image-{i}.oci.tar")
             self._ctr("images", "import", str(thin or archive))
+            took = time.monotonic() - started
+            print(f"[real-node] imported {archive.name} in {took:.0f} s", file=sys.stderr)
             # buildah names the image by its short reference ("impalajob:0.1.0"); the CRI finds
             # images by their full one, so each new name is tagged as that too.
             for name in self._ctr("images", "ls", "-q").stdout.split():
@@ -501,6 +562,8 @@ disabled_plugins = [
                     continue
                 if docker_reference(name) != name:
                     self._ctr("images", "tag", "--force", name, docker_reference(name))
+        # After the import: the layers an old build shares with the new one stay referenced.
+        self._keep_only([*archives, *self.images])
 
     def _make_cgroup_root(self) -> None:
         # The kubelet refuses a cgroupRoot that does not exist in every hierarchy. A new cpuset
@@ -732,8 +795,9 @@ disabled_plugins = [
         self._torn_down = True
         if self._started:
             self.stop_processes()
-        # Mounts: deepest first, detached (a mount still busy goes as soon as it is free).
-        prefix = str(self.workdir)
+        # Mounts: deepest first, detached (a mount still busy goes as soon as it is free); the
+        # kept image store's too (containerd's temporary mounts while it unpacks a layer).
+        prefixes = tuple(str(p) for p in (self.workdir, self.image_store) if p is not None)
         for point in sorted(_mount_points(), key=len, reverse=True):
             new_netns = (
                 self._netns_before is not None
@@ -741,12 +805,12 @@ disabled_plugins = [
                 and Path(point).name not in self._netns_before
                 and Path(point).name != self.netns
             )
-            if point.startswith(prefix) or new_netns:
+            if point.startswith(prefixes) or new_netns:
                 _run("umount", "-l", point, check=False)
                 if new_netns:
                     with contextlib.suppress(OSError):
                         Path(point).unlink()
-        for link in _log_links(prefix):
+        for link in _log_links(str(self.workdir)):
             with contextlib.suppress(OSError):
                 link.unlink()
         if self._network_up:
@@ -769,6 +833,9 @@ disabled_plugins = [
                     (SHIM_SOCKETS / name).unlink()
         for cg in self._new_cgroups():
             _remove_cgroup_tree(cg)
+        if self._store_lock is not None:  # the kept image store is free for the next session
+            self._store_lock.close()
+            self._store_lock = None
 
     def leftovers(self) -> list[str]:
         """What of the node is still on the host: [] after a clean teardown. Derived from the

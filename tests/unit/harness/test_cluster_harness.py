@@ -4,6 +4,7 @@ CI once lost a passing e2e test to a FileNotFoundError raised from `Path.rglob` 
 from __future__ import annotations
 
 import os
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,24 @@ def test_remove_survives_a_cgroup_removed_mid_walk(vanishing_tree: Path) -> None
 def test_cgroup_dirs_are_deepest_first(tmp_path: Path) -> None:
     (tmp_path / "a" / "b").mkdir(parents=True)
     assert node._cgroup_dirs(tmp_path) == [tmp_path / "a" / "b", tmp_path / "a", tmp_path]
+
+
+def test_an_archive_names_its_manifests_and_the_thin_copy_keeps_them(tmp_path: Path) -> None:
+    """The kept image store prunes by the archives' manifest digests, and imports a copy without
+    the blobs it holds: the copy keeps the index and every blob the store lacks."""
+    pause = tmp_path / "pause"
+    pause.write_bytes(b"\0" * 64)
+    archive = node.pause_image_archive(pause, tmp_path / "pause.oci.tar")
+    digests = node.manifest_digests(archive)
+    assert len(digests) == 1 and next(iter(digests)).startswith("sha256:")
+    layer_blobs = {f"sha256:{p.name}" for p in _blobs(archive)} - digests
+    thin = node.without_blobs(archive, layer_blobs, tmp_path / "thin.oci.tar")
+    assert thin is not None
+    assert {f"sha256:{p.name}" for p in _blobs(thin)} == digests
+    assert node.manifest_digests(thin) == digests
+    assert node.without_blobs(archive, set(), tmp_path / "none.oci.tar") is None
+
+
+def _blobs(archive: Path) -> list[Path]:
+    with tarfile.open(archive) as tar:
+        return [Path(m.name) for m in tar.getmembers() if m.isfile() and "/sha256/" in m.name]
