@@ -673,6 +673,8 @@ disabled_plugins = [
         d = self.dir / "coredns"
         d.mkdir(parents=True, exist_ok=True)
         # No `forward`: nothing outside the cluster is reachable from these machines anyway.
+        # build.sh compiles CoreDNS with these plugins alone (COREDNS_PLUGINS): a directive
+        # added here needs its plugin added there.
         (d / "Corefile").write_text(
             f""".:53 {{
     bind {POD_GATEWAY}
