@@ -548,20 +548,18 @@ disabled_plugins = [
         self._forget_earlier_sessions()
         archives = [pause_image_archive(self.bin_dir / "pause", self.dir / "pause.oci.tar")]
         for i, archive in enumerate([*archives, *self.images]):
-            before = {line.split()[0] for line in self._ctr("images", "ls", "-q").stdout.split()}
             present = set(self._ctr("content", "ls", "-q").stdout.split())
             started = time.monotonic()
             thin = without_blobs(archive, present, self.dir / f"image-{i}.oci.tar")
             self._ctr("images", "import", str(thin or archive))
             took = time.monotonic() - started
             print(f"[real-node] imported {archive.name} in {took:.0f} s", file=sys.stderr)
-            # buildah names the image by its short reference ("impalajob:0.1.0"); the CRI finds
-            # images by their full one, so each new name is tagged as that too.
-            for name in self._ctr("images", "ls", "-q").stdout.split():
-                if name in before or name.startswith("sha256:"):
-                    continue
-                if docker_reference(name) != name:
-                    self._ctr("images", "tag", "--force", name, docker_reference(name))
+        # buildah names the image by its short reference ("impalajob:0.1.0"); the CRI finds
+        # images by their full one, so every short name is tagged as that too, again each time:
+        # in a kept store the full name may still point at an earlier build.
+        for name in self._ctr("images", "ls", "-q").stdout.split():
+            if not name.startswith("sha256:") and docker_reference(name) != name:
+                self._ctr("images", "tag", "--force", name, docker_reference(name))
         # After the import: the layers an old build shares with the new one stay referenced.
         self._keep_only([*archives, *self.images])
 
