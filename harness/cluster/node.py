@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..cache import cache_root
 from .kube import wait_for
 
 HOST_IP = "10.221.0.1"
@@ -194,8 +195,7 @@ def default_image_store() -> Path:
     """Where the real node keeps containerd's root between sessions: the test cache, keyed by
     containerd's version (its on-disk format is that version's)."""
     version = re.sub(r"[^A-Za-z0-9._-]", "_", _run("containerd", "--version").stdout.split()[2])
-    cache = Path(os.environ.get("IMPALA_TEST_CACHE") or Path.home() / ".cache" / "impalajob")
-    return cache / f"real-node-containerd-{version}"
+    return cache_root() / f"real-node-containerd-{version}"
 
 
 def manifest_digests(archive: Path) -> set[str]:

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.cache import cache_root
+
 ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("IMPALA_TEST_CACHE", Path.home() / ".cache" / "impalajob"))
+CACHE = cache_root()
 HEAVY = re.compile(r"^(torch|ray|triton|nvidia-[a-z0-9-]+)==", re.MULTILINE)
 """Held at the lock's versions: the same wheels the environment already has."""
 
