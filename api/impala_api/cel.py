@@ -14,10 +14,16 @@ from impala_api.spec import (
     CUSTOM_MODEL_IMPORT,
     CUSTOM_MODEL_LSTM,
     EVALUATION_STOP_NEEDS_EVALUATION,
+    MAPPING_NEEDED,
+    MAPPING_ONE_WAY,
     MAX_SEQ_LEN_DIVIDES,
     MOUNT_NAMES_VOLUME_MESSAGE,
+    MULTI_AGENT_NEEDS_PETTINGZOO,
+    MULTI_AGENT_NOT_YET,
     NO_STOP_CRITERION,
     ONE_VOLUME_SOURCE_MESSAGE,
+    PETTINGZOO_OR_ID,
+    POLICY_NAME_PATTERN,
     POPART_NEEDS_VTRACE,
     PREV_ACTION_REWARD_LSTM,
     REPLICAS_NEED_VTRACE,
@@ -30,8 +36,11 @@ from impala_api.spec import (
     RESERVED_VOLUMES,
     SECRET_REF_NEEDS_URI,
     SEPARATE_LEARNER_NEEDS_VTRACE,
+    UNKNOWN_MAPPED_POLICY,
+    UNKNOWN_POLICY_TO_TRAIN,
     VOLUME_SOURCES,
 )
+from impala_api.spec.training import DEFAULT_ENV_ID
 
 Rule = dict[str, Any]
 
@@ -150,6 +159,27 @@ def _pod_overrides(group: str) -> dict[tuple[str, ...], list[Rule]]:
     }
 
 
+def _no_lstm_or_custom(model: str) -> str:
+    return (
+        f"(!has({model}.useLstm) || !{model}.useLstm) && "
+        f"(!has({model}.type) || {model}.type != 'custom')"
+    )
+
+
+_MULTI_AGENT_SUPPORTED = (
+    "!has(self.env.pettingzoo) || ("
+    "(!has(self.training.mode) || self.training.mode == 'vtrace') && "
+    "(!has(self.learner.replicas) || self.learner.replicas == 1) && "
+    "(!has(self.learner.process) || self.learner.process == 'driver') && "
+    "!has(self.evaluation) && " + _no_lstm_or_custom("self.model") + " && "
+    "(!has(self.multiAgent) || self.multiAgent.policies.all(k, "
+    "!has(self.multiAgent.policies[k].model) || "
+    + _no_lstm_or_custom("self.multiAgent.policies[k].model")
+    + ")))"
+)
+"""MULTI_AGENT_NOT_YET (`job.multi_agent_not_yet`) as CEL."""
+
+
 RULES: dict[tuple[str, ...], list[Rule]] = {
     (): [
         _rule(
@@ -181,6 +211,40 @@ RULES: dict[tuple[str, ...], list[Rule]] = {
             POPART_NEEDS_VTRACE,
             ".model.popart",
         ),
+        _rule(
+            "!has(self.multiAgent) || has(self.env.pettingzoo)",
+            MULTI_AGENT_NEEDS_PETTINGZOO,
+            ".multiAgent",
+        ),
+        _rule(_MULTI_AGENT_SUPPORTED, MULTI_AGENT_NOT_YET, ".env.pettingzoo"),
+    ],
+    ("multiAgent",): [
+        _rule(
+            "self.policies.all(k, k.matches('" + POLICY_NAME_PATTERN + "') && size(k) <= 32)",
+            "spec.multiAgent.policies: a policy name is lowercase letters, digits, '-' and '_', "
+            "at most 32, starting and ending with a letter or digit",
+            ".policies",
+        ),
+        _rule("!(has(self.policyMapping) && has(self.policyMappingFn))", MAPPING_ONE_WAY),
+        _rule(
+            "has(self.policyMapping) || has(self.policyMappingFn) || size(self.policies) == 1",
+            MAPPING_NEEDED,
+            ".policyMapping",
+        ),
+        _rule(
+            "!has(self.policyMapping) || self.policyMapping.all(r, r.policy in self.policies)",
+            UNKNOWN_MAPPED_POLICY,
+            ".policyMapping",
+        ),
+        _rule(
+            "!has(self.policiesToTrain) || self.policiesToTrain.all(p, p in self.policies)",
+            UNKNOWN_POLICY_TO_TRAIN,
+            ".policiesToTrain",
+        ),
+    ],
+    ("env",): [
+        *_immutable("env", "environment"),
+        _rule(f"!has(self.pettingzoo) || self.id == '{DEFAULT_ENV_ID}'", PETTINGZOO_OR_ID, ".id"),
     ],
     ("stop",): [
         _rule(
@@ -189,7 +253,6 @@ RULES: dict[tuple[str, ...], list[Rule]] = {
             NO_STOP_CRITERION,
         )
     ],
-    ("env",): _immutable("env", "environment"),
     ("model",): [
         *_immutable("model", "network"),
         _rule("(self.type == 'custom') == has(self.import)", CUSTOM_MODEL_IMPORT, ".import"),

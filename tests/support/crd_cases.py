@@ -19,8 +19,15 @@ from impala_api.spec import (
     MAX_SEQ_LEN_DIVIDES,
     NO_STOP_CRITERION,
     PREV_ACTION_REWARD_LSTM,
+    MAPPING_NEEDED,
+    MAPPING_ONE_WAY,
+    MULTI_AGENT_NEEDS_PETTINGZOO,
+    MULTI_AGENT_NOT_YET,
+    PETTINGZOO_OR_ID,
     REPLICAS_NEED_VTRACE,
     SEPARATE_LEARNER_NEEDS_VTRACE,
+    UNKNOWN_MAPPED_POLICY,
+    UNKNOWN_POLICY_TO_TRAIN,
 )
 
 Kind = Literal["schema", "unknown", "cel", "immutable", "name"]
@@ -296,6 +303,92 @@ INVALID: list[Invalid] = [
         REPLICAS_NEED_VTRACE,
     ),
     Invalid(
+        "pettingzoo-and-id",
+        "cel",
+        {"env": {"id": "Pendulum-v1", "pettingzoo": "mpe2.simple_spread_v3"}},
+        "spec.env.id",
+        PETTINGZOO_OR_ID,
+    ),
+    Invalid(
+        "pettingzoo-not-an-import-path",
+        "schema",
+        {"env": {"pettingzoo": "mpe2/simple spread"}},
+        "spec.env.pettingzoo",
+    ),
+    Invalid(
+        "multi-agent-without-pettingzoo",
+        "cel",
+        {"multiAgent": {"policies": {"default": {}}}},
+        "spec.multiAgent",
+        MULTI_AGENT_NEEDS_PETTINGZOO,
+    ),
+    Invalid(
+        "mapping-to-an-unknown-policy",
+        "cel",
+        {
+            "env": {"pettingzoo": "mpe2.simple_tag_v3"},
+            "multiAgent": {
+                "policies": {"predator": {}, "prey": {}},
+                "policyMapping": [{"agents": "adversary_*", "policy": "hunter"}],
+            },
+        },
+        "spec.multiAgent.policyMapping",
+        UNKNOWN_MAPPED_POLICY,
+    ),
+    Invalid(
+        "unknown-policy-to-train",
+        "cel",
+        {"env": {"pettingzoo": "mpe2.simple_spread_v3"}, "multiAgent": {"policiesToTrain": ["x"]}},
+        "spec.multiAgent.policiesToTrain",
+        UNKNOWN_POLICY_TO_TRAIN,
+    ),
+    Invalid(
+        "several-policies-unmapped",
+        "cel",
+        {
+            "env": {"pettingzoo": "mpe2.simple_tag_v3"},
+            "multiAgent": {"policies": {"predator": {}, "prey": {}}},
+        },
+        "spec.multiAgent.policyMapping",
+        MAPPING_NEEDED,
+    ),
+    Invalid(
+        "mapping-two-ways",
+        "cel",
+        {
+            "env": {"pettingzoo": "mpe2.simple_spread_v3"},
+            "multiAgent": {
+                "policyMapping": [{"agents": "*", "policy": "default"}],
+                "policyMappingFn": "mygames.mapping:policy_of",
+            },
+        },
+        "spec.multiAgent",
+        MAPPING_ONE_WAY,
+    ),
+    Invalid(
+        "policy-name-not-a-label",
+        "cel",
+        {"env": {"pettingzoo": "mpe2.simple_spread_v3"}, "multiAgent": {"policies": {"Big": {}}}},
+        "spec.multiAgent.policies",
+    ),
+    Invalid(
+        "multi-agent-with-lstm",
+        "cel",
+        {
+            "env": {"pettingzoo": "mpe2.simple_spread_v3"},
+            "multiAgent": {"policies": {"default": {"model": {"useLstm": True}}}},
+        },
+        "spec.env.pettingzoo",
+        MULTI_AGENT_NOT_YET,
+    ),
+    Invalid(
+        "multi-agent-with-replicas",
+        "cel",
+        {"env": {"pettingzoo": "mpe2.simple_spread_v3"}, "learner": {"replicas": 2}},
+        "spec.env.pettingzoo",
+        MULTI_AGENT_NOT_YET,
+    ),
+    Invalid(
         "learner-service-account-not-a-name",
         "schema",
         {"learner": {"pod": {"serviceAccountName": "UPPER"}}},
@@ -388,6 +481,25 @@ VALID: dict[str, dict[str, Any]] = {
         "spec": {"stop": {"timesteps": 1000}},
     },
     "base": base_job("base"),
+    "multi-agent": merge(
+        base_job("multi-agent"),
+        {
+            "spec": {
+                "env": {"pettingzoo": "mpe2.simple_tag_v3", "kwargs": {"num_good": 1}},
+                "multiAgent": {
+                    "policies": {
+                        "predator": {"model": {"hidden": [64, 64]}},
+                        "prey": {},
+                    },
+                    "policyMapping": [
+                        {"agents": "adversary_*", "policy": "predator"},
+                        {"agents": "*", "policy": "prey"},
+                    ],
+                    "policiesToTrain": ["predator", "prey"],
+                },
+            }
+        },
+    ),
     "everything": merge(
         base_job("everything"),
         {

@@ -8,6 +8,7 @@ image path and the CRD generator import it. One module per concern:
 - `training`: env, model, hyperparameters (RLlib's IMPALAConfig names in camelCase with RLlib's
   defaults except DEFAULTS_APART_FROM_RLLIB; RLlib names whose meaning differs are refused,
   RENAMED_RLLIB) and stop criteria;
+- `agents`: a PettingZoo env's policies, which agent acts by which, which learn;
 - `pods`: resources, tolerations, pod overrides and their security rules;
 - `replicas`: the learner, rollout and aggregator pods, autoscaling;
 - `lifecycle`: checkpointing and the run policy;
@@ -18,6 +19,19 @@ Import from here (`from impala_api.spec import ImpalaJob`); the modules are the 
 
 from __future__ import annotations
 
+from impala_api.spec.agents import (
+    DEFAULT_POLICY,
+    MAPPING_NEEDED,
+    MAPPING_ONE_WAY,
+    MULTI_AGENT_NEEDS_PETTINGZOO,
+    MULTI_AGENT_NOT_YET,
+    POLICY_NAME_PATTERN,
+    UNKNOWN_MAPPED_POLICY,
+    UNKNOWN_POLICY_TO_TRAIN,
+    MultiAgentSpec,
+    PolicyMappingRule,
+    PolicySpec,
+)
 from impala_api.spec.base import (
     MAX_SCHEDULE_POINTS,
     Schedule,
@@ -78,6 +92,7 @@ from impala_api.spec.training import (
     IMPORT_PATH_PATTERN,
     MAX_SEQ_LEN_DIVIDES,
     NO_STOP_CRITERION,
+    PETTINGZOO_OR_ID,
     POPART_NEEDS_VTRACE,
     PREV_ACTION_REWARD_LSTM,
     RENAMED_RLLIB,
@@ -95,16 +110,23 @@ __all__ = [
     "CUSTOM_MODEL_IMPORT",
     "CUSTOM_MODEL_LSTM",
     "DEFAULTS_APART_FROM_RLLIB",
+    "DEFAULT_POLICY",
     "EVALUATION_STOP_NEEDS_EVALUATION",
     "IMPORT_PATH_PATTERN",
     "KIND",
+    "MAPPING_NEEDED",
+    "MAPPING_ONE_WAY",
     "MAX_NAME_LENGTH",
     "MAX_SCHEDULE_POINTS",
     "MAX_SEQ_LEN_DIVIDES",
     "MOUNT_NAMES_VOLUME_MESSAGE",
+    "MULTI_AGENT_NEEDS_PETTINGZOO",
+    "MULTI_AGENT_NOT_YET",
     "NO_STOP_CRITERION",
     "ONE_VOLUME_SOURCE_MESSAGE",
+    "PETTINGZOO_OR_ID",
     "PLURAL",
+    "POLICY_NAME_PATTERN",
     "POPART_NEEDS_VTRACE",
     "PREV_ACTION_REWARD_LSTM",
     "RENAMED_RLLIB",
@@ -119,6 +141,8 @@ __all__ = [
     "SECRET_REF_NEEDS_URI",
     "SEPARATE_LEARNER_NEEDS_VTRACE",
     "STORAGE_URI_PATTERN",
+    "UNKNOWN_MAPPED_POLICY",
+    "UNKNOWN_POLICY_TO_TRAIN",
     "VOLUME_SOURCES",
     "AggregatorsSpec",
     "AutoscalingSpec",
@@ -131,9 +155,12 @@ __all__ = [
     "ImpalaJobSpec",
     "LearnerSpec",
     "ModelSpec",
+    "MultiAgentSpec",
     "ObjectMeta",
     "OptimizerSpec",
     "PodOverrides",
+    "PolicyMappingRule",
+    "PolicySpec",
     "Quantity",
     "ReplicaGroupSpec",
     "Resources",

@@ -8,6 +8,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from impala_api.spec.agents import (
+    MULTI_AGENT_NEEDS_PETTINGZOO,
+    MULTI_AGENT_NOT_YET,
+    MultiAgentSpec,
+)
 from impala_api.spec.base import SpecModel
 from impala_api.spec.evaluation import EVALUATION_STOP_NEEDS_EVALUATION, EvaluationSpec
 from impala_api.spec.lifecycle import CheckpointSpec, RunPolicy
@@ -53,6 +58,10 @@ class ImpalaJobSpec(SpecModel):
     model: ModelSpec = Field(default_factory=ModelSpec)
     """Network (immutable after creation)."""
 
+    multi_agent: MultiAgentSpec | None = None
+    """The policies of a PettingZoo env's agents (spec.env.pettingzoo; when omitted, every
+    agent acts by one shared policy of spec.model)."""
+
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     """Algorithm hyperparameters."""
 
@@ -91,6 +100,37 @@ class ImpalaJobSpec(SpecModel):
         if self.model.popart and self.training.mode != "vtrace":
             raise ValueError(POPART_NEEDS_VTRACE)
         return self
+
+    @model_validator(mode="after")
+    def _agents(self) -> ImpalaJobSpec:
+        if self.multi_agent is not None and not self.env.multi_agent:
+            raise ValueError(MULTI_AGENT_NEEDS_PETTINGZOO)
+        if self.env.multi_agent and multi_agent_not_yet(self):
+            raise ValueError(MULTI_AGENT_NOT_YET)
+        return self
+
+    @property
+    def agents(self) -> MultiAgentSpec:
+        """spec.multiAgent, or the one shared policy a PettingZoo env's agents get without it."""
+        return self.multi_agent or MultiAgentSpec()
+
+    def policy_spec(self, policy: str) -> ImpalaJobSpec:
+        """This spec as one policy's learner and acting model see it: the policy's model in
+        place of spec.model, nothing else changed."""
+        model = self.agents.policies[policy].model
+        return self if model is None else self.model_copy(update={"model": model})
+
+
+def multi_agent_not_yet(spec: ImpalaJobSpec) -> bool:
+    """What a PettingZoo env does not train with yet (MULTI_AGENT_NOT_YET)."""
+    models = [spec.model, *(p.model for p in spec.agents.policies.values() if p.model)]
+    return (
+        spec.training.mode != "vtrace"
+        or spec.learner.replicas > 1
+        or spec.learner.process != "driver"
+        or spec.evaluation is not None
+        or any(m.use_lstm or m.type == "custom" for m in models)
+    )
 
 
 class ObjectMeta(BaseModel):

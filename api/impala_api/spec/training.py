@@ -57,6 +57,12 @@ tests/unit/api/test_spec.py compares every default with RLlib's."""
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 IMPORT_PATH_PATTERN = rf"^{_NAME}(\.{_NAME})*[:.]{_NAME}$"
 """`package.module:Name` (or `package.module.Name`): something of the user's to import."""
+PETTINGZOO_PATTERN = rf"^{_NAME}(\.{_NAME})*(:{_NAME})?$"
+"""A PettingZoo env: its module (`mpe2.simple_spread_v3`) or `package.module:constructor`."""
+DEFAULT_ENV_ID = "CartPole-v1"
+PETTINGZOO_OR_ID = (
+    "spec.env.id names a gymnasium env and spec.env.pettingzoo a PettingZoo one: set one of them"
+)
 
 
 class WrapperSpec(SpecModel):
@@ -74,10 +80,17 @@ class WrapperSpec(SpecModel):
 class EnvSpec(SpecModel):
     """The environment every rollout worker steps."""
 
-    id: str = Field(default="CartPole-v1", min_length=1)
+    id: str = Field(default=DEFAULT_ENV_ID, min_length=1)
     """Gymnasium environment id: a registered one (CartPole-v1, ALE/Pong-v5: Atari ROMs ship in
     ale-py), or gymnasium's `module:Env-vN`, whose module is imported (and registers the id)
     wherever the env is made: `impalajob validate`, the driver and every rollout worker."""
+
+    pettingzoo: str | None = Field(default=None, pattern=PETTINGZOO_PATTERN, max_length=256)
+    """A multi-agent env on PettingZoo's API instead of `id`: the env's module, whose
+    `parallel_env(**kwargs)` is called (`mpe2.simple_spread_v3`; a module with only `env()`, as
+    PettingZoo's classic games, gets that, an AEC env stepped turn by turn), or
+    `package.module:constructor` returning a ParallelEnv or an AECEnv. Its agents act by the
+    policies of spec.multiAgent (one shared policy when omitted)."""
 
     wrappers: list[WrapperSpec] = Field(default_factory=list, max_length=16)
     """Your own wrappers around each sub-env, innermost first, applied to the env gymnasium
@@ -103,6 +116,22 @@ class EnvSpec(SpecModel):
     clip_rewards: bool | None = None
     """Train on the sign of each reward (-1, 0, 1), as the paper and RLlib do for Atari; the
     reported episode returns stay unclipped. Default: on for ALE/ environments, off otherwise."""
+
+    @model_validator(mode="after")
+    def _one_env(self) -> EnvSpec:
+        if self.pettingzoo is not None and self.id != DEFAULT_ENV_ID:
+            raise ValueError(PETTINGZOO_OR_ID)
+        return self
+
+    @property
+    def multi_agent(self) -> bool:
+        """A PettingZoo env (spec.env.pettingzoo), not a gymnasium one."""
+        return self.pettingzoo is not None
+
+    @property
+    def name(self) -> str:
+        """The env as the manifest names it: its PettingZoo constructor, else its id."""
+        return self.pettingzoo or self.id
 
     @property
     def module(self) -> str | None:
