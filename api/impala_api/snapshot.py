@@ -202,6 +202,15 @@ class StopProgress(Snap):
     """The criterion that ended the run, once it has."""
 
 
+class PolicyStatus(Snap):
+    """One policy of a multi-agent job (spec.multiAgent)."""
+
+    episode_return_mean: float | None = None
+    """Mean return of its agents over their last 100 episodes (one per agent and episode)."""
+    episodes: int = 0
+    """Agent episodes counted (an episode of 3 agents of this policy counts 3)."""
+
+
 class StatusSnapshot(Snap):
     job: str
     """ImpalaJob name."""
@@ -244,6 +253,10 @@ class StatusSnapshot(Snap):
     policy_lag_mean: float = 0.0
     """Mean learner-version minus behaviour-version of trained batches (off-policy lag), taken
     at each batch's first update: the time it waited in the learner queue counts."""
+    policies: dict[str, PolicyStatus] = Field(default_factory=dict)
+    """A multi-agent job's policies by name (empty for a single-agent env); their learner stats
+    are `learner`'s keys prefixed `<policy>/`. episode_return_mean is then the team's: each
+    episode's rewards summed over all its agents."""
 
 
 class HistoryPoint(Snap):

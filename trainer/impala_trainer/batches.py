@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from impala_api.spec import DEFAULT_POLICY
+
 
 @dataclass
 class Fragment:
@@ -54,10 +56,17 @@ class Fragment:
     """Seconds the worker spent on this fragment: sampling it, and loading the weights that came
     with its request (`RolloutWorker.sample`). Against the wall clock it says how much of its
     time an actor works rather than waits for its next request."""
+    policy_id: str = DEFAULT_POLICY
+    """The policy that acted (a multi-agent job's fragment holds one policy's agents)."""
 
     @property
     def env_steps(self) -> int:
         return int(self.actions.shape[0] * self.actions.shape[1])
+
+    def parts(self) -> list[Fragment]:
+        """The fragments to train on, one per policy: this one (`MultiAgentFragment`'s has
+        several)."""
+        return [self]
 
     def meta(self) -> FragmentMeta:
         """The small part the driver reads without pulling the arrays (counters, episodes)."""
@@ -83,6 +92,45 @@ class FragmentMeta:
     policy_version: int
     busy_seconds: float = 0.0
     """`Fragment.busy_seconds`."""
+    policy_returns: dict[str, list[float]] = field(default_factory=dict)
+    """A multi-agent sample's episode returns per policy (one per agent and episode)."""
+
+
+@dataclass
+class MultiAgentFragment:
+    """What a multi-agent worker samples: one fragment per trained policy (its agents' columns),
+    and the env episodes that ended meanwhile. Env steps count the env's steps (every agent's
+    action in a parallel env, one move in a turn-based one), as RLlib's env steps do; the parts
+    count agent steps."""
+
+    fragments: dict[str, Fragment]
+    env_steps: int
+    episode_returns: list[float]
+    """Team returns: each finished episode's rewards summed over all its agents (RLlib's
+    episode_return_mean)."""
+    episode_lengths: list[int]
+    policy_returns: dict[str, list[float]]
+    worker_id: str = ""
+    busy_seconds: float = 0.0
+    policy_version: int = 0
+
+    def parts(self) -> list[Fragment]:
+        return list(self.fragments.values())
+
+    def meta(self) -> FragmentMeta:
+        return FragmentMeta(
+            worker_id=self.worker_id,
+            env_steps=self.env_steps,
+            episode_returns=list(self.episode_returns),
+            episode_lengths=list(self.episode_lengths),
+            policy_version=self.policy_version,
+            busy_seconds=self.busy_seconds,
+            policy_returns={p: list(r) for p, r in self.policy_returns.items()},
+        )
+
+
+Sample = Fragment | MultiAgentFragment
+"""What a rollout worker's `sample()` returns: one policy's fragment, or a multi-agent env's."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +185,8 @@ class TrainBatch:
     """Actors whose fragments are in this batch (they get the next weight broadcast)."""
     replayed: bool = False
     """True when this batch came from the mixin replay buffer (not counted as new env steps)."""
+    policy_id: str = DEFAULT_POLICY
+    """The policy whose learner trains on it."""
 
     @property
     def env_steps(self) -> int:
@@ -177,6 +227,8 @@ def concat_fragments(fragments: list[Fragment]) -> TrainBatch:
     lengths = {f.actions.shape[0] for f in fragments}
     if len(lengths) != 1:
         raise ValueError(f"fragments differ in length {sorted(lengths)}; they must share T")
+    if len({f.policy_id for f in fragments}) != 1:
+        raise ValueError("fragments of different policies cannot make one batch")
     arrays: dict[str, Any] = {
         name: np.concatenate([getattr(f, name) for f in fragments], axis=1)
         for name in _ARRAY_FIELDS
@@ -199,6 +251,7 @@ def concat_fragments(fragments: list[Fragment]) -> TrainBatch:
         episode_returns=[r for f in fragments for r in f.episode_returns],
         episode_lengths=[n for f in fragments for n in f.episode_lengths],
         worker_ids=sorted({f.worker_id for f in fragments}),
+        policy_id=fragments[0].policy_id,
     )
 
 
@@ -215,6 +268,7 @@ def slice_columns(batch: TrainBatch, start: int, stop: int) -> TrainBatch:
         state_in=batch.state_in[start:stop],
         policy_versions=batch.policy_versions[start:stop],
         replayed=batch.replayed,
+        policy_id=batch.policy_id,
     )
 
 
@@ -248,4 +302,5 @@ def split_sequences(fragment: Fragment, seq_len: int, starts: np.ndarray) -> Fra
         episode_lengths=fragment.episode_lengths,
         worker_id=fragment.worker_id,
         busy_seconds=fragment.busy_seconds,
+        policy_id=fragment.policy_id,
     )

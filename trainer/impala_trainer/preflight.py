@@ -22,6 +22,8 @@ from impala_trainer.rollouts.envs import env_problem, make_vector_env
 
 def job_problem(spec: ImpalaJobSpec) -> tuple[str, str] | None:
     """Why `spec` cannot run here, as (the field under spec, the reason); None when it can."""
+    if spec.env.multi_agent:
+        return _agents_problem(spec)
     problem = env_problem(spec.env)
     if problem is not None:
         field, why = problem
@@ -60,6 +62,55 @@ def job_problem(spec: ImpalaJobSpec) -> tuple[str, str] | None:
     return None
 
 
+def _agents_problem(spec: ImpalaJobSpec) -> tuple[str, str] | None:
+    """A PettingZoo env's: it cannot be made, an agent maps to no policy (or two agents of one
+    policy differ in their spaces), a space is one the trainer cannot take, no agent acts by a
+    policy that learns, or a policy's model does not fit its agents."""
+    from impala_trainer.rollouts.agent_envs import MappingError
+    from impala_trainer.rollouts.envs import UnsupportedSpaceError
+    from impala_trainer.user_code import UserCodeError
+
+    try:
+        policies = _policy_spaces(spec)
+    except UserCodeError as err:
+        mapping_fn = err.field == "policyMappingFn"
+        return ("multiAgent.policyMappingFn" if mapping_fn else f"env.{err.field}"), str(err)
+    except MappingError as err:
+        return err.field, str(err)
+    except UnsupportedSpaceError as err:
+        return "env.pettingzoo", str(err)
+    except Exception as err:  # the user's env may raise anything while it is made
+        where = "env.kwargs" if spec.env.kwargs else "env.pettingzoo"
+        return where, f"making {spec.env.pettingzoo} failed: {type(err).__name__}: {err}"
+    if not set(policies) & set(spec.agents.trained):
+        return (
+            "multiAgent.policiesToTrain",
+            f"no agent of {spec.env.pettingzoo} acts by a policy that learns (agents act by "
+            f"{', '.join(sorted(policies))})",
+        )
+    for name, (_agents, spaces) in policies.items():
+        model = spec.policy_spec(name).model
+        shape = tuple(spaces.model_observation.shape or ())
+        where = "model" if spec.agents.policies[name].model is None else (
+            f"multiAgent.policies.{name}.model")  # fmt: skip
+        if model.type in ("cnn", "resnet") and len(shape) != 3:
+            return f"{where}.type", (
+                f"type {model.type} needs [C, H, W] image observations; policy {name}'s agents "
+                f"observe {shape}: use mlp (or auto)"
+            )
+        if model.free_log_std and not isinstance(spaces.action, gym.spaces.Box):
+            return f"{where}.freeLogStd", (
+                f"freeLogStd needs a Box action space, not policy {name}'s {spaces.action}"
+            )
+    return None
+
+
+def _policy_spaces(spec: ImpalaJobSpec) -> dict[str, Any]:
+    from impala_trainer.rollouts.agent_envs import policy_spaces
+
+    return policy_spaces(spec)
+
+
 BOX_SURROGATE_CLIP = 0.3
 """training.surrogateClip for Box actions when the manifest omits it (PPO's usual clip)."""
 
@@ -88,6 +139,8 @@ def space_defaults(spec: ImpalaJobSpec) -> tuple[ImpalaJobSpec, list[SpaceDefaul
     actions"); the clip stops that push. Discrete actions keep IMPALA's own policy gradient."""
     if spec.env.is_atari:  # ALE's actions are Discrete: nothing depends on the space
         return spec, []
+    if spec.env.multi_agent:
+        return _policy_space_defaults(spec)
     space = _spaces(spec)[1]
     if not isinstance(space, gym.spaces.Box):
         return spec, []
@@ -107,6 +160,39 @@ def space_defaults(spec: ImpalaJobSpec) -> tuple[ImpalaJobSpec, list[SpaceDefaul
         chosen.append(SpaceDefault("training.surrogateClip", BOX_SURROGATE_CLIP, why))
         training = training.model_copy(update={"surrogate_clip": BOX_SURROGATE_CLIP})
     return spec.model_copy(update={"model": model, "training": training}), chosen
+
+
+def _policy_space_defaults(spec: ImpalaJobSpec) -> tuple[ImpalaJobSpec, list[SpaceDefault]]:
+    """space_defaults for each policy of a PettingZoo env with Box actions: its model's
+    squashActions; and the clipped surrogate, a training setting every policy shares, once any
+    policy acts in a Box."""
+    agents = spec.agents
+    policies = dict(agents.policies)
+    chosen: list[SpaceDefault] = []
+    boxes = False
+    for name, (_agents, spaces) in _policy_spaces(spec).items():
+        if not isinstance(spaces.action, gym.spaces.Box):
+            continue
+        boxes = True
+        model = spec.policy_spec(name).model
+        if model.squash_actions is not None:
+            continue
+        finite = _bounded(spaces.action)
+        why = f"policy {name}'s Box actions " + (
+            "have finite bounds: the Gaussian's sample squashed into them"
+            if finite else "have an infinite bound: the Gaussian's sample as it is"
+        )  # fmt: skip
+        chosen.append(SpaceDefault(f"multiAgent.policies.{name}.model.squashActions", finite, why))
+        policies[name] = policies[name].model_copy(
+            update={"model": model.model_copy(update={"squash_actions": finite})}
+        )
+    training = spec.training
+    if boxes and training.surrogate_clip is None:
+        why = "Box actions: APPO's clipped surrogate holds a Gaussian policy under policy lag"
+        chosen.append(SpaceDefault("training.surrogateClip", BOX_SURROGATE_CLIP, why))
+        training = training.model_copy(update={"surrogate_clip": BOX_SURROGATE_CLIP})
+    multi_agent = agents.model_copy(update={"policies": policies})
+    return spec.model_copy(update={"multi_agent": multi_agent, "training": training}), chosen
 
 
 def _bounded(space: gym.Space[Any]) -> bool:

@@ -188,7 +188,8 @@ class ModelSpec(SpecModel):
     type: Literal["auto", "mlp", "cnn", "resnet", "custom"] = "auto"
     """mlp for vector observations; cnn (the IMPALA paper's shallow CNN) or resnet (its deep
     network: 3 stacks of conv, max-pool and 2 residual blocks, 16/32/32 channels) for [C, H, W]
-    frames; auto picks mlp or cnn; custom is your class, `import`."""
+    frames; auto picks cnn for [C, H, W] frames of at least 20x20, else mlp; custom is your
+    class, `import`."""
 
     hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
         default_factory=lambda: [256, 256], min_length=1, max_length=8

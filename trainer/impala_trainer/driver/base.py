@@ -11,6 +11,7 @@ backend calls happen on the driver's main thread; a learner thread only ever see
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from impala_trainer.driver.learner_group import LearnerGroupError
 from impala_trainer.driver.membership import ElasticMembership
 from impala_trainer.learning.learner import LearnerState
 from impala_trainer.learning.learner_process import LearnerProcessError
+from impala_trainer.rollouts.agent_envs import PolicyModel, policy_models
 from impala_trainer.rollouts.envs import env_spaces
 from impala_trainer.rundir.checkpoint import (
     Restored,
@@ -109,9 +111,18 @@ class Driver:
         self._evaluators: list[Handle] = []
         self._round: Round | None = None
         torch.manual_seed(self.seed)
-        spaces = env_spaces(self.spec.env, self.spec.model.squash_actions)
-        self.obs_shape, self.actions = spaces.obs_shape, spaces.actions
-        self.obs_dtype = spaces.obs_dtype
+        self.models: dict[str, PolicyModel] = {}
+        """A PettingZoo env's policies: what each one's model is built for."""
+        if self.spec.env.multi_agent:
+            self.models = policy_models(self.spec)
+            # The largest of them: what `direct_samples` sizes a sample by.
+            first = max(self.models.values(), key=lambda m: math.prod(m.obs_shape))
+            self.obs_shape, self.actions = first.obs_shape, first.actions
+            self.obs_dtype = first.obs_dtype
+        else:
+            spaces = env_spaces(self.spec.env, self.spec.model.squash_actions)
+            self.obs_shape, self.actions = spaces.obs_shape, spaces.actions
+            self.obs_dtype = spaces.obs_dtype
         # The actors start now, before the subclass builds its learner: each actor is a process
         # that imports torch and makes its envs, as a learner process does, and a GPU learner
         # makes its CUDA context; they overlap instead of adding up. Asked for work in _setup.

@@ -34,6 +34,7 @@ from impala_trainer.driver.backend import Ref, Weights
 from impala_trainer.driver.base import WAIT_SECONDS, Driver
 from impala_trainer.driver.learner_group import LearnerGroup, make_learner_group
 from impala_trainer.driver.ledger import Ledger
+from impala_trainer.driver.policies import policy_learner_groups
 from impala_trainer.learning.learner import LearnerState
 from impala_trainer.rollouts.aggregation import Aggregator
 from impala_trainer.rundir.writer import RunDir
@@ -50,14 +51,19 @@ logger = logging.getLogger(__name__)
 
 
 def direct_samples(
-    spec: ImpalaJobSpec, obs_shape: tuple[int, ...], obs_dtype: np.dtype, weights_nbytes: int
+    spec: ImpalaJobSpec,
+    obs_shape: tuple[int, ...],
+    obs_dtype: np.dtype,
+    weights_nbytes: int,
+    columns_per_env: int = 1,
 ) -> bool:
     """Whether whole samples go over direct connections (`spec.rollouts.transport` auto): the
-    weights ride inline and a fragment's observations (its bootstrap ones too) are small."""
+    weights ride inline and a fragment's observations (its bootstrap ones too) are small.
+    `columns_per_env`: a multi-agent sample's columns per env (its trained agents)."""
     if spec.rollouts.transport == "ray":
         return False
     t, env = spec.training, spec.env
-    steps = (t.rollout_fragment_length + 1) * env.num_envs_per_worker
+    steps = (t.rollout_fragment_length + 1) * env.num_envs_per_worker * columns_per_env
     fragment_bytes = steps * int(np.prod(obs_shape)) * obs_dtype.itemsize
     return weights_nbytes <= INLINE_WEIGHTS_BYTES and fragment_bytes <= DIRECT_FRAGMENT_BYTES
 
@@ -67,10 +73,16 @@ class ImpalaDriver(Driver):
 
     def __init__(self, job: ImpalaJob, run_dir: RunDir, **collaborators: Any) -> None:
         super().__init__(job, run_dir, **collaborators)
-        self.group: LearnerGroup = make_learner_group(
-            self.spec, (self.obs_shape, self.actions), self.seed, self.backend,
-            torch.get_num_threads(),
-        )  # fmt: skip
+        threads = torch.get_num_threads()
+        self.group: LearnerGroup
+        if self.models:  # a PettingZoo env: a learner group per trained policy
+            self.group = policy_learner_groups(
+                self.spec, self.models, self.seed, self.backend, threads
+            )
+        else:
+            self.group = make_learner_group(
+                self.spec, (self.obs_shape, self.actions), self.seed, self.backend, threads
+            )
         self.learner: LearnerState = self.group.learner
         replicas, process = self.spec.learner.replicas, self.spec.learner.process
         logger.info(
@@ -91,9 +103,11 @@ class ImpalaDriver(Driver):
         self.weights_ref: Weights | None = None  # the latest broadcast: pickled, or a ref
         self._weights_nbytes = self.learner.weights_nbytes()
         self.weights_version = -1
+        trained = set(self.spec.agents.trained) if self.models else set()
         self.direct_samples = direct_samples(
-            self.spec, self.obs_shape, self.obs_dtype, self._weights_nbytes
-        )
+            self.spec, self.obs_shape, self.obs_dtype, self._weights_nbytes,
+            sum(len(m.agents) for name, m in self.models.items() if name in trained) or 1,
+        )  # fmt: skip
         """Whole samples (no aggregator actor) over connections of their own, not Ray calls."""
 
     def _begin(self) -> None:
@@ -202,6 +216,7 @@ class ImpalaDriver(Driver):
         c = self.stats.counters
         c.num_env_steps_sampled += meta.env_steps
         self.stats.add_episodes(meta.episode_returns, meta.episode_lengths)
+        self.stats.add_policy_returns(meta.policy_returns)
         self.stats.add_rollout_busy(meta.busy_seconds)
         actor = self.manager.actors.get(actor_id)
         if actor is not None:

@@ -22,7 +22,8 @@ from impala_trainer.driver.backend import ROLES, LearnerMethod, NodeView, Role
 from impala_trainer.learning.learner_worker import LearnerWorker
 from impala_trainer.policy.evaluation import Evaluator
 from impala_trainer.rollouts.aggregation import Aggregator
-from impala_trainer.rollouts.worker import RolloutWorker
+from impala_trainer.rollouts.multi_agent_worker import MultiAgentRolloutWorker
+from impala_trainer.rollouts.worker import RolloutWorker, rollout_worker
 
 NODE_ID = "local"
 
@@ -58,7 +59,7 @@ class LocalRef:
 class LocalActor:
     role: Role | Literal["evaluation", "learner"]
     actor_id: str
-    worker: RolloutWorker | None = None
+    worker: RolloutWorker | MultiAgentRolloutWorker | None = None
     aggregator: Aggregator | None = None
     evaluator: Evaluator | None = None
     learner: LearnerWorker | None = None
@@ -100,7 +101,7 @@ class LocalBackend:
         actor = LocalActor(role, actor_id)
         try:
             if role == "rollout":
-                actor.worker = RolloutWorker(spec, actor_id, seed)
+                actor.worker = rollout_worker(spec, actor_id, seed)
             else:
                 actor.aggregator = Aggregator.from_spec(spec, seed)
         except Exception as exc:  # Ray reports a constructor's exception on the first call

@@ -134,7 +134,9 @@ class LearnerState(Protocol):
     """What a driver reads and sets on its learner: a `Learner`, or the view of one that runs in
     a learner process of its own (learner_process.LearnerView)."""
 
-    policy_version: int
+    @property
+    def policy_version(self) -> int: ...
+
     global_timestep: int
 
     def get_weights(self) -> dict[str, np.ndarray]: ...

@@ -182,4 +182,3 @@ class _Updates(queue.Queue[tuple[int, dict[str, float]]]):
             timeout: float | None = None) -> None:  # fmt: skip
         self._owner.learner.global_timestep += item[0] * self._owner.world_size
         super().put(item, block, timeout)
-

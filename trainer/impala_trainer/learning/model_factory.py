@@ -26,11 +26,15 @@ from impala_trainer.learning.models import (
 )
 from impala_trainer.user_code import UserCodeError, resolve
 
+CNN_MIN_SIDE = 20
+"""The smallest side the shallow CNN's convolutions take (8x8 stride 4, then 4x4 stride 2)."""
+
 
 def build_model(
     model: ModelSpec, obs_shape: tuple[int, ...], actions: ActionDistribution | int
 ) -> ActorCritic:
-    """The network the spec asks for; `type: auto` is the CNN for 3-D observations, else MLP.
+    """The network the spec asks for; `type: auto` is the CNN for [C, H, W] frames of at least
+    CNN_MIN_SIDE a side, else the MLP (a board game's 3x3x2 observation is no image).
 
     For the CNNs, `model.hidden` is the fully connected part after the convolutions (the paper
     uses one layer of 256). `useLstm` puts an LSTM core between any built-in torso and the heads.
@@ -46,7 +50,8 @@ def _network(model: ModelSpec, obs_shape: tuple[int, ...], dist: ActionDistribut
         return _custom_model(model, obs_shape, dist)
     kind = model.type
     if kind == "auto":
-        kind = "cnn" if len(obs_shape) == 3 else "mlp"
+        frames = len(obs_shape) == 3 and min(obs_shape[1:]) >= CNN_MIN_SIDE
+        kind = "cnn" if frames else "mlp"
     if kind in ("cnn", "resnet") and len(obs_shape) != 3:
         raise ValueError(f"model.type {kind} needs [C, H, W] observations, got {obs_shape}")
     hidden, free = list(model.hidden), model.free_log_std

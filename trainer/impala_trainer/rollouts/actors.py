@@ -16,16 +16,16 @@ import ray
 
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import (
-    Fragment,
     FragmentMeta,
     Gradients,
     Handover,
     NodeInfo,
+    Sample,
     TrainBatch,
 )
 from impala_trainer.rollouts import channel
 from impala_trainer.rollouts.aggregation import Aggregator
-from impala_trainer.rollouts.worker import RolloutWorker
+from impala_trainer.rollouts.worker import rollout_worker
 
 ROLLOUT_RESOURCE = "rollout"
 AGGREGATOR_RESOURCE = "aggregator"
@@ -40,7 +40,7 @@ class RolloutActor:
     """A RolloutWorker in its own process."""
 
     def __init__(self, spec: ImpalaJobSpec, worker_id: str, seed: int) -> None:
-        self.worker = RolloutWorker(spec, worker_id, seed)
+        self.worker = rollout_worker(spec, worker_id, seed)
 
     def node_info(self) -> NodeInfo:
         return _node_info()
@@ -48,7 +48,7 @@ class RolloutActor:
     @ray.method(num_returns=2)  # type: ignore[untyped-decorator]  # ray is untyped here
     def sample(
         self, weights: dict[str, Any] | bytes | None = None, policy_version: int = 0
-    ) -> tuple[Fragment, FragmentMeta]:
+    ) -> tuple[Sample, FragmentMeta]:
         """(fragment, its metadata), sampled after loading `weights` when given (the driver
         sends a broadcast with the next request instead of in a call of its own).
 
@@ -64,7 +64,7 @@ class RolloutActor:
 
     def _sample(
         self, weights: dict[str, Any] | bytes | None, policy_version: int
-    ) -> tuple[Fragment, FragmentMeta]:
+    ) -> tuple[Sample, FragmentMeta]:
         if weights is not None:
             self.worker.set_weights(weights, policy_version)
         fragment = self.worker.sample()
@@ -95,7 +95,7 @@ class AggregatorActor:
     def node_info(self) -> NodeInfo:
         return _node_info()
 
-    def process(self, fragment: Fragment) -> list[TrainBatch]:
+    def process(self, fragment: Sample) -> list[TrainBatch]:
         """Add one fragment (Ray resolves the reference); return completed train batches."""
         return self.aggregator.add(fragment)
 

@@ -8,7 +8,7 @@ concatenation (and any replay copying) happens off the driver.
 from __future__ import annotations
 
 from impala_api.spec import ImpalaJobSpec
-from impala_trainer.batches import Fragment, TrainBatch, concat_fragments
+from impala_trainer.batches import Fragment, Sample, TrainBatch, concat_fragments
 from impala_trainer.rollouts.replay import MixInReplayBuffer
 
 
@@ -17,7 +17,8 @@ class Aggregator:
 
     Fragments are held until their steps reach the batch size, then concatenated along the
     environment axis into one batch (a batch may exceed the size by less than one fragment;
-    fragments are never split, so every column stays one contiguous trajectory piece).
+    fragments are never split, so every column stays one contiguous trajectory piece). A
+    multi-agent sample's fragments are batched per policy, each policy with its own replay.
     """
 
     def __init__(
@@ -28,9 +29,10 @@ class Aggregator:
         seed: int | None = None,
     ) -> None:
         self.train_batch_size = train_batch_size
-        self.replay = MixInReplayBuffer(replay_batches_per_fresh, replay_buffer_batches, seed)
-        self._pending: list[Fragment] = []
-        self._pending_steps = 0
+        self._replay_settings = (replay_batches_per_fresh, replay_buffer_batches, seed)
+        self._replays: dict[str, MixInReplayBuffer] = {}
+        self._pending: dict[str, list[Fragment]] = {}
+        self._pending_steps: dict[str, int] = {}
         self.fragments_in = 0
         self.batches_out = 0
 
@@ -43,25 +45,36 @@ class Aggregator:
     @property
     def pending_env_steps(self) -> int:
         """Env steps held back until the next batch fills."""
-        return self._pending_steps
+        return sum(self._pending_steps.values())
 
-    def add(self, fragment: Fragment) -> list[TrainBatch]:
-        """Take one fragment; return the train batches it completes (fresh, then replays)."""
+    def add(self, sample: Sample) -> list[TrainBatch]:
+        """Take one sample; return the train batches it completes (fresh, then replays)."""
+        out: list[TrainBatch] = []
+        for fragment in sample.parts():
+            out.extend(self._add(fragment))
+        return out
+
+    def _add(self, fragment: Fragment) -> list[TrainBatch]:
         self.fragments_in += 1
-        self._pending.append(fragment)
-        self._pending_steps += fragment.env_steps
-        if self._pending_steps < self.train_batch_size:
+        policy = fragment.policy_id
+        pending = self._pending.setdefault(policy, [])
+        pending.append(fragment)
+        self._pending_steps[policy] = self._pending_steps.get(policy, 0) + fragment.env_steps
+        if self._pending_steps[policy] < self.train_batch_size:
             return []
-        batch = concat_fragments(self._pending)
-        self._pending = []
-        self._pending_steps = 0
-        out = self.replay.mix(batch)
+        batch = concat_fragments(pending)
+        del self._pending[policy], self._pending_steps[policy]
+        replay = self._replays.get(policy)
+        if replay is None:
+            replay = self._replays[policy] = MixInReplayBuffer(*self._replay_settings)
+        out = replay.mix(batch)
         self.batches_out += len(out)
         return out
 
     def take_pending(self) -> list[Fragment]:
         """Hand over the fragments still waiting for a batch (an aggregator leaving the job)."""
-        pending, self._pending, self._pending_steps = self._pending, [], 0
+        pending = [f for fragments in self._pending.values() for f in fragments]
+        self._pending, self._pending_steps = {}, {}
         return pending
 
     def add_many(self, fragments: list[Fragment]) -> list[TrainBatch]:

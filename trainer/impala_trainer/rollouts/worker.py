@@ -8,6 +8,7 @@ from __future__ import annotations
 import pickle
 import time
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -33,6 +34,9 @@ from impala_trainer.learning.model_factory import build_model
 from impala_trainer.learning.precision import acting_dtype
 from impala_trainer.rollouts.envs import final_observations, make_vector_env
 
+if TYPE_CHECKING:
+    from impala_trainer.rollouts.multi_agent_worker import MultiAgentRolloutWorker
+
 
 class RolloutWorker:
     """Steps `numEnvsPerWorker` envs for `rolloutFragmentLength` steps per `sample()` call.
@@ -57,9 +61,7 @@ class RolloutWorker:
         shape = self.env.single_observation_space.shape
         assert shape is not None
         self.obs_shape: tuple[int, ...] = tuple(shape)
-        self.actions = action_distribution(
-            self.env.single_action_space, spec.model.squash_actions
-        )
+        self.actions = action_distribution(self.env.single_action_space, spec.model.squash_actions)
         self.obs_dtype = self.env.single_observation_space.dtype
         self._learner: Learner | None = None
         if spec.training.mode == "async-gradients":
@@ -211,3 +213,15 @@ class RolloutWorker:
             grads, stats = self._learner.compute_gradients(concat_fragments([fragment]))
         fragment.busy_seconds += time.perf_counter() - start  # the actor's time: gradients too
         return Gradients(grads, fragment.meta(), stats)
+
+
+def rollout_worker(
+    spec: ImpalaJobSpec, worker_id: str, seed: int
+) -> RolloutWorker | MultiAgentRolloutWorker:
+    """The worker the job's env takes: a PettingZoo env's (spec.env.pettingzoo), else a
+    gymnasium vector env's; both offer the same surface to the actors and the driver."""
+    if spec.env.multi_agent:
+        from impala_trainer.rollouts.multi_agent_worker import MultiAgentRolloutWorker
+
+        return MultiAgentRolloutWorker(spec, worker_id, seed)
+    return RolloutWorker(spec, worker_id, seed)

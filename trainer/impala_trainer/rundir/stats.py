@@ -18,6 +18,7 @@ from impala_api.snapshot import (
     HistoryPoint,
     LearnerQueue,
     Membership,
+    PolicyStatus,
     ReturnTrend,
     RunPhase,
     StatusSnapshot,
@@ -42,6 +43,10 @@ class RunStats:
         state = resumed or DriverState()
         self.counters = Counters(**state.counters)
         self.returns: deque[float] = deque(state.episode_returns, maxlen=EPISODE_WINDOW)
+        self.policy_returns: dict[str, deque[float]] = {}
+        """A multi-agent job's agent returns per policy (not checkpointed: refilled within a
+        window's episodes of a resume)."""
+        self.policy_episodes: dict[str, int] = {}
         self.lengths: deque[int] = deque(state.episode_lengths, maxlen=EPISODE_WINDOW)
         self.iteration = state.iteration
         self.started_at = state.started_at or time.time()
@@ -69,6 +74,13 @@ class RunStats:
         self.returns.extend(returns)
         self.lengths.extend(lengths)
         self.counters.episodes += len(returns)
+
+    def add_policy_returns(self, returns: dict[str, list[float]]) -> None:
+        """A multi-agent sample's agent returns per policy."""
+        for name, values in returns.items():
+            window = self.policy_returns.setdefault(name, deque(maxlen=EPISODE_WINDOW))
+            window.extend(values)
+            self.policy_episodes[name] = self.policy_episodes.get(name, 0) + len(values)
 
     def add_learner_stats(self, stats: dict[str, float]) -> None:
         """One update's learner stats; the next snapshot reports their mean over its updates
@@ -240,6 +252,13 @@ class RunStats:
             ),
             return_trend=self.trend,
             policy_lag_mean=self.policy_lag_mean,
+            policies={
+                name: PolicyStatus(
+                    episode_return_mean=sum(w) / len(w) if w else None,
+                    episodes=self.policy_episodes.get(name, 0),
+                )
+                for name, w in self.policy_returns.items()
+            },
         )
 
     def history_point(self) -> HistoryPoint:

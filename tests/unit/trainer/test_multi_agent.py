@@ -1,0 +1,236 @@
+"""Multi-agent sampling (spec.env.pettingzoo): agents' steps reach their own policy's columns,
+one agent per column and in order; finished agents stop contributing; mapping errors name the
+field; the driver trains one learner per policy and checkpoints each."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from impala_api.spec import ImpalaJob, ImpalaJobSpec
+from impala_trainer.batches import MultiAgentFragment
+from impala_trainer.driver.launch import Wiring, build_driver
+from impala_trainer.driver.local_backend import LocalBackend
+from impala_trainer.preflight import job_problem
+from impala_trainer.rollouts.agent_envs import MappingError, policy_mapping
+from impala_trainer.rollouts.lanes import Lane, PolicyLanes, Step
+from impala_trainer.rollouts.multi_agent_worker import MultiAgentRolloutWorker
+from impala_trainer.rundir.writer import RunDir
+
+pytest.importorskip("pettingzoo")
+
+RELAY = "tests.support.agent_games:relay"
+TURNS = "tests.support.agent_games:turns"
+TWO_POLICIES = {
+    "policies": {"a": {}, "b": {"model": {"hidden": [16]}}},
+    "policyMapping": [{"agents": "a_*", "policy": "a"}, {"agents": "*", "policy": "b"}],
+}
+
+
+def spec_of(env: str, t_len: int = 4, num_envs: int = 2, **extra: Any) -> ImpalaJobSpec:
+    kwargs = extra.pop("kwargs", {})
+    raw = {
+        "metadata": {"name": "agents"},
+        "spec": {
+            "env": {"pettingzoo": env, "numEnvsPerWorker": num_envs, "kwargs": kwargs},
+            "model": {"hidden": [8]},
+            "training": {"rolloutFragmentLength": t_len, "trainBatchSize": 8},
+            "stop": {"timesteps": 1000},
+            **extra,
+        },
+    }
+    return ImpalaJob.model_validate(raw).spec
+
+
+def columns_are_trajectories(obs: np.ndarray, index: int | set[int]) -> None:
+    """Each column one agent's steps in order: its index fixed, its own step count rising by
+    one within an episode (or restarting at a new one)."""
+    indices = {index} if isinstance(index, int) else index
+    for col in range(obs.shape[1]):
+        agent, step, episode = obs[:, col, 0], obs[:, col, 1], obs[:, col, 2]
+        assert len(set(agent)) == 1 and int(agent[0]) in indices
+        for t in range(1, len(step)):
+            same = episode[t] == episode[t - 1]
+            assert (same and step[t] == step[t - 1] + 1) or (not same and step[t] == 0)
+
+
+def test_each_policy_gets_its_own_agents_steps_one_agent_per_column() -> None:
+    spec = spec_of(RELAY, multiAgent=TWO_POLICIES)
+    worker = MultiAgentRolloutWorker(spec, "w", seed=1)
+    for _ in range(4):
+        sample = worker.sample()
+        assert isinstance(sample, MultiAgentFragment)
+        a, b = sample.fragments["a"], sample.fragments["b"]
+        assert a.policy_id == "a" and b.policy_id == "b"
+        # 2 envs x (a_0, a_1) and 2 envs x b_0
+        assert a.obs.shape == (4, 4, 3) and b.obs.shape == (4, 2, 3)
+        columns_are_trajectories(a.obs, {0, 1})
+        columns_are_trajectories(b.obs, 2)
+        assert set(np.unique(a.rewards)) <= {1.0, 2.0} and set(np.unique(b.rewards)) == {3.0}
+
+
+def test_an_agent_that_finishes_early_gives_no_steps_until_its_next_episode() -> None:
+    # a_1 is done after 3 of the episode's 7 steps: its lanes hold 3 steps per episode, a_0's 7.
+    spec = spec_of(RELAY, t_len=3, kwargs={"short": 3, "long": 7}, multiAgent=TWO_POLICIES)
+    worker = MultiAgentRolloutWorker(spec, "w", seed=1)
+    obs, terms = [], []
+    for _ in range(6):
+        fragment = worker.sample().fragments["a"]
+        obs.append(fragment.obs)
+        terms.append(fragment.terminateds)
+    steps = np.concatenate(obs, axis=1)
+    done = np.concatenate(terms, axis=1)
+    of_a1 = steps[0, :, 0] == 1
+    assert of_a1.any() and (~of_a1).any()
+    # Every a_1 column is one whole episode of 3 steps that ends terminated; a_1 never shows a
+    # step past its third.
+    assert (steps[:, of_a1, 1] == np.arange(3)[:, None]).all()
+    assert done[2, of_a1].all() and not done[:2, of_a1].any()
+    assert steps[:, ~of_a1, 1].max() == 6
+
+
+def test_truncated_agents_carry_their_final_observation() -> None:
+    spec = spec_of(RELAY, t_len=7, kwargs={"short": 7, "long": 7, "truncate": True})
+    fragment = MultiAgentRolloutWorker(spec, "w", seed=0).sample().fragments["default"]
+    assert fragment.truncateds[6].all() and not fragment.terminateds.any()
+    assert len(fragment.final_steps) == fragment.obs.shape[1]
+    # The final observation is the one after the 7th step: own step count 7.
+    assert (fragment.final_obs[:, 1] == 7).all()
+
+
+def test_turn_based_agents_get_what_their_moves_earned() -> None:
+    # 5 moves: first moves 3 times (0.1, 0.1, then the winning 1.0), second twice: 0.1, then
+    # 0.1 and the loser's -1 that came before its next turn, one reward for its last move.
+    spec = spec_of(TURNS, t_len=6, num_envs=1, kwargs={"moves": 5})
+    worker = MultiAgentRolloutWorker(spec, "w", seed=0)
+    fragment = worker.sample().fragments["default"]
+    columns_are_trajectories(fragment.obs, {0, 1})
+    for col in range(fragment.obs.shape[1]):
+        agent = int(fragment.obs[0, col, 0])
+        rewards = fragment.rewards[:, col].tolist()
+        per_episode = [0.1, 0.1, 1.0] if agent == 0 else [0.1, -0.9]
+        assert rewards == pytest.approx((per_episode * 6)[: len(rewards)])
+    sample = worker.sample()
+    assert sample.episode_returns == pytest.approx([0.4] * len(sample.episode_returns))
+    assert sample.episode_returns
+
+
+def test_the_first_matching_rule_maps_and_an_unmatched_agent_is_refused() -> None:
+    agents = spec_of(RELAY, multiAgent=TWO_POLICIES).agents
+    policy_of = policy_mapping(agents)
+    assert [policy_of(a) for a in ("a_0", "a_1", "b_0")] == ["a", "a", "b"]
+    narrow = {**TWO_POLICIES, "policyMapping": [{"agents": "a_*", "policy": "a"}]}
+    with pytest.raises(MappingError) as err:
+        policy_mapping(spec_of(RELAY, multiAgent=narrow).agents)("b_0")
+    assert err.value.field == "multiAgent.policyMapping" and "b_0" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("multi_agent", "field"),
+    [
+        ({**TWO_POLICIES, "policyMapping": [{"agents": "a_*", "policy": "a"}]},
+         "multiAgent.policyMapping"),
+        ({**TWO_POLICIES, "policiesToTrain": []}, None),
+        ({"policies": {"a": {}, "c": {}}, "policyMapping": [{"agents": "*", "policy": "a"}],
+          "policiesToTrain": ["c"]}, "multiAgent.policiesToTrain"),
+        ({"policies": {"a": {}, "b": {"model": {"type": "cnn"}}},
+          "policyMapping": TWO_POLICIES["policyMapping"]}, "multiAgent.policies.b.model.type"),
+    ],
+)  # fmt: skip
+def test_preflight_names_the_field(multi_agent: dict[str, Any], field: str | None) -> None:
+    if multi_agent.get("policiesToTrain") == []:
+        with pytest.raises(ValueError, match="policiesToTrain"):
+            spec_of(RELAY, multiAgent=multi_agent)
+        return
+    problem = job_problem(spec_of(RELAY, multiAgent=multi_agent))
+    assert problem is not None and problem[0] == field, problem
+
+
+def test_an_env_module_that_does_not_import_is_refused_naming_pettingzoo() -> None:
+    problem = job_problem(spec_of("no_such_games.board_v0"))
+    assert problem is not None and problem[0] == "env.pettingzoo"
+    assert "cannot import module 'no_such_games.board_v0'" in problem[1]
+
+
+def test_two_agents_of_one_policy_must_share_their_spaces() -> None:
+    spec = spec_of("mpe2.simple_tag_v3", kwargs={"num_good": 1, "num_adversaries": 1})
+    problem = job_problem(spec)
+    assert problem is not None and problem[0] == "multiAgent.policyMapping"
+    assert "map them to policies of their own" in problem[1]
+
+
+def test_lane_waits_for_the_next_observation_unless_the_step_ended_the_episode() -> None:
+    lane = Lane()
+    for t in range(2):
+        lane.act(Step(np.array([t], np.float32), np.array(0), np.zeros(2, np.float32)))
+        lane.complete(1.0, False, False, None)
+    assert lane.ready(2) == 0  # its bootstrap observation is not known yet
+    lane.act(Step(np.array([2], np.float32), np.array(0), np.zeros(2, np.float32)))
+    assert lane.ready(2) == 1
+    steps, bootstrap = lane.take(2)
+    assert [float(s.obs[0]) for s in steps] == [0, 1] and float(bootstrap[0]) == 2
+    lane.complete(1.0, True, False, None)
+    lane.act(Step(np.array([0], np.float32), np.array(0), np.zeros(2, np.float32)))
+    lane.complete(0.0, True, False, None)
+    assert lane.ready(2) == 1  # ends terminated: nothing to bootstrap from
+
+
+def test_a_lane_ahead_gives_two_columns_and_one_behind_none() -> None:
+    lanes = PolicyLanes("p", num_lanes=2, t_len=1)
+    ahead, behind = lanes.lanes
+    for i in range(2):
+        ahead.act(Step(np.array([i], np.float32), np.array(0), np.zeros(2, np.float32)))
+        ahead.complete(1.0, False, False, None)
+    ahead.act(Step(np.array([2], np.float32), np.array(0), np.zeros(2, np.float32)))
+    assert lanes.ready()
+    fragment = lanes.fragment(policy_version=3, worker_id="w")
+    assert fragment.obs[0, :, 0].tolist() == [0, 1]
+    assert fragment.bootstrap_obs[:, 0].tolist() == [1, 2]
+    assert not behind.steps and fragment.policy_version == 3
+
+
+def _run(tmp_path: Path, spec: ImpalaJobSpec, resume: bool = False, aggregators: int = 0) -> Any:
+    job = ImpalaJob.model_validate({"metadata": {"name": "agents"}, "spec": spec.model_dump()})
+    backend = LocalBackend(rollout_units=2, aggregator_units=aggregators)
+    wiring = Wiring(rollout_workers=2, aggregator_workers=aggregators, resume=resume)
+    driver = build_driver(job, RunDir(tmp_path / "run"), backend, wiring)
+    result = driver.run()
+    assert result.phase == "Succeeded", result.message
+    return driver
+
+
+@pytest.mark.parametrize("aggregators", [0, 1])
+def test_each_trained_policy_learns_on_its_own_learner_and_resumes(
+    tmp_path: Path, aggregators: int
+) -> None:
+    spec = spec_of(RELAY, multiAgent=TWO_POLICIES, stop={"timesteps": 400})
+    driver = _run(tmp_path, spec, aggregators=aggregators)
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert set(status["policies"]) == {"a", "b"}
+    assert status["policies"]["b"]["episode_return_mean"] == pytest.approx(21.0)  # 7 x 3
+    assert {"a/total_loss", "b/total_loss"} <= set(status["learner"])
+    state = driver.learner.state_dict()["policies"]
+    versions = {name: s["policy_version"] for name, s in state.items()}
+    assert versions["a"] > 0 and versions["b"] > 0
+    more = spec.model_copy(update={"stop": spec.stop.model_copy(update={"timesteps": 800})})
+    resumed = _run(tmp_path, more, resume=True, aggregators=aggregators)
+    again = resumed.learner.state_dict()["policies"]
+    assert all(again[name]["policy_version"] > versions[name] for name in versions)
+
+
+def test_a_policy_not_trained_keeps_its_weights_and_ships_no_steps(tmp_path: Path) -> None:
+    frozen = {**TWO_POLICIES, "policiesToTrain": ["a"]}
+    spec = spec_of(RELAY, multiAgent=frozen, stop={"timesteps": 400})
+    spec = spec.model_copy(update={"training": spec.training.model_copy(update={"seed": 3})})
+    driver = _run(tmp_path, spec)
+    state = driver.learner.state_dict()["policies"]
+    assert state["a"]["policy_version"] > 0 and state["b"]["policy_version"] == 0
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert not any(k.startswith("b/") for k in status["learner"])
+    weights = driver.learner.get_weights()
+    fresh = _run(tmp_path / "again", spec).learner.get_weights()
+    assert all(np.array_equal(weights[k], fresh[k]) for k in weights if k.startswith("b/"))

@@ -1,0 +1,163 @@
+"""A multi-agent job's learners: one `LearnerGroup` per trained policy, as one group.
+
+RLlib gives each trained policy its own learner; so does this: each trained policy has the
+learner group its spec asks for (`learner_group.make_learner_group`, the policy's model in place
+of spec.model), with its own V-trace loss, optimiser, schedules and stats, and trains on the
+batches of its own agents (`TrainBatch.policy_id`). `PolicyLearnerGroups` is that set as the
+driver's one `LearnerGroup`, and `PolicySetState` their weights and state as its one
+`LearnerState`:
+
+- the weights broadcast to the rollouts are every policy's, keyed `<policy>/<name>` with each
+  policy's version (`multi_agent_worker.WEIGHTS_VERSION`), a policy that does not learn
+  included (its initial weights, never changed);
+- the state a checkpoint keeps is each policy's learner state by name;
+- the policy version the driver counts is the sum of the policies' (it moves whenever one
+  learns), and the schedules' clock is the run's env steps trained, for every policy alike.
+"""
+
+from __future__ import annotations
+
+import pickle
+from statistics import fmean
+from typing import Any
+
+import numpy as np
+
+from impala_api.spec import ImpalaJobSpec
+from impala_trainer.batches import TrainBatch
+from impala_trainer.driver.backend import Backend
+from impala_trainer.driver.learner_group import LearnerGroup, Updates, make_learner_group
+from impala_trainer.learning.learner import Learner, LearnerState
+from impala_trainer.rollouts.agent_envs import PolicyModel
+from impala_trainer.rollouts.multi_agent_worker import WEIGHTS_VERSION
+
+
+class PolicySetState:
+    """Several policies' learner states as one `LearnerState`."""
+
+    def __init__(self, learners: dict[str, LearnerState]) -> None:
+        self.learners = learners
+        self._timestep = 0
+
+    @property
+    def policy_version(self) -> int:
+        return sum(learner.policy_version for learner in self.learners.values())
+
+    @property
+    def global_timestep(self) -> int:
+        return self._timestep
+
+    @global_timestep.setter
+    def global_timestep(self, value: int) -> None:
+        self._timestep = value
+        for learner in self.learners.values():
+            learner.global_timestep = value
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for name, learner in self.learners.items():
+            out.update({f"{name}/{k}": v for k, v in learner.get_weights().items()})
+            out[f"{name}/{WEIGHTS_VERSION}"] = np.asarray(learner.policy_version, np.int64)
+        return out
+
+    def pickled_weights(self) -> bytes:
+        return pickle.dumps(self.get_weights(), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def weights_nbytes(self) -> int:
+        return sum(learner.weights_nbytes() for learner in self.learners.values())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"policies": {name: ls.state_dict() for name, ls in self.learners.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state.get("policies")
+        if not isinstance(saved, dict) or set(saved) != set(self.learners):
+            have = sorted(saved) if isinstance(saved, dict) else "a single-agent learner"
+            raise ValueError(
+                f"the checkpoint holds {have}, this job's policies are {sorted(self.learners)}: "
+                "resume it with the policies it was trained with"
+            )
+        for name, learner in self.learners.items():
+            learner.load_state_dict(saved[name])
+
+
+class PolicyLearnerGroups:
+    """One learner group per trained policy, fed each its own policy's batches."""
+
+    def __init__(self, groups: dict[str, LearnerGroup], frozen: dict[str, LearnerState]) -> None:
+        self.groups = groups
+        self.learner: LearnerState = PolicySetState(
+            {**{name: g.learner for name, g in groups.items()}, **frozen}
+        )
+        first = next(iter(groups.values()))
+        self.device = first.device
+        self.autocast_dtype = first.autocast_dtype
+
+    def start(self) -> None:
+        for group in self.groups.values():
+            group.start()
+
+    def check(self) -> None:
+        for group in self.groups.values():
+            group.check()
+
+    def try_put(self, batch: TrainBatch) -> bool:
+        return self.groups[batch.policy_id].try_put(batch)
+
+    def put(self, batch: TrainBatch, timeout: float) -> bool:
+        return self.groups[batch.policy_id].put(batch, timeout)
+
+    def updates(self) -> Updates:
+        out = Updates()
+        for name, group in self.groups.items():
+            done = group.updates()
+            out.env_steps += done.env_steps
+            out.steps += done.steps
+            out.policy_lags.extend(done.policy_lags)
+            out.stats.extend({f"{name}/{k}": v for k, v in s.items()} for s in done.stats)
+        return out
+
+    def stats(self) -> dict[str, float]:
+        each = {name: group.stats() for name, group in self.groups.items()}
+        out = {f"{name}/{k}": v for name, stats in each.items() for k, v in stats.items()}
+        # The run's own figure: how idle its learners are, on average.
+        out["learner_idle_fraction"] = fmean(
+            s.get("learner_idle_fraction", 0.0) for s in each.values()
+        )
+        return out
+
+    def queue_stats(self) -> dict[str, Any]:
+        # The fullest policy's queue: the one that holds the rollouts back.
+        each = [group.queue_stats() for group in self.groups.values()]
+        return max(each, key=lambda s: float(s.get("size_mean", 0.0)))
+
+    def close(self, timeout: float) -> None:
+        for group in self.groups.values():
+            group.close(timeout)
+
+
+def policy_learner_groups(
+    spec: ImpalaJobSpec,
+    models: dict[str, PolicyModel],
+    seed: int,
+    backend: Backend,
+    intra_op_threads: int,
+) -> PolicyLearnerGroups:
+    """A learner group for each trained policy, and the fixed weights of the others (built in
+    the policies' order, so one seed makes the same initial weights)."""
+    trained = set(spec.agents.trained)
+    groups: dict[str, LearnerGroup] = {}
+    frozen: dict[str, LearnerState] = {}
+    for name, model in models.items():
+        policy_spec = spec.policy_spec(name)
+        if name in trained:
+            groups[name] = make_learner_group(
+                policy_spec, (model.obs_shape, model.actions), seed, backend, intra_op_threads
+            )
+        else:
+            frozen[name] = Learner(policy_spec, model.obs_shape, model.actions)
+    if not groups:
+        raise ValueError(
+            "spec.multiAgent.policiesToTrain: no agent of this env acts by a policy that learns"
+        )
+    return PolicyLearnerGroups(groups, frozen)

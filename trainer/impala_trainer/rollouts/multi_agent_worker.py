@@ -1,0 +1,236 @@
+"""A rollout worker for a PettingZoo env: `numEnvsPerWorker` envs, every agent acting by its
+policy, one fragment per trained policy out.
+
+The same surface as `worker.RolloutWorker` (`set_weights`, `sample`, `env_steps`), so the
+actors, the backends and the driver take either. Each turn, the agents that act in every env
+are grouped by policy and each policy runs one batched forward for all of them (RLlib's
+per-policy batched inference). The steps of a trained policy's agents go into lanes
+(`rollouts.lanes`) until each trained policy has a whole fragment; the steps of a policy that
+does not learn are not kept.
+
+The weights arrive as one flat mapping of every policy's arrays, keyed `<policy>/<name>`, with
+each policy's version under `<policy>/@version` (`WEIGHTS_VERSION`): a fragment carries its own
+policy's version, so each learner measures its own policy lag.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from impala_api.spec import ImpalaJobSpec
+from impala_trainer.batches import MultiAgentFragment
+from impala_trainer.learning.acting import WeightLoader, acting_policy
+from impala_trainer.learning.distributions import ActionDistribution, action_distribution
+from impala_trainer.learning.model_factory import build_model
+from impala_trainer.learning.models import ActorCritic
+from impala_trainer.learning.precision import acting_dtype
+from impala_trainer.rollouts.agent_envs import (
+    AgentEnv,
+    ObservationAdapter,
+    Turn,
+    make_pettingzoo,
+    policy_spaces,
+)
+from impala_trainer.rollouts.lanes import PolicyLanes, Step
+
+WEIGHTS_VERSION = "@version"
+"""The key, under a policy's prefix, of its weights' version in a multi-agent broadcast."""
+MAX_TURNS_PER_FRAGMENT = 1000
+"""Turns per fragment length beyond which an agent that never acts is an error, not a wait."""
+
+
+def policy_weights(weights: Mapping[str, Any]) -> dict[str, tuple[dict[str, Any], int]]:
+    """A multi-agent broadcast split per policy: policy -> (its arrays, its version)."""
+    out: dict[str, tuple[dict[str, Any], int]] = {}
+    for key, value in weights.items():
+        policy, _, name = key.partition("/")
+        arrays, version = out.get(policy, ({}, 0))
+        if name == WEIGHTS_VERSION:
+            version = int(value)
+        else:
+            arrays[name] = value
+        out[policy] = (arrays, version)
+    return out
+
+
+@dataclass
+class ActingPolicy:
+    """One policy as the worker acts by it."""
+
+    name: str
+    model: ActorCritic
+    actions: ActionDistribution
+    adapter: ObservationAdapter
+    logits: Any
+    load: WeightLoader
+    trained: bool
+    version: int = 0
+
+
+class MultiAgentRolloutWorker:
+    """Steps `numEnvsPerWorker` PettingZoo envs; one fragment per trained policy per sample."""
+
+    def __init__(self, spec: ImpalaJobSpec, worker_id: str, seed: int) -> None:
+        torch.set_num_threads(1)
+        torch.manual_seed(seed)
+        self.spec = spec
+        self.worker_id = worker_id
+        self.num_envs = spec.env.num_envs_per_worker
+        self.fragment_length = spec.training.rollout_fragment_length
+        self.clip_rewards = spec.env.clips_rewards
+        # Each env its own seed stream: episode k of env i is reset with seed + i * 10^6 + k.
+        self.envs = [
+            AgentEnv(make_pettingzoo(spec.env), seed + i * 1_000_000) for i in range(self.num_envs)
+        ]
+        trained = set(spec.agents.trained)
+        self.policies: dict[str, ActingPolicy] = {}
+        self.policy_of: dict[str, str] = {}
+        for name, (agents, spaces) in policy_spaces(spec, self.envs[0]).items():
+            self.policies[name] = self._acting(spec, name, spaces, name in trained)
+            self.policy_of.update(dict.fromkeys(agents, name))
+        agents = self.envs[0].possible_agents
+        self.lanes: dict[str, PolicyLanes] = {}
+        self._lane_of: dict[tuple[int, str], Any] = {}
+        for name, policy in self.policies.items():
+            if not policy.trained:
+                continue
+            mine = [a for a in agents if self.policy_of[a] == name]
+            lanes = self.lanes[name] = PolicyLanes(
+                name, self.num_envs * len(mine), self.fragment_length
+            )
+            for i, (env, agent) in enumerate((e, a) for e in range(self.num_envs) for a in mine):
+                self._lane_of[env, agent] = lanes.lanes[i]
+        self.rng = np.random.default_rng(seed)
+        self.turns: list[Turn] = [env.reset() for env in self.envs]
+        self._returns = [dict.fromkeys(agents, 0.0) for _ in self.envs]
+        self._lengths = [0] * self.num_envs
+        self.policy_version = 0
+        self.env_steps = 0
+        self._busy_seconds = 0.0
+
+    def _acting(self, spec: ImpalaJobSpec, name: str, spaces: Any, trained: bool) -> ActingPolicy:
+        policy_spec = spec.policy_spec(name)
+        adapter = ObservationAdapter(spaces)
+        dist = action_distribution(spaces.action, policy_spec.model.squash_actions)
+        model = build_model(policy_spec.model, adapter.shape, dist)
+        model.eval()
+        logits = acting_policy(model, acting_dtype(spec.learner.precision))
+        return ActingPolicy(name, model, dist, adapter, logits, WeightLoader(model), trained)
+
+    def set_weights(self, weights: Mapping[str, Any] | bytes, policy_version: int) -> None:
+        """Load every policy's weights (`WEIGHTS_VERSION` says the layout)."""
+        start = time.perf_counter()
+        arrays = pickle.loads(weights) if isinstance(weights, bytes) else weights
+        for name, (policy_arrays, version) in policy_weights(arrays).items():
+            policy = self.policies.get(name)
+            if policy is not None:  # a policy no agent of this env maps to has no model here
+                policy.load(policy_arrays)
+                policy.version = version
+        self.policy_version = int(policy_version)
+        self._busy_seconds += time.perf_counter() - start
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return {
+            f"{name}/{k}": v.detach().numpy().copy()
+            for name, p in self.policies.items()
+            for k, v in p.model.state_dict().items()
+        }
+
+    def sample(self) -> MultiAgentFragment:
+        start = time.perf_counter()
+        sample = self._sample()
+        sample.busy_seconds = self._busy_seconds + time.perf_counter() - start
+        self._busy_seconds = 0.0
+        return sample
+
+    @torch.inference_mode()
+    def _sample(self) -> MultiAgentFragment:
+        returns: list[float] = []
+        lengths: list[int] = []
+        policy_returns: dict[str, list[float]] = {name: [] for name in self.policies}
+        turns = 0
+        limit = MAX_TURNS_PER_FRAGMENT * self.fragment_length
+        while not all(lanes.ready() for lanes in self.lanes.values()):
+            if turns >= limit:
+                slow = [name for name, lanes in self.lanes.items() if not lanes.ready()]
+                raise RuntimeError(
+                    f"after {turns} turns the agents of policy {slow[0]!r} still have not "
+                    f"taken {self.fragment_length} steps in every env: an agent that never "
+                    "acts cannot fill its lane (map it to a policy outside policiesToTrain)"
+                )
+            self._turn(returns, lengths, policy_returns)
+            turns += 1
+        self.env_steps += turns * self.num_envs
+        fragments = {
+            name: lanes.fragment(self.policies[name].version, self.worker_id)
+            for name, lanes in self.lanes.items()
+        }
+        for name, fragment in fragments.items():
+            fragment.episode_returns = policy_returns[name]
+        return MultiAgentFragment(
+            fragments=fragments,
+            env_steps=turns * self.num_envs,
+            episode_returns=returns,
+            episode_lengths=lengths,
+            policy_returns={k: v for k, v in policy_returns.items() if v},
+            worker_id=self.worker_id,
+            policy_version=self.policy_version,
+        )
+
+    def _turn(
+        self,
+        returns: list[float],
+        lengths: list[int],
+        policy_returns: dict[str, list[float]],
+    ) -> None:
+        """One turn in every env: each policy acts for its agents in one forward."""
+        rows: dict[str, list[tuple[int, str, np.ndarray]]] = {}
+        for e, turn in enumerate(self.turns):
+            for agent, obs in turn.acting.items():
+                policy = self.policies[self.policy_of[agent]]
+                rows.setdefault(policy.name, []).append((e, agent, policy.adapter.model_input(obs)))
+        actions: list[dict[str, Any]] = [{} for _ in self.envs]
+        for name, picked in rows.items():
+            policy = self.policies[name]
+            obs = np.stack([o for _, _, o in picked])
+            logits = np.array(policy.logits(obs), np.float32, copy=True)
+            dist = policy.actions
+            chosen = dist.empty_actions(1, len(picked))[0]
+            dist.sample(logits, dist.noise(self.rng, 1, len(picked))[0], chosen)
+            to_env = dist.to_env(chosen)
+            for i, (e, agent, o) in enumerate(picked):
+                actions[e][agent] = to_env[i].item() if to_env[i].ndim == 0 else to_env[i]
+                lane = self._lane_of.get((e, agent))
+                if lane is not None:
+                    lane.act(Step(o, chosen[i].copy(), logits[i]))
+        for e, env in enumerate(self.envs):
+            turn = self.turns[e] = env.step(actions[e])
+            self._lengths[e] += 1
+            for out in turn.outcomes:
+                self._returns[e][out.agent] += out.reward
+                lane = self._lane_of.get((e, out.agent))
+                if lane is not None:
+                    reward = float(np.sign(out.reward)) if self.clip_rewards else out.reward
+                    final = out.final_obs
+                    if final is not None:
+                        adapter = self.policies[self.policy_of[out.agent]].adapter
+                        final = adapter.model_input(final)
+                    lane.complete(reward, out.terminated, out.truncated, final)
+            if turn.episode_over:
+                agent_returns = self._returns[e]
+                returns.append(float(sum(agent_returns.values())))
+                lengths.append(self._lengths[e])
+                for agent, value in agent_returns.items():
+                    policy_returns[self.policy_of[agent]].append(value)
+                self._returns[e] = dict.fromkeys(agent_returns, 0.0)
+                self._lengths[e] = 0
+
+    def compute_gradients(self, global_timestep: int = 0) -> Any:
+        raise RuntimeError("a PettingZoo env trains with training.mode vtrace")
