@@ -35,6 +35,7 @@ from impala_api.spec import (
     RESERVED_VOLUME_MESSAGE,
     RESERVED_VOLUMES,
     SECRET_REF_NEEDS_URI,
+    SELF_PLAY_POLICY,
     SEPARATE_LEARNER_NEEDS_VTRACE,
     UNKNOWN_MAPPED_POLICY,
     UNKNOWN_POLICY_TO_TRAIN,
@@ -240,6 +241,12 @@ RULES: dict[tuple[str, ...], list[Rule]] = {
             "!has(self.policiesToTrain) || self.policiesToTrain.all(p, p in self.policies)",
             UNKNOWN_POLICY_TO_TRAIN,
             ".policiesToTrain",
+        ),
+        _rule(
+            "!has(self.selfPlay) || (self.selfPlay.policy in self.policies && "
+            "(!has(self.policiesToTrain) || self.selfPlay.policy in self.policiesToTrain))",
+            SELF_PLAY_POLICY,
+            ".selfPlay.policy",
         ),
     ],
     ("env",): [

@@ -209,6 +209,11 @@ class PolicyStatus(Snap):
     """Mean return of its agents over their last 100 episodes (one per agent and episode)."""
     episodes: int = 0
     """Agent episodes counted (an episode of 3 agents of this policy counts 3)."""
+    self_play_score: float | None = None
+    """spec.multiAgent.selfPlay's policy: its mean score over its last 100 games against the
+    snapshot pool (1 a win, 0.5 a draw, 0 a loss); None before the first."""
+    self_play_games: int = 0
+    """Games it played against the pool."""
 
 
 class StatusSnapshot(Snap):

@@ -25,6 +25,7 @@ from impala_api.spec import (
     PETTINGZOO_OR_ID,
     PREV_ACTION_REWARD_LSTM,
     REPLICAS_NEED_VTRACE,
+    SELF_PLAY_POLICY,
     SEPARATE_LEARNER_NEEDS_VTRACE,
     UNKNOWN_MAPPED_POLICY,
     UNKNOWN_POLICY_TO_TRAIN,
@@ -380,6 +381,21 @@ INVALID: list[Invalid] = [
         },
         "spec.env.pettingzoo",
         MULTI_AGENT_NOT_YET,
+    ),
+    Invalid(
+        "self-play-of-a-frozen-policy",
+        "cel",
+        {
+            "env": {"pettingzoo": "pettingzoo.classic.tictactoe_v3"},
+            "multiAgent": {
+                "policies": {"main": {}, "fixed": {}},
+                "policyMapping": [{"agents": "*", "policy": "main"}],
+                "policiesToTrain": ["fixed"],
+                "selfPlay": {"policy": "main"},
+            },
+        },
+        "spec.multiAgent.selfPlay.policy",
+        SELF_PLAY_POLICY,
     ),
     Invalid(
         "multi-agent-with-replicas",

@@ -58,6 +58,9 @@ class Fragment:
     time an actor works rather than waits for its next request."""
     policy_id: str = DEFAULT_POLICY
     """The policy that acted (a multi-agent job's fragment holds one policy's agents)."""
+    action_mask: np.ndarray = field(default_factory=lambda: no_mask())
+    """[T, B, A] bool: the actions each step allowed (an observation's `action_mask`), or
+    `no_mask()` where the env masks none. The behaviour logits are masked already."""
 
     @property
     def env_steps(self) -> int:
@@ -94,6 +97,8 @@ class FragmentMeta:
     """`Fragment.busy_seconds`."""
     policy_returns: dict[str, list[float]] = field(default_factory=dict)
     """A multi-agent sample's episode returns per policy (one per agent and episode)."""
+    self_play_scores: list[float] = field(default_factory=list)
+    """spec.multiAgent.selfPlay: each game against a snapshot, 1 won, 0.5 drawn, 0 lost."""
 
 
 @dataclass
@@ -110,6 +115,7 @@ class MultiAgentFragment:
     episode_return_mean)."""
     episode_lengths: list[int]
     policy_returns: dict[str, list[float]]
+    self_play_scores: list[float] = field(default_factory=list)
     worker_id: str = ""
     busy_seconds: float = 0.0
     policy_version: int = 0
@@ -126,6 +132,7 @@ class MultiAgentFragment:
             policy_version=self.policy_version,
             busy_seconds=self.busy_seconds,
             policy_returns={p: list(r) for p, r in self.policy_returns.items()},
+            self_play_scores=list(self.self_play_scores),
         )
 
 
@@ -187,6 +194,8 @@ class TrainBatch:
     """True when this batch came from the mixin replay buffer (not counted as new env steps)."""
     policy_id: str = DEFAULT_POLICY
     """The policy whose learner trains on it."""
+    action_mask: np.ndarray = field(default_factory=lambda: no_mask())
+    """[T, B, A] `Fragment.action_mask`: the learner masks its logits alike."""
 
     @property
     def env_steps(self) -> int:
@@ -211,6 +220,11 @@ _ARRAY_FIELDS = (
 def no_state(columns: int) -> np.ndarray:
     """The state_in of a feed-forward policy's fragment: [B, 0]."""
     return np.zeros((columns, 0), np.float32)
+
+
+def no_mask() -> np.ndarray:
+    """The action_mask of a fragment whose env masks no action."""
+    return np.zeros((0, 0, 0), np.bool_)
 
 
 def no_final_steps(
@@ -252,6 +266,7 @@ def concat_fragments(fragments: list[Fragment]) -> TrainBatch:
         episode_lengths=[n for f in fragments for n in f.episode_lengths],
         worker_ids=sorted({f.worker_id for f in fragments}),
         policy_id=fragments[0].policy_id,
+        action_mask=np.concatenate([f.action_mask for f in fragments], axis=1),
     )
 
 
@@ -269,6 +284,7 @@ def slice_columns(batch: TrainBatch, start: int, stop: int) -> TrainBatch:
         policy_versions=batch.policy_versions[start:stop],
         replayed=batch.replayed,
         policy_id=batch.policy_id,
+        action_mask=batch.action_mask[:, start:stop],
     )
 
 
@@ -303,4 +319,5 @@ def split_sequences(fragment: Fragment, seq_len: int, starts: np.ndarray) -> Fra
         worker_id=fragment.worker_id,
         busy_seconds=fragment.busy_seconds,
         policy_id=fragment.policy_id,
+        action_mask=seqs(fragment.action_mask) if fragment.action_mask.size else no_mask(),
     )

@@ -64,6 +64,32 @@ class PolicyMappingRule(SpecModel):
     """The policy they act by: a key of spec.multiAgent.policies."""
 
 
+SELF_PLAY_POLICY = (
+    "spec.multiAgent.selfPlay.policy must be a policy that learns: one of "
+    "spec.multiAgent.policies that policiesToTrain includes"
+)
+
+
+class SelfPlaySpec(SpecModel):
+    """A policy that plays against its own past versions (a pool of frozen snapshots)."""
+
+    policy: str = Field(pattern=POLICY_NAME_PATTERN, max_length=32)
+    """The trained policy that plays itself. In each episode one of the agents mapped to it
+    (chosen at random) learns by it, and each other agent mapped to it is the opponent: the
+    current policy (its steps train too) with probability latestProbability, else a snapshot
+    drawn from the pool (its steps are not trained on)."""
+
+    snapshot_interval_timesteps: int = Field(default=20_000, ge=1)
+    """Env steps trained between two snapshots of the policy's weights added to the pool."""
+
+    pool_size: int = Field(default=5, ge=1, le=16)
+    """Snapshots kept; the oldest is replaced once the pool is full."""
+
+    latest_probability: float = Field(default=0.5, ge=0.0, le=1.0)
+    """Probability that an episode's opponent is the current policy rather than a snapshot
+    (1: pure self-play; until the first snapshot, always the current policy)."""
+
+
 class MultiAgentSpec(SpecModel):
     """Which policies there are, which agent acts by which, and which learn."""
 
@@ -91,6 +117,9 @@ class MultiAgentSpec(SpecModel):
     policies_to_train: list[str] | None = Field(default=None, min_length=1, max_length=16)
     """The policies that learn (default: all); the others act with the weights they were made
     with, and their agents' steps are not shipped to a learner."""
+
+    self_play: SelfPlaySpec | None = None
+    """Self-play for one policy (none when omitted)."""
 
     @property
     def rules(self) -> list[PolicyMappingRule]:
@@ -125,4 +154,6 @@ class MultiAgentSpec(SpecModel):
             name not in self.policies for name in self.policies_to_train
         ):
             raise ValueError(UNKNOWN_POLICY_TO_TRAIN)
+        if self.self_play is not None and self.self_play.policy not in self.trained:
+            raise ValueError(SELF_PLAY_POLICY)
         return self

@@ -10,13 +10,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from impala_api.spec import ImpalaJob, ImpalaJobSpec
-from impala_trainer.batches import MultiAgentFragment
+from impala_trainer.batches import MultiAgentFragment, concat_fragments, no_mask
 from impala_trainer.driver.launch import Wiring, build_driver
 from impala_trainer.driver.local_backend import LocalBackend
+from impala_trainer.driver.policies import SelfPlayPool
+from impala_trainer.learning.distributions import MASKED_LOGIT
+from impala_trainer.learning.learner import Learner
 from impala_trainer.preflight import job_problem
-from impala_trainer.rollouts.agent_envs import MappingError, policy_mapping
+from impala_trainer.rollouts.agent_envs import MappingError, policy_mapping, policy_models
 from impala_trainer.rollouts.lanes import Lane, PolicyLanes, Step
 from impala_trainer.rollouts.multi_agent_worker import MultiAgentRolloutWorker
 from impala_trainer.rundir.writer import RunDir
@@ -234,3 +238,82 @@ def test_a_policy_not_trained_keeps_its_weights_and_ships_no_steps(tmp_path: Pat
     weights = driver.learner.get_weights()
     fresh = _run(tmp_path / "again", spec).learner.get_weights()
     assert all(np.array_equal(weights[k], fresh[k]) for k in weights if k.startswith("b/"))
+
+
+TICTACTOE = "pettingzoo.classic.tictactoe_v3"
+
+
+def test_masked_actions_are_never_sampled() -> None:
+    worker = MultiAgentRolloutWorker(spec_of(TICTACTOE, t_len=8, num_envs=4), "w", seed=0)
+    for _ in range(5):
+        fragment = worker.sample().fragments["default"]
+        mask = fragment.action_mask
+        assert mask.shape == (8, 8, 9)
+        taken = np.take_along_axis(mask, fragment.actions[..., None], axis=2)[..., 0]
+        assert taken.all()
+        assert (fragment.behaviour_logits[~mask] == MASKED_LOGIT).all()
+
+
+def test_the_loss_gives_masked_actions_no_probability() -> None:
+    # One legal action per step: the masked policy is certain, so its entropy is 0 and the
+    # importance weights exactly 1; unmasked, the untrained policy spreads over all 9.
+    spec = spec_of(TICTACTOE, t_len=8, num_envs=4)
+    worker = MultiAgentRolloutWorker(spec, "w", seed=0)
+    fragment = worker.sample().fragments["default"]
+    only = np.zeros_like(fragment.action_mask)
+    np.put_along_axis(only, fragment.actions[..., None], True, axis=2)
+    fragment.action_mask = only
+    fragment.behaviour_logits = np.where(only, 0.0, MASKED_LOGIT).astype(np.float32)
+    model = policy_models(spec)["default"]
+    learner = Learner(spec, model.obs_shape, model.actions)
+    stats = learner.learn_on_batch(concat_fragments([fragment]))
+    assert stats["entropy"] == pytest.approx(0.0, abs=1e-6)
+    assert stats["mean_rho"] == pytest.approx(1.0)
+    fragment.action_mask = no_mask()
+    unmasked = Learner(spec, model.obs_shape, model.actions).learn_on_batch(
+        concat_fragments([fragment])
+    )
+    assert unmasked["entropy"] > 1.0
+
+
+SELF_PLAY = {
+    "policies": {"main": {}},
+    "selfPlay": {"policy": "main", "latestProbability": 0.0, "snapshotIntervalTimesteps": 100},
+}
+
+
+def test_against_a_snapshot_only_the_learning_seat_fills_the_policys_lanes() -> None:
+    spec = spec_of(TURNS, t_len=4, num_envs=1, kwargs={"moves": 4}, multiAgent=SELF_PLAY)
+    worker = MultiAgentRolloutWorker(spec, "w", seed=0)
+    weights = worker.get_weights()  # keyed main/<name>
+    snapshot = {f"main@0/{k[5:]}": np.zeros_like(v) for k, v in weights.items()}
+    worker.set_weights({**weights, **snapshot}, policy_version=1)
+    worker.sample()  # the episode in progress was seated before the pool existed
+    seen: dict[int, set[int]] = {}
+    scores: list[float] = []
+    for _ in range(6):
+        sample = worker.sample()
+        scores += sample.self_play_scores
+        obs = sample.fragments["main"].obs
+        for t, col in np.ndindex(obs.shape[:2]):
+            seen.setdefault(int(obs[t, col, 2]), set()).add(int(obs[t, col, 0]))
+    assert seen and all(len(agents) == 1 for episode, agents in seen.items() if episode > 1)
+    assert {a for agents in seen.values() for a in agents} == {0, 1}  # both seats, in turn
+    # The 4th move wins: the second mover (whoever learns from that seat) always wins.
+    assert scores and set(scores) <= {0.0, 1.0}
+
+
+def test_the_pool_snapshots_every_interval_and_replaces_the_oldest() -> None:
+    spec = spec_of(TURNS, multiAgent=SELF_PLAY)
+    model = policy_models(spec)["main"]
+    learner = Learner(spec, model.obs_shape, model.actions)
+    pool = SelfPlayPool("main", interval=100, size=2)
+    for steps in (50, 100, 150, 200, 320):
+        with torch.no_grad():
+            next(learner.model.parameters()).fill_(float(steps))
+        pool.observe(steps, learner)
+    assert pool.taken == 3 and len(pool.snapshots) == 2
+    first = next(k for k in pool.snapshots[0] if k.endswith("weight"))
+    # Taken at 100, 200 (next due at 300), then 320 replaced the oldest (100's).
+    assert pool.snapshots[0][first].flat[0] == 320.0 and pool.snapshots[1][first].flat[0] == 200.0
+    assert {k.split("/")[0] for k in pool.weights()} == {"main@0", "main@1"}

@@ -92,8 +92,13 @@ class LocalBackend:
     # -- test controls --------------------------------------------------------------------------
 
     def crash(self, actor: LocalActor, message: str = "the actor died") -> None:
-        """Make `actor` fail every later call, as a killed Ray actor does."""
+        """Make `actor` fail every later call, as a killed Ray actor does. A learner's thread
+        stops too, without waiting for it: a dead process's peers see their all-reduce with it
+        end, where a thread left running would hold them in it (learner 0 stepping while the
+        driver, its peer's calls failing, never feeds learner 1 again)."""
         actor.error = ActorDied(f"{actor.actor_id}: {message}")
+        if actor.learner is not None:
+            actor.learner.stop(wait=False)
 
     # -- actors ---------------------------------------------------------------------------------
 

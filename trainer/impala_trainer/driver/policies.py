@@ -32,11 +32,51 @@ from impala_trainer.rollouts.agent_envs import PolicyModel
 from impala_trainer.rollouts.multi_agent_worker import WEIGHTS_VERSION
 
 
+class SelfPlayPool:
+    """spec.multiAgent.selfPlay's snapshots: the policy's weights every
+    snapshotIntervalTimesteps env steps trained, the newest poolSize of them, broadcast under
+    the names `<policy>@<slot>` (`multi_agent_worker` seats them as opponents)."""
+
+    def __init__(self, policy: str, interval: int, size: int) -> None:
+        self.policy, self.interval, self.size = policy, interval, size
+        self.snapshots: list[dict[str, np.ndarray]] = []
+        self.taken = 0
+        """Snapshots taken so far (slot = taken % size)."""
+        self.next_at = interval
+
+    def observe(self, env_steps_trained: int, learner: LearnerState) -> None:
+        if env_steps_trained < self.next_at:
+            return
+        weights = {k: np.array(v, copy=True) for k, v in learner.get_weights().items()}
+        if len(self.snapshots) < self.size:
+            self.snapshots.append(weights)
+        else:
+            self.snapshots[self.taken % self.size] = weights
+        self.taken += 1
+        self.next_at = env_steps_trained + self.interval
+
+    def weights(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for slot, snapshot in enumerate(self.snapshots):
+            name = f"{self.policy}@{slot}"
+            out.update({f"{name}/{k}": v for k, v in snapshot.items()})
+            out[f"{name}/{WEIGHTS_VERSION}"] = np.asarray(0, np.int64)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"snapshots": self.snapshots, "taken": self.taken, "next_at": self.next_at}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.snapshots = list(state["snapshots"])
+        self.taken, self.next_at = int(state["taken"]), int(state["next_at"])
+
+
 class PolicySetState:
     """Several policies' learner states as one `LearnerState`."""
 
-    def __init__(self, learners: dict[str, LearnerState]) -> None:
+    def __init__(self, learners: dict[str, LearnerState], pool: SelfPlayPool | None = None) -> None:
         self.learners = learners
+        self.pool = pool
         self._timestep = 0
 
     @property
@@ -52,12 +92,16 @@ class PolicySetState:
         self._timestep = value
         for learner in self.learners.values():
             learner.global_timestep = value
+        if self.pool is not None:
+            self.pool.observe(value, self.learners[self.pool.policy])
 
     def get_weights(self) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         for name, learner in self.learners.items():
             out.update({f"{name}/{k}": v for k, v in learner.get_weights().items()})
             out[f"{name}/{WEIGHTS_VERSION}"] = np.asarray(learner.policy_version, np.int64)
+        if self.pool is not None:
+            out.update(self.pool.weights())
         return out
 
     def pickled_weights(self) -> bytes:
@@ -67,7 +111,12 @@ class PolicySetState:
         return sum(learner.weights_nbytes() for learner in self.learners.values())
 
     def state_dict(self) -> dict[str, Any]:
-        return {"policies": {name: ls.state_dict() for name, ls in self.learners.items()}}
+        state: dict[str, Any] = {
+            "policies": {name: ls.state_dict() for name, ls in self.learners.items()}
+        }
+        if self.pool is not None:
+            state["self_play"] = self.pool.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state.get("policies")
@@ -79,16 +128,22 @@ class PolicySetState:
             )
         for name, learner in self.learners.items():
             learner.load_state_dict(saved[name])
+        if self.pool is not None and "self_play" in state:
+            self.pool.load_state_dict(state["self_play"])
 
 
 class PolicyLearnerGroups:
     """One learner group per trained policy, fed each its own policy's batches."""
 
-    def __init__(self, groups: dict[str, LearnerGroup], frozen: dict[str, LearnerState]) -> None:
+    def __init__(
+        self,
+        groups: dict[str, LearnerGroup],
+        frozen: dict[str, LearnerState],
+        pool: SelfPlayPool | None = None,
+    ) -> None:
         self.groups = groups
-        self.learner: LearnerState = PolicySetState(
-            {**{name: g.learner for name, g in groups.items()}, **frozen}
-        )
+        learners = {**{name: g.learner for name, g in groups.items()}, **frozen}
+        self.learner: LearnerState = PolicySetState(learners, pool)
         first = next(iter(groups.values()))
         self.device = first.device
         self.autocast_dtype = first.autocast_dtype
@@ -160,4 +215,8 @@ def policy_learner_groups(
         raise ValueError(
             "spec.multiAgent.policiesToTrain: no agent of this env acts by a policy that learns"
         )
-    return PolicyLearnerGroups(groups, frozen)
+    play = spec.agents.self_play
+    pool = None
+    if play is not None:
+        pool = SelfPlayPool(play.policy, play.snapshot_interval_timesteps, play.pool_size)
+    return PolicyLearnerGroups(groups, frozen, pool)

@@ -45,6 +45,12 @@ LOG_STD_BOUNDS = (-20.0, 2.0)
 deterministic policy already, and an unclamped head can overflow exp() early in training."""
 
 
+MASKED_LOGIT = -1e9
+"""What a masked action's logit becomes (an observation's action_mask), in acting and in the
+loss: finite, so a masked action's p * log p is 0 in the entropy, not NaN, and far enough below
+any logit that its probability is 0 in float32 and bfloat16 alike."""
+
+
 class ActionDistribution(ABC):
     """One action space's distribution; plain data, so it pickles to every actor."""
 

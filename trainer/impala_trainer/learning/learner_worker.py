@@ -156,14 +156,15 @@ class LearnerWorker:
         """The learner's state, pickled (plain bytes: no shared memory that dies with us)."""
         return pickle.dumps(self.learner.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
 
-    def stop(self) -> None:
-        """Stop the thread and wait for it: its step in progress, or its last all-reduce, tells
-        the peers, which stop after the same step (`Collective.average`), so every learner
-        ends on the same step, and its reports and state are final once this returns."""
+    def stop(self, wait: bool = True) -> None:
+        """Stop the thread and (`wait`) wait for it: its step in progress, or its last
+        all-reduce, tells the peers, which stop after the same step (`Collective.average`), so
+        every learner ends on the same step, and its reports and state are final once this
+        returns."""
         if self.learner.collective is not None:
             self.learner.collective.stopping.set()
         self.thread.stop()
-        if self.thread.is_alive():
+        if wait and self.thread.is_alive():
             self.thread.join()
 
 

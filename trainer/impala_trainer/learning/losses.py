@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 
 from impala_trainer.learning import popart, vtrace
-from impala_trainer.learning.distributions import ActionDistribution, Categorical
+from impala_trainer.learning.distributions import MASKED_LOGIT, ActionDistribution, Categorical
 from impala_trainer.learning.models import ActorCritic
 from impala_trainer.learning.precision import autocast
 
@@ -35,6 +35,8 @@ class BatchTensors(NamedTuple):
     final_steps: torch.Tensor  # [K, 2] int64 (t, b) of each final_obs row
     bootstrap_obs: torch.Tensor  # [B, *obs_shape]
     state_in: torch.Tensor  # [B, S] recurrent state at each column's first step (S = 0)
+    action_mask: torch.Tensor = torch.zeros((0, 0, 0), dtype=torch.bool)
+    """[T, B, A] the actions each step allowed; empty where the env masks none."""
 
     @property
     def env_steps(self) -> int:
@@ -163,6 +165,10 @@ def impala_loss(
         fwd = forward(model, batch, inputs)
     if autocast_dtype is not None:
         fwd = _Forward(*(t.float() for t in fwd))
+    if batch.action_mask.numel():
+        # The acting policy never gave a masked action any probability: nor does this one, in
+        # the log-probabilities of the actions taken and in the entropy.
+        fwd = fwd._replace(outputs=fwd.outputs.masked_fill(~batch.action_mask, MASKED_LOGIT))
     dist = dist or Categorical(fwd.outputs.shape[-1])
     values = fwd.values
     dtype = values.dtype

@@ -172,9 +172,8 @@ class ObservationAdapter:
             return np.asarray(obs, self.dtype)
         return np.asarray(gym.spaces.flatten(self._inner, obs), np.float32)
 
-    def mask(self, obs: Any) -> np.ndarray | None:
-        if not self.spaces.masked:
-            return None
+    def mask(self, obs: Any) -> np.ndarray:
+        """The actions `obs` allows (its action_mask: `spaces.masked` must hold)."""
         return np.asarray(obs[MASK_KEY], np.bool_).reshape(-1)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from impala_trainer.batches import Fragment, no_final_steps, no_state
+from impala_trainer.batches import Fragment, no_final_steps, no_mask, no_state
 
 
 @dataclass
@@ -34,6 +34,8 @@ class Step:
     truncated: bool = False
     final_obs: np.ndarray | None = None
     """The observation a truncated (not terminated) step's episode ended in."""
+    mask: np.ndarray | None = None
+    """The actions its observation allowed (an action_mask), or None."""
 
     @property
     def done(self) -> bool:
@@ -117,6 +119,7 @@ class PolicyLanes:
         terms = np.empty((t_len, b), np.bool_)
         truncs = np.empty((t_len, b), np.bool_)
         bootstrap = np.empty((b, *first.obs.shape), first.obs.dtype)
+        masks = no_mask() if first.mask is None else np.empty((t_len, b, len(first.mask)), bool)
         final_obs: list[np.ndarray] = []
         final_steps: list[tuple[int, int]] = []
         for col, (steps, boot) in enumerate(columns):
@@ -125,6 +128,8 @@ class PolicyLanes:
                 obs[t, col], actions[t, col], logits[t, col] = step.obs, step.action, step.logits
                 rewards[t, col] = step.reward
                 terms[t, col], truncs[t, col] = step.terminated, step.truncated
+                if step.mask is not None:
+                    masks[t, col] = step.mask
                 if step.final_obs is not None:
                     final_obs.append(step.final_obs)
                     final_steps.append((t, col))
@@ -149,4 +154,5 @@ class PolicyLanes:
             episode_lengths=[],
             worker_id=worker_id,
             policy_id=self.policy,
+            action_mask=masks,
         )

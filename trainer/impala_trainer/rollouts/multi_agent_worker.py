@@ -27,7 +27,11 @@ import torch
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import MultiAgentFragment
 from impala_trainer.learning.acting import WeightLoader, acting_policy
-from impala_trainer.learning.distributions import ActionDistribution, action_distribution
+from impala_trainer.learning.distributions import (
+    MASKED_LOGIT,
+    ActionDistribution,
+    action_distribution,
+)
 from impala_trainer.learning.model_factory import build_model
 from impala_trainer.learning.models import ActorCritic
 from impala_trainer.learning.precision import acting_dtype
@@ -92,9 +96,14 @@ class MultiAgentRolloutWorker:
         trained = set(spec.agents.trained)
         self.policies: dict[str, ActingPolicy] = {}
         self.policy_of: dict[str, str] = {}
+        self._spaces: dict[str, Any] = {}
         for name, (agents, spaces) in policy_spaces(spec, self.envs[0]).items():
             self.policies[name] = self._acting(spec, name, spaces, name in trained)
             self.policy_of.update(dict.fromkeys(agents, name))
+            self._spaces[name] = spaces
+        self.self_play = spec.agents.self_play
+        self.snapshots: dict[str, ActingPolicy] = {}
+        """selfPlay's pool as it was broadcast: `<policy>@<slot>` -> its frozen copy."""
         agents = self.envs[0].possible_agents
         self.lanes: dict[str, PolicyLanes] = {}
         self._lane_of: dict[tuple[int, str], Any] = {}
@@ -108,7 +117,13 @@ class MultiAgentRolloutWorker:
             for i, (env, agent) in enumerate((e, a) for e in range(self.num_envs) for a in mine):
                 self._lane_of[env, agent] = lanes.lanes[i]
         self.rng = np.random.default_rng(seed)
+        self._seat_rng = np.random.default_rng(seed + 1)
+        self._seats: list[dict[str, str]] = [{} for _ in self.envs]
+        """Per env, this episode's self-play seats: agent -> the policy or snapshot it acts by."""
+        self._learner_seat: list[str | None] = [None] * self.num_envs
         self.turns: list[Turn] = [env.reset() for env in self.envs]
+        for e in range(self.num_envs):
+            self._seat(e)
         self._returns = [dict.fromkeys(agents, 0.0) for _ in self.envs]
         self._lengths = [0] * self.num_envs
         self.policy_version = 0
@@ -130,11 +145,40 @@ class MultiAgentRolloutWorker:
         arrays = pickle.loads(weights) if isinstance(weights, bytes) else weights
         for name, (policy_arrays, version) in policy_weights(arrays).items():
             policy = self.policies.get(name)
+            base = name.partition("@")[0]
+            if policy is None and name != base and base in self.policies:  # a new snapshot
+                policy = self._acting(self.spec, base, self._spaces[base], trained=False)
+                policy.name = name
+                self.snapshots[name] = policy
+            policy = policy or self.snapshots.get(name)
             if policy is not None:  # a policy no agent of this env maps to has no model here
                 policy.load(policy_arrays)
                 policy.version = version
         self.policy_version = int(policy_version)
         self._busy_seconds += time.perf_counter() - start
+
+    def _seat(self, e: int) -> None:
+        """selfPlay: who plays whom in env e's new episode. One agent of the policy, at random,
+        learns by it; each other one is the current policy too (latestProbability) or a
+        snapshot from the pool."""
+        play = self.self_play
+        if play is None:
+            return
+        mine = [a for a in self.envs[e].possible_agents if self.policy_of[a] == play.policy]
+        order = [mine[i] for i in self._seat_rng.permutation(len(mine))]
+        seats = dict.fromkeys(order, play.policy)
+        pool = sorted(self.snapshots)
+        for agent in order[1:]:
+            if pool and self._seat_rng.random() >= play.latest_probability:
+                seats[agent] = pool[int(self._seat_rng.integers(len(pool)))]
+        self._seats[e] = seats
+        self._learner_seat[e] = order[0] if order else None
+
+    def _acts_by(self, e: int, agent: str) -> ActingPolicy:
+        seat = self._seats[e].get(agent)
+        if seat is None or seat not in self.snapshots:
+            return self.policies[self.policy_of[agent]]
+        return self.snapshots[seat]
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return {
@@ -155,6 +199,7 @@ class MultiAgentRolloutWorker:
         returns: list[float] = []
         lengths: list[int] = []
         policy_returns: dict[str, list[float]] = {name: [] for name in self.policies}
+        scores: list[float] = []
         turns = 0
         limit = MAX_TURNS_PER_FRAGMENT * self.fragment_length
         while not all(lanes.ready() for lanes in self.lanes.values()):
@@ -165,7 +210,7 @@ class MultiAgentRolloutWorker:
                     f"taken {self.fragment_length} steps in every env: an agent that never "
                     "acts cannot fill its lane (map it to a policy outside policiesToTrain)"
                 )
-            self._turn(returns, lengths, policy_returns)
+            self._turn(returns, lengths, policy_returns, scores)
             turns += 1
         self.env_steps += turns * self.num_envs
         fragments = {
@@ -180,6 +225,7 @@ class MultiAgentRolloutWorker:
             episode_returns=returns,
             episode_lengths=lengths,
             policy_returns={k: v for k, v in policy_returns.items() if v},
+            self_play_scores=scores,
             worker_id=self.worker_id,
             policy_version=self.policy_version,
         )
@@ -189,27 +235,37 @@ class MultiAgentRolloutWorker:
         returns: list[float],
         lengths: list[int],
         policy_returns: dict[str, list[float]],
+        scores: list[float],
     ) -> None:
-        """One turn in every env: each policy acts for its agents in one forward."""
-        rows: dict[str, list[tuple[int, str, np.ndarray]]] = {}
+        """One turn in every env: each policy (and snapshot) acts for its agents in one
+        forward."""
+        rows: dict[str, list[tuple[int, str, Any]]] = {}
+        acting: dict[str, ActingPolicy] = {}
         for e, turn in enumerate(self.turns):
             for agent, obs in turn.acting.items():
-                policy = self.policies[self.policy_of[agent]]
-                rows.setdefault(policy.name, []).append((e, agent, policy.adapter.model_input(obs)))
+                policy = self._acts_by(e, agent)
+                acting[policy.name] = policy
+                rows.setdefault(policy.name, []).append((e, agent, obs))
         actions: list[dict[str, Any]] = [{} for _ in self.envs]
         for name, picked in rows.items():
-            policy = self.policies[name]
-            obs = np.stack([o for _, _, o in picked])
+            policy = acting[name]
+            adapter = policy.adapter
+            obs = np.stack([adapter.model_input(o) for _, _, o in picked])
             logits = np.array(policy.logits(obs), np.float32, copy=True)
+            masks: np.ndarray | None = None
+            if adapter.spaces.masked:
+                masks = np.stack([adapter.mask(o) for _, _, o in picked])
+                logits[~masks] = MASKED_LOGIT  # never sampled, and so recorded
             dist = policy.actions
             chosen = dist.empty_actions(1, len(picked))[0]
             dist.sample(logits, dist.noise(self.rng, 1, len(picked))[0], chosen)
             to_env = dist.to_env(chosen)
-            for i, (e, agent, o) in enumerate(picked):
+            for i, (e, agent, _) in enumerate(picked):
                 actions[e][agent] = to_env[i].item() if to_env[i].ndim == 0 else to_env[i]
-                lane = self._lane_of.get((e, agent))
+                lane = self._lane_of.get((e, agent)) if policy.trained else None
                 if lane is not None:
-                    lane.act(Step(o, chosen[i].copy(), logits[i]))
+                    mask = None if masks is None else masks[i]
+                    lane.act(Step(obs[i], chosen[i].copy(), logits[i], mask=mask))
         for e, env in enumerate(self.envs):
             turn = self.turns[e] = env.step(actions[e])
             self._lengths[e] += 1
@@ -224,13 +280,33 @@ class MultiAgentRolloutWorker:
                         final = adapter.model_input(final)
                     lane.complete(reward, out.terminated, out.truncated, final)
             if turn.episode_over:
-                agent_returns = self._returns[e]
-                returns.append(float(sum(agent_returns.values())))
-                lengths.append(self._lengths[e])
-                for agent, value in agent_returns.items():
-                    policy_returns[self.policy_of[agent]].append(value)
-                self._returns[e] = dict.fromkeys(agent_returns, 0.0)
-                self._lengths[e] = 0
+                self._episode_over(e, returns, lengths, policy_returns, scores)
+
+    def _episode_over(
+        self,
+        e: int,
+        returns: list[float],
+        lengths: list[int],
+        policy_returns: dict[str, list[float]],
+        scores: list[float],
+    ) -> None:
+        agent_returns = self._returns[e]
+        returns.append(float(sum(agent_returns.values())))
+        lengths.append(self._lengths[e])
+        seats = self._seats[e]
+        for agent, value in agent_returns.items():
+            if seats.get(agent) not in self.snapshots:  # a snapshot's play is not the policy's
+                policy_returns[self.policy_of[agent]].append(value)
+        learner = self._learner_seat[e]
+        against = [a for a, seat in seats.items() if seat in self.snapshots]
+        if learner is not None and against:
+            # Against the pool: 1 a win (more than every snapshot), 0.5 a draw, 0 a loss.
+            best = max(agent_returns[a] for a in against)
+            mine = agent_returns[learner]
+            scores.append(1.0 if mine > best else 0.5 if mine == best else 0.0)
+        self._returns[e] = dict.fromkeys(agent_returns, 0.0)
+        self._lengths[e] = 0
+        self._seat(e)
 
     def compute_gradients(self, global_timestep: int = 0) -> Any:
         raise RuntimeError("a PettingZoo env trains with training.mode vtrace")

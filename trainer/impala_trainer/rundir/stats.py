@@ -47,6 +47,9 @@ class RunStats:
         """A multi-agent job's agent returns per policy (not checkpointed: refilled within a
         window's episodes of a resume)."""
         self.policy_episodes: dict[str, int] = {}
+        self.self_play_policy: str | None = None
+        self.self_play_scores: deque[float] = deque(maxlen=EPISODE_WINDOW)
+        self.self_play_games = 0
         self.lengths: deque[int] = deque(state.episode_lengths, maxlen=EPISODE_WINDOW)
         self.iteration = state.iteration
         self.started_at = state.started_at or time.time()
@@ -81,6 +84,13 @@ class RunStats:
             window = self.policy_returns.setdefault(name, deque(maxlen=EPISODE_WINDOW))
             window.extend(values)
             self.policy_episodes[name] = self.policy_episodes.get(name, 0) + len(values)
+
+    def add_self_play(self, policy: str, scores: list[float]) -> None:
+        """Games of the self-play policy against its snapshot pool (1, 0.5, 0)."""
+        if scores:
+            self.self_play_policy = policy
+            self.self_play_scores.extend(scores)
+            self.self_play_games += len(scores)
 
     def add_learner_stats(self, stats: dict[str, float]) -> None:
         """One update's learner stats; the next snapshot reports their mean over its updates
@@ -252,14 +262,23 @@ class RunStats:
             ),
             return_trend=self.trend,
             policy_lag_mean=self.policy_lag_mean,
-            policies={
-                name: PolicyStatus(
-                    episode_return_mean=sum(w) / len(w) if w else None,
-                    episodes=self.policy_episodes.get(name, 0),
-                )
-                for name, w in self.policy_returns.items()
-            },
+            policies=self._policies(),
         )
+
+    def _policies(self) -> dict[str, PolicyStatus]:
+        out = {
+            name: PolicyStatus(
+                episode_return_mean=sum(w) / len(w) if w else None,
+                episodes=self.policy_episodes.get(name, 0),
+            )
+            for name, w in self.policy_returns.items()
+        }
+        play, scores = self.self_play_policy, self.self_play_scores
+        if play is not None and scores:
+            status = out.setdefault(play, PolicyStatus())
+            status.self_play_score = sum(scores) / len(scores)
+            status.self_play_games = self.self_play_games
+        return out
 
     def history_point(self) -> HistoryPoint:
         c = self.counters
