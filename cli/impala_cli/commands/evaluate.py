@@ -41,23 +41,38 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @contextmanager
-def policy_from(args: argparse.Namespace) -> Iterator[LoadedPolicy]:
-    """The policy `--run-dir` or the job NAME names (its files copied to a temporary directory,
-    removed after)."""
-    from impala_trainer.policy.loaded import PolicyNotFoundError, load_policy
-    from impala_trainer.user_code import UserCodeError
-
+def results_from(args: argparse.Namespace) -> Iterator[tuple[Path, str | None]]:
+    """(the run directory, the checkpoint's name) that `--run-dir` or the job NAME names (a
+    job's files copied to a temporary directory, removed after)."""
     if (args.job is None) == (args.run_dir is None):
         raise CommandError("give a run directory (--run-dir DIR) or a job NAME, one of them")
-    try:
-        if args.run_dir is not None:
-            yield load_policy(args.run_dir, args.checkpoint)
-            return
-        from impala_cli.commands.results import fetch_job_results
+    if args.run_dir is not None:
+        yield args.run_dir, args.checkpoint
+        return
+    from impala_cli.commands.results import fetch_job_results
 
-        with tempfile.TemporaryDirectory(prefix=f"impalajob-{args.job}-") as tmp:
-            ckpt = fetch_job_results(args.job, args.namespace, args.checkpoint, Path(tmp))
-            yield load_policy(Path(tmp), ckpt.name)
+    with tempfile.TemporaryDirectory(prefix=f"impalajob-{args.job}-") as tmp:
+        ckpt = fetch_job_results(args.job, args.namespace, args.checkpoint, Path(tmp))
+        yield Path(tmp), ckpt.name
+
+
+@contextmanager
+def policy_from(args: argparse.Namespace) -> Iterator[LoadedPolicy]:
+    """The policy `--run-dir` or the job NAME names."""
+    from impala_trainer.policy.loaded import load_policy
+
+    with results_from(args) as (run_dir, checkpoint), loading():
+        yield load_policy(run_dir, checkpoint)
+
+
+@contextmanager
+def loading() -> Iterator[None]:
+    """A run's policy that cannot be loaded here, as one line and exit 2."""
+    from impala_trainer.policy.loaded import PolicyNotFoundError
+    from impala_trainer.user_code import UserCodeError
+
+    try:
+        yield
     except PolicyNotFoundError as err:
         raise CommandError(str(err)) from None
     except UserCodeError as err:  # the job's env module or model is not importable here
@@ -79,6 +94,24 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--video-episodes", type=int, default=1, help="episodes recorded with --video (default 1)"
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    games = parser.add_argument_group("a multi-agent run (spec.env.pettingzoo): games")
+    games.add_argument(
+        "--policy",
+        help="the policy to play (default: the self-play policy, else the first that learns); "
+        "--episodes games, in each of its agents' seats in turn",
+    )
+    games.add_argument(
+        "--opponent",
+        default="random",
+        help="what every other agent acts by: random (among the allowed actions, the default) "
+        "or a policy of the job",
+    )
+    games.add_argument(
+        "--opponent-checkpoint",
+        metavar="CKPT",
+        help="the opponent policy's weights from this checkpoint (e.g. an earlier one of the "
+        "same policy); default: --checkpoint's",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,8 +127,70 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(f"--video {args.video} cannot be written: {err.strerror}") from None
     from impala_trainer.policy.evaluation import evaluate
 
-    with policy_from(args) as policy:
+    with results_from(args) as (run_dir, checkpoint):
+        if _multi_agent(run_dir):
+            with loading():
+                return _games(args, run_dir, checkpoint)
+        with loading():
+            from impala_trainer.policy.loaded import load_policy
+
+            policy = load_policy(run_dir, checkpoint)
         return _evaluate(args, policy, evaluate)
+
+
+def _multi_agent(run_dir: Path) -> bool:
+    from impala_api.manifest import ManifestError, load_manifest
+    from impala_api.snapshot import CONFIG_FILE
+
+    try:
+        return load_manifest(run_dir / CONFIG_FILE).spec.env.multi_agent
+    except (ManifestError, OSError):
+        return False  # load_policy says what is wrong with it
+
+
+def _games(args: argparse.Namespace, run_dir: Path, checkpoint: str | None) -> int:
+    from impala_api.manifest import load_manifest
+    from impala_api.snapshot import CONFIG_FILE
+    from impala_trainer.policy.games import RANDOM, load_game_policies, play_games
+
+    job = load_manifest(run_dir / CONFIG_FILE)
+    policies = load_game_policies(run_dir, checkpoint)
+    play = job.spec.agents.self_play
+    name = args.policy or (play.policy if play else next(iter(job.spec.agents.trained)))
+    if name not in policies:
+        raise CommandError(f"--policy {name}: the run's policies are {', '.join(policies)}")
+    opponent = None
+    if args.opponent != RANDOM:
+        pool = policies
+        if args.opponent_checkpoint is not None:
+            pool = load_game_policies(run_dir, args.opponent_checkpoint)
+        if args.opponent not in pool:
+            raise CommandError(
+                f"--opponent {args.opponent}: random, or one of the run's policies "
+                f"({', '.join(pool)})"
+            )
+        opponent = pool[args.opponent]
+    policy = policies[name]
+    results = play_games(job, policy, opponent, args.episodes, args.seed, args.explore)
+    against = "random" if opponent is None else f"{opponent.name} ({opponent.checkpoint.name})"
+    summary = {
+        "job": job.metadata.name,
+        "checkpoint": policy.checkpoint.name,
+        "policy": name,
+        "opponent": against,
+        "explore": args.explore,
+        **results.summary(),
+    }
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(
+        f"{summary['job']} {policy.checkpoint.name}: policy {name} against {against}, "
+        f"{'sampled' if args.explore else 'greedy'}, {results.games} games:\n"
+        f"  won {results.wins}  drawn {results.draws}  lost {results.losses}  "
+        f"(win rate {summary['win_rate']:.1%}, score {results.score:.3f})"
+    )
+    return 0
 
 
 def _evaluate(args: argparse.Namespace, policy: LoadedPolicy, evaluate: Any) -> int:

@@ -19,6 +19,7 @@ from impala_trainer.driver.local_backend import LocalBackend
 from impala_trainer.driver.policies import SelfPlayPool
 from impala_trainer.learning.distributions import MASKED_LOGIT
 from impala_trainer.learning.learner import Learner
+from impala_trainer.policy.games import load_game_policies, play_games
 from impala_trainer.preflight import job_problem
 from impala_trainer.rollouts.agent_envs import MappingError, policy_mapping, policy_models
 from impala_trainer.rollouts.lanes import Lane, PolicyLanes, Step
@@ -201,7 +202,10 @@ def _run(tmp_path: Path, spec: ImpalaJobSpec, resume: bool = False, aggregators:
     job = ImpalaJob.model_validate({"metadata": {"name": "agents"}, "spec": spec.model_dump()})
     backend = LocalBackend(rollout_units=2, aggregator_units=aggregators)
     wiring = Wiring(rollout_workers=2, aggregator_workers=aggregators, resume=resume)
-    driver = build_driver(job, RunDir(tmp_path / "run"), backend, wiring)
+    run_dir = RunDir(tmp_path / "run")
+    if not resume:
+        run_dir.prepare(job)
+    driver = build_driver(job, run_dir, backend, wiring)
     result = driver.run()
     assert result.phase == "Succeeded", result.message
     return driver
@@ -317,3 +321,33 @@ def test_the_pool_snapshots_every_interval_and_replaces_the_oldest() -> None:
     # Taken at 100, 200 (next due at 300), then 320 replaced the oldest (100's).
     assert pool.snapshots[0][first].flat[0] == 320.0 and pool.snapshots[1][first].flat[0] == 200.0
     assert {k.split("/")[0] for k in pool.weights()} == {"main@0", "main@1"}
+
+
+def test_self_play_resumes_with_its_pool(tmp_path: Path) -> None:
+    play = {**SELF_PLAY, "selfPlay": {**SELF_PLAY["selfPlay"], "latestProbability": 0.5}}
+    spec = spec_of(TURNS, multiAgent=play, stop={"timesteps": 600})
+    driver = _run(tmp_path, spec)
+    pool = driver.learner.state_dict()["self_play"]
+    assert pool["taken"] >= 2
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["policies"]["main"]["self_play_games"] > 0
+    # The learner trails the sampling by its queue: 3000 samples leave it time to train past
+    # the next snapshot.
+    more = spec.model_copy(update={"stop": spec.stop.model_copy(update={"timesteps": 3000})})
+    resumed = _run(tmp_path, more, resume=True).learner.state_dict()["self_play"]
+    assert resumed["taken"] > pool["taken"]
+
+
+def test_games_against_random_and_a_policy_are_scored_per_seat(tmp_path: Path) -> None:
+    spec = spec_of(TURNS, multiAgent=SELF_PLAY, stop={"timesteps": 300}, kwargs={"moves": 4})
+    driver = _run(tmp_path, spec)
+    job = ImpalaJob.model_validate({"metadata": {"name": "agents"}, "spec": spec.model_dump()})
+    policies = load_game_policies(tmp_path / "run")
+    assert set(policies) == {"main"} and policies["main"].policy_version > 0
+    del driver
+    # 4 moves: the second mover always wins, whatever anyone plays; the policy takes each seat
+    # in turn, so it wins exactly the half of the games it moves second in.
+    results = play_games(job, policies["main"], None, games=10, seed=1)
+    assert (results.games, results.wins, results.losses, results.draws) == (10, 5, 5, 0)
+    mirror = play_games(job, policies["main"], policies["main"], games=4)
+    assert mirror.wins == 2 and mirror.score == 0.5

@@ -22,6 +22,7 @@ from statistics import fmean
 from typing import Any
 
 import numpy as np
+import torch
 
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import TrainBatch
@@ -64,10 +65,12 @@ class SelfPlayPool:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"snapshots": self.snapshots, "taken": self.taken, "next_at": self.next_at}
+        # Tensors, not arrays: a checkpoint is read back with torch.load(weights_only=True).
+        snapshots = [{k: torch.from_numpy(v) for k, v in s.items()} for s in self.snapshots]
+        return {"snapshots": snapshots, "taken": self.taken, "next_at": self.next_at}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.snapshots = list(state["snapshots"])
+        self.snapshots = [{k: v.numpy() for k, v in s.items()} for s in state["snapshots"]]
         self.taken, self.next_at = int(state["taken"]), int(state["next_at"])
 
 

@@ -165,10 +165,7 @@ def impala_loss(
         fwd = forward(model, batch, inputs)
     if autocast_dtype is not None:
         fwd = _Forward(*(t.float() for t in fwd))
-    if batch.action_mask.numel():
-        # The acting policy never gave a masked action any probability: nor does this one, in
-        # the log-probabilities of the actions taken and in the entropy.
-        fwd = fwd._replace(outputs=fwd.outputs.masked_fill(~batch.action_mask, MASKED_LOGIT))
+    fwd = _masked(fwd, batch.action_mask)
     dist = dist or Categorical(fwd.outputs.shape[-1])
     values = fwd.values
     dtype = values.dtype
@@ -226,6 +223,15 @@ def impala_loss(
             ]
         )
     return LossOutput(total_loss, policy_total, vf_loss, stats, target_moments)
+
+
+def _masked(fwd: _Forward, mask: torch.Tensor) -> _Forward:
+    """The forward's logits with the actions `mask` forbids at -1e9: the acting policy never gave
+    a masked action any probability, nor does this one, in the log-probabilities of the actions
+    taken and in the entropy. Unchanged where the env masks none (an empty mask)."""
+    if not mask.numel():
+        return fwd
+    return fwd._replace(outputs=fwd.outputs.masked_fill(~mask, MASKED_LOGIT))
 
 
 def _policy_loss(
