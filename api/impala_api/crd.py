@@ -15,6 +15,7 @@ import copy
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, TypeAdapter
 
 from impala_api import cel, names
 from impala_api.spec import (
@@ -50,9 +51,45 @@ def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return target
 
 
+def _models() -> dict[str, type[BaseModel]]:
+    """Every section model of the spec by class name (the JSON schema's `$defs` keys)."""
+    found: dict[str, type[BaseModel]] = {}
+    todo: list[Any] = [ImpalaJobSpec]
+    while todo:
+        cls = todo.pop()
+        if isinstance(cls, type) and issubclass(cls, BaseModel) and cls.__name__ not in found:
+            found[cls.__name__] = cls
+            for info in cls.model_fields.values():
+                todo.extend(_classes_in(info.annotation))
+    return found
+
+
+def _classes_in(annotation: Any) -> list[Any]:
+    args = getattr(annotation, "__args__", ())
+    return [annotation, *(c for a in args for c in _classes_in(a))]
+
+
+def _section_default(ref: str | None) -> dict[str, Any] | None:
+    """The defaults of a section whose position has none of its own (an optional section, a
+    map's values): each of its fields' defaults, so the API server fills in the fields a
+    manifest omits inside it as the model would."""
+    cls = _models().get(ref.rsplit("/", 1)[-1]) if ref else None
+    if cls is None:
+        return None
+    out = {}
+    for name, info in cls.model_fields.items():
+        if not info.is_required():
+            value = TypeAdapter(info.annotation).dump_python(
+                info.get_default(call_default_factory=True), mode="json", by_alias=True
+            )
+            out[info.alias or name] = value
+    return out
+
+
 def _structural(node: dict[str, Any], defs: dict[str, Any], default: Any) -> dict[str, Any]:
     """One JSON-schema node as a structural OpenAPI v3.0 node; `default` is the model's default
     for this position (from a default-constructed spec), or None."""
+    ref = node.get("$ref")
     node = _resolve(node, defs)
     any_of = node.get("anyOf")
     if any_of is not None:
@@ -61,7 +98,7 @@ def _structural(node: dict[str, Any], defs: dict[str, Any], default: Any) -> dic
         others = [s for s in any_of if s.get("type") != "null"]
         if len(others) != 1 or len(any_of) != 2:
             raise ValueError(f"cannot express anyOf {any_of} structurally")
-        merged = dict(_resolve(others[0], defs))
+        merged = dict(others[0])
         merged.update({k: v for k, v in node.items() if k != "anyOf"})
         inner = _structural(merged, defs, default)
         inner["nullable"] = True
@@ -78,7 +115,7 @@ def _structural(node: dict[str, Any], defs: dict[str, Any], default: Any) -> dic
         props = out.get("properties")
         extra = out.pop("additionalProperties", None)
         if props is not None:
-            sub = default if isinstance(default, dict) else {}
+            sub = default if isinstance(default, dict) else _section_default(ref) or {}
             out["properties"] = {
                 name: _structural(prop, defs, sub.get(name)) for name, prop in props.items()
             }
