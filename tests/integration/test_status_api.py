@@ -21,6 +21,7 @@ from impala_api.snapshot import (
     HISTORY_FILE,
     STATUS_FILE,
     SUMMARY_FILE,
+    PolicyStatus,
     StatusSnapshot,
     Summary,
     append_history,
@@ -254,6 +255,35 @@ def test_metrics_parse_with_job_label(serve: Serve, run_dir: Path) -> None:
     families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
     assert value("impala_env_steps_sampled_total") == 123_456
     assert value("impala_phase", phase="Failed") == 1.0
+
+
+def test_a_multi_agent_run_has_metrics_per_policy(serve: Serve, run_dir: Path) -> None:
+    snap, _ = write_sample_run(run_dir, points=3)
+    ma = snap.model_copy(
+        update={
+            "learner": {"main/entropy": 0.5, "prey/entropy": 1.5},
+            "policies": {
+                "main": PolicyStatus(episode_return_mean=0.25, episodes=40, self_play_score=0.7),
+                "prey": PolicyStatus(episode_return_mean=-3.0, episodes=12),
+            },
+        }
+    )
+    write_json_atomic(run_dir / STATUS_FILE, ma)
+    text = serve().get("/metrics").text
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+
+    def value(name: str, **labels: str) -> float:
+        found = [s.value for s in samples if s.name == name and s.labels.items() >= labels.items()]
+        assert len(found) == 1, (name, labels, found)
+        return found[0]
+
+    assert value("impala_policy_episode_return_mean", policy="main", job="cartpole") == 0.25
+    assert value("impala_policy_episodes_total", policy="prey") == 12
+    assert value("impala_policy_self_play_score", policy="main") == 0.7
+    assert not [s for s in samples if s.name == "impala_policy_self_play_score"
+                and s.labels["policy"] == "prey"]  # fmt: skip
+    assert value("impala_policy_learner_stat", policy="prey", stat="entropy") == 1.5
+    assert not [s for s in samples if s.name == "impala_learner_stat"]
 
 
 def test_dashboard_and_assets(serve: Serve, run_dir: Path) -> None:

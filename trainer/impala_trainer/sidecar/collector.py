@@ -172,11 +172,49 @@ def snapshot_metrics(snap: StatusSnapshot, job: str) -> Iterator[Metric]:
     for (role, state), n in sorted(counts.items()):
         members.add_metric([job, role, state], float(n))
     yield members
-    stats = dict(sorted(snap.learner.items()))
+    stats = {k: v for k, v in sorted(snap.learner.items()) if "/" not in k}
     yield _labelled("impala_learner_stat", "Latest learner statistic by name.", job, "stat", stats)
+    yield from _policy_metrics(snap, job)
     # The snapshot reports milliseconds; Prometheus convention is base units.
     timing = {k: float(v) / 1000.0 for k, v in sorted(snap.timing_breakdown.items())}
     yield _labelled("impala_timing_seconds", "Timing breakdown by section.", job, "section", timing)
+
+
+def _policy_metrics(snap: StatusSnapshot, job: str) -> Iterator[Metric]:
+    """A multi-agent job's families with a `policy` label (none for a single-agent job): its
+    agents' returns, the self-play score, and each policy's learner stats (status.json's
+    `<policy>/<stat>` keys)."""
+    if not snap.policies:
+        return
+    returns = GaugeMetricFamily(
+        "impala_policy_episode_return_mean",
+        "Mean return of the policy's agents over their last 100 episodes.",
+        labels=["job", "policy"],
+    )
+    episodes = CounterMetricFamily(
+        "impala_policy_episodes", "Agent episodes of the policy.", labels=["job", "policy"]
+    )
+    score = GaugeMetricFamily(
+        "impala_policy_self_play_score",
+        "Self-play: mean score of the last 100 games against the snapshot pool (1 a win).",
+        labels=["job", "policy"],
+    )
+    for name, policy in sorted(snap.policies.items()):
+        if policy.episode_return_mean is not None:
+            returns.add_metric([job, name], policy.episode_return_mean)
+        episodes.add_metric([job, name], float(policy.episodes))
+        if policy.self_play_score is not None:
+            score.add_metric([job, name], policy.self_play_score)
+    stats = GaugeMetricFamily(
+        "impala_policy_learner_stat",
+        "Latest learner statistic of a policy's learner, by name.",
+        labels=["job", "policy", "stat"],
+    )
+    for key, value in sorted(snap.learner.items()):
+        policy, sep, stat = key.partition("/")
+        if sep:
+            stats.add_metric([job, policy, stat], float(value))
+    yield from (returns, episodes, score, stats)
 
 
 def _labelled(
