@@ -78,7 +78,7 @@ def _section_default(ref: str | None) -> dict[str, Any] | None:
         return None
     out = {}
     for name, info in cls.model_fields.items():
-        if not info.is_required():
+        if not info.is_required() and info.annotation is not None:
             value = TypeAdapter(info.annotation).dump_python(
                 info.get_default(call_default_factory=True), mode="json", by_alias=True
             )

@@ -38,6 +38,11 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
         help="a checkpoint of the run, e.g. ckpt-000012, or best (the best evaluation's); "
         "default: the newest",
     )
+    parser.add_argument(
+        "--policy",
+        help="a multi-agent run's policy (default: its self-play policy, else the first that "
+        "learns)",
+    )
 
 
 @contextmanager
@@ -62,7 +67,7 @@ def policy_from(args: argparse.Namespace) -> Iterator[LoadedPolicy]:
     from impala_trainer.policy.loaded import load_policy
 
     with results_from(args) as (run_dir, checkpoint), loading():
-        yield load_policy(run_dir, checkpoint)
+        yield load_policy(run_dir, checkpoint, args.policy)
 
 
 @contextmanager
@@ -95,11 +100,6 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     games = parser.add_argument_group("a multi-agent run (spec.env.pettingzoo): games")
-    games.add_argument(
-        "--policy",
-        help="the policy to play (default: the self-play policy, else the first that learns); "
-        "--episodes games, in each of its agents' seats in turn",
-    )
     games.add_argument(
         "--opponent",
         default="random",
@@ -152,11 +152,11 @@ def _games(args: argparse.Namespace, run_dir: Path, checkpoint: str | None) -> i
     from impala_api.manifest import load_manifest
     from impala_api.snapshot import CONFIG_FILE
     from impala_trainer.policy.games import RANDOM, load_game_policies, play_games
+    from impala_trainer.policy.loaded import default_policy
 
     job = load_manifest(run_dir / CONFIG_FILE)
     policies = load_game_policies(run_dir, checkpoint)
-    play = job.spec.agents.self_play
-    name = args.policy or (play.policy if play else next(iter(job.spec.agents.trained)))
+    name = args.policy or default_policy(job)
     if name not in policies:
         raise CommandError(f"--policy {name}: the run's policies are {', '.join(policies)}")
     opponent = None

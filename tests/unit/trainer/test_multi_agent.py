@@ -20,6 +20,7 @@ from impala_trainer.driver.policies import SelfPlayPool
 from impala_trainer.learning.distributions import MASKED_LOGIT
 from impala_trainer.learning.learner import Learner
 from impala_trainer.policy.games import load_game_policies, play_games
+from impala_trainer.policy.loaded import PolicyNotFoundError, load_policy
 from impala_trainer.preflight import job_problem
 from impala_trainer.rollouts.agent_envs import MappingError, policy_mapping, policy_models
 from impala_trainer.rollouts.lanes import Lane, PolicyLanes, Step
@@ -351,3 +352,13 @@ def test_games_against_random_and_a_policy_are_scored_per_seat(tmp_path: Path) -
     assert (results.games, results.wins, results.losses, results.draws) == (10, 5, 5, 0)
     mirror = play_games(job, policies["main"], policies["main"], games=4)
     assert mirror.wins == 2 and mirror.score == 0.5
+
+
+def test_one_policy_of_a_multi_agent_run_loads_as_a_policy(tmp_path: Path) -> None:
+    spec = spec_of(RELAY, multiAgent=TWO_POLICIES, stop={"timesteps": 200})
+    _run(tmp_path, spec)
+    b = load_policy(tmp_path / "run", policy="b")
+    assert b.job.spec.model.hidden == [16] and b.obs_shape == (3,)
+    assert load_policy(tmp_path / "run").job.spec.model.hidden == [8]  # the first trained: a
+    with pytest.raises(PolicyNotFoundError, match="no policy 'c'"):
+        load_policy(tmp_path / "run", policy="c")

@@ -183,7 +183,7 @@ def _action_metadata(dist: ActionDistribution) -> dict[str, Any]:
 def _observation_metadata(policy: LoadedPolicy) -> dict[str, Any]:
     env = policy.job.spec.env
     meta: dict[str, Any] = {
-        "env_id": env.id,
+        "env_id": env.name,
         "shape": list(policy.obs_shape),
         "dtype": str(policy.obs_dtype),
         "scaling": (
@@ -194,6 +194,13 @@ def _observation_metadata(policy: LoadedPolicy) -> dict[str, Any]:
         "wrappers": [w.model_dump(by_alias=True) for w in env.wrappers],
         "env_kwargs": env.kwargs,
     }
+    if policy.policy is not None:
+        meta["policy"] = policy.policy
+        meta["multi_agent"] = (
+            "the observation of an agent mapped to this policy; an observation Dict with an "
+            "action_mask is fed without it (its other entries, or its `observation`), and the "
+            "masked actions' action_inputs set to -inf before the argmax"
+        )
     if env.is_atari:
         meta["atari_preprocessing"] = {
             "wrapper": "gymnasium AtariPreprocessing + FrameStackObservation",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -14,7 +15,7 @@ from impala_api.spec import ImpalaJob
 from impala_trainer.learning.distributions import ActionDistribution
 from impala_trainer.learning.model_factory import build_model
 from impala_trainer.learning.models import ActorCritic
-from impala_trainer.rollouts.envs import env_spaces
+from impala_trainer.rollouts.envs import EnvSpaces, env_spaces
 from impala_trainer.rundir.checkpoint import (
     LEARNER_FILE,
     STATE_FILE,
@@ -40,6 +41,8 @@ class LoadedPolicy:
     checkpoint: Path
     policy_version: int
     global_timestep: int
+    policy: str | None = None
+    """A multi-agent run's policy this is (None for a single-agent run)."""
 
 
 def find_checkpoint(run_dir: Path, name: str | None = None) -> Path:
@@ -64,8 +67,37 @@ def _first_line(err: BaseException) -> str:
     return " ".join(text.split("\n")[:2])[:300] if text else type(err).__name__
 
 
-def load_policy(run_dir: Path, checkpoint: str | None = None) -> LoadedPolicy:
-    """The policy of `run_dir`'s newest checkpoint (or of `checkpoint`)."""
+def default_policy(job: ImpalaJob) -> str:
+    """The policy a multi-agent run's commands take unless told: the self-play one, else the
+    first that learns."""
+    play = job.spec.agents.self_play
+    return play.policy if play is not None else job.spec.agents.trained[0]
+
+
+def _one_policy(
+    job: ImpalaJob, state: dict[str, Any], policy: str | None, path: Path
+) -> tuple[ImpalaJob, dict[str, Any], EnvSpaces]:
+    """A multi-agent run's policy as a single policy's job (its model as spec.model), learner
+    state and spaces."""
+    from impala_trainer.rollouts.agent_envs import policy_models
+
+    name = policy or default_policy(job)
+    saved = state.get("policies", {})
+    if name not in saved:
+        raise PolicyNotFoundError(
+            f"{path} holds no policy {name!r}: its policies are {', '.join(saved) or 'none'}"
+        )
+    model = policy_models(job.spec)[name]
+    spaces = EnvSpaces(model.obs_shape, model.obs_dtype, model.actions, None)
+    spec = job.spec.policy_spec(name)
+    return job.model_copy(update={"spec": spec}), saved[name], spaces
+
+
+def load_policy(
+    run_dir: Path, checkpoint: str | None = None, policy: str | None = None
+) -> LoadedPolicy:
+    """The policy of `run_dir`'s newest checkpoint (or of `checkpoint`); of a multi-agent run,
+    `policy` (default: the self-play policy, else the first that learns)."""
     config = run_dir / CONFIG_FILE
     if not config.is_file():
         raise PolicyNotFoundError(f"{run_dir} is not a run directory: it has no {CONFIG_FILE}")
@@ -76,7 +108,11 @@ def load_policy(run_dir: Path, checkpoint: str | None = None) -> LoadedPolicy:
         state, _ = load_checkpoint(path)
     except Exception as err:  # torch's unpickler and json: truncated, corrupt, not ours
         raise PolicyNotFoundError(f"{weights} cannot be read: {_first_line(err)}") from None
-    spaces = env_spaces(job.spec.env, job.spec.model.squash_actions)
+    if job.spec.env.multi_agent:
+        policy = policy or default_policy(job)
+        job, state, spaces = _one_policy(job, state, policy, path)
+    else:
+        spaces = env_spaces(job.spec.env, job.spec.model.squash_actions)
     model = build_model(job.spec.model, spaces.obs_shape, spaces.actions)
     try:
         model.load_state_dict(state["model"])
@@ -95,4 +131,5 @@ def load_policy(run_dir: Path, checkpoint: str | None = None) -> LoadedPolicy:
         checkpoint=path,
         policy_version=int(state.get("policy_version", 0)),
         global_timestep=int(state.get("global_timestep", 0)),
+        policy=policy if job.spec.env.multi_agent else None,
     )

@@ -211,9 +211,9 @@ def _policy_metrics(snap: StatusSnapshot, job: str) -> Iterator[Metric]:
         labels=["job", "policy", "stat"],
     )
     for key, value in sorted(snap.learner.items()):
-        policy, sep, stat = key.partition("/")
+        owner, sep, stat = key.partition("/")
         if sep:
-            stats.add_metric([job, policy, stat], float(value))
+            stats.add_metric([job, owner, stat], float(value))
     yield from (returns, episodes, score, stats)
 
 
