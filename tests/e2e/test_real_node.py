@@ -384,6 +384,33 @@ def test_a_job_image_built_from_the_product_image_trains(real_kube: Kube, operat
         assert images == {"my-impala:0.1.0"}, images
 
 
+def test_a_multi_agent_self_play_job_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
+    """manifests/examples/tictactoe.yaml (a PettingZoo AEC game from the image's multiagent
+    extra, self-play against a snapshot pool) trains to Succeeded in the learner and rollout
+    pods, its policy's self-play games counted in the sidecar's status."""
+    kube = real_kube
+    manifest = example_manifest("tictactoe", stop={"timesteps": 150_000})
+    with kube.namespace("agents") as ns, diagnosed(kube, ns):
+        t0 = time.monotonic()
+        kube.kubectl("apply", "-n", ns, "-f", "-", stdin=json.dumps(manifest))
+
+        def playing() -> dict[str, Any] | None:
+            if job_status(kube, ns, "tictactoe").get("phase") != "Running":
+                return None
+            try:
+                snap = impalajob_status(kube, ns, "tictactoe")
+            except AssertionError:  # the sidecar not reachable yet
+                return None
+            main = (snap.get("policies") or {}).get("main") or {}
+            return snap if main.get("self_play_games") else None
+
+        snap = wait_for(playing, timeout=600, interval=3, what="self-play games in /status")
+        assert "main/total_loss" in snap["learner"], snap["learner"]
+        st = wait_finished(kube, ns, "tictactoe", timeout=600)
+        log(f"tictactoe: {st['phase']} {time.monotonic() - t0:.0f} s after apply")
+        assert st["phase"] == "Succeeded", diagnose(kube, ns)
+
+
 def test_two_learner_pods_train_one_policy_and_restart_together(
     real_kube: Kube, operator: None
 ) -> None:
