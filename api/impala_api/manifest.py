@@ -47,7 +47,9 @@ def _bounds(loc: tuple[int | str, ...]) -> str:
     model = _model_at(loc)
     if model is None or not loc or isinstance(loc[-1], int):
         return ""
-    field = next((f for n, f in model.model_fields.items() if (f.alias or n) == loc[-1]), None)
+    field = next(
+        (f for n, f in model.model_fields.items() if (f.alias or n) == loc[-1]), None
+    )
     if field is None:
         return ""
     parts: list[str] = []

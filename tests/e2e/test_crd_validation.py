@@ -62,9 +62,7 @@ def test_cli_refuses_with_the_api_servers_message(tmp_path: Path, case: Invalid)
     for command in (["validate"], ["train", "--run-dir", str(tmp_path / "run")]):
         res = subprocess.run(
             [sys.executable, "-m", "impala_cli.main", *command, "-f", str(manifest)],
-            capture_output=True,
-            text=True,
-            timeout=120,
+            capture_output=True, text=True, timeout=120,
         )
         assert res.returncode == 2, res.stderr
         assert res.stderr.startswith(f"impalajob {command[0]}: error: {manifest}: invalid")

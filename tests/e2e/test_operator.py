@@ -9,7 +9,6 @@ at a REAL status sidecar (`impalajob status-server`) over run directories they w
 manifests/` (the manifests' ServiceAccount, impala-system/impala-operator, bound to the
 ClusterRole in manifests/rbac.yaml). Fixtures and helpers: tests/support/operator_suite.py.
 """
-
 from __future__ import annotations
 
 import contextlib

@@ -332,10 +332,9 @@ def test_cartpole_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
         assert phase == "Succeeded"
         assert "reached after" in impalajob(kube, "logs", "cartpole", "-n", ns)
         # No CPU request in the example: one intra-op thread, whatever the node's cores.
-        assert (
-            "learner: 1 intra-op thread (learner.resources has no CPU request; "
-            in (results / "trainer.log").read_text()
-        )
+        assert "learner: 1 intra-op thread (learner.resources has no CPU request; " in (
+            results / "trainer.log"
+        ).read_text()
         # cleanPodPolicy scaled the rollouts to 0: status says so once they are gone (it once kept
         # `ready: 1` with desired 0, `kubectl get ij` ROLLOUTS 1/0).
         wait_for(

@@ -335,13 +335,7 @@ def test_openapi_documents_every_endpoint(serve: Serve) -> None:
     spec = serve().get("/openapi.json").json()
     paths = spec["paths"]
     assert set(paths) == {
-        "/healthz",
-        "/readyz",
-        "/status",
-        "/history",
-        "/metrics",
-        "/videos/{name}",
-        "/",
+        "/healthz", "/readyz", "/status", "/history", "/metrics", "/videos/{name}", "/"
     }
     assert set(paths["/status"]) == {"get"}
     schemas = spec["components"]["schemas"]

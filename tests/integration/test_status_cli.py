@@ -332,14 +332,8 @@ def test_a_finished_job_still_answers_from_its_status(cli: Cli, kubeconfig: tupl
     handler.objects[key] = obj
     proc = cli("done", env={"KUBECONFIG": str(path)})
     assert proc.returncode == 0, proc.stderr
-    for text in (
-        "Succeeded (stop criterion evaluationReturnMean met)",
-        "223,232",
-        "480.80",
-        "500.00 at 200,000 steps",
-        "checkpoints/best",
-        "volumeClaim done-results",
-    ):
+    for text in ("Succeeded (stop criterion evaluationReturnMean met)", "223,232", "480.80",
+                 "500.00 at 200,000 steps", "checkpoints/best", "volumeClaim done-results"):
         assert text in proc.stdout, text  # fmt: skip
     assert not any("proxy" in seen for seen, _ in handler.seen)  # no sidecar asked
     final = json.loads(cli("done", "--json", env={"KUBECONFIG": str(path)}).stdout)

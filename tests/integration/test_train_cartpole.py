@@ -34,10 +34,7 @@ def _train(
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "impala_cli.main", "train", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
+        capture_output=True, text=True, timeout=timeout, env=env,
     )
 
 
@@ -141,17 +138,9 @@ def test_resume_continues_counters_exactly(tmp_path: Path, process: str) -> None
 def test_learner_starvation_fails_with_a_clear_reason(tmp_path: Path, process: str) -> None:
     run = tmp_path / "run"
     res = _train(
-        "-f",
-        EXAMPLE,
-        "--run-dir",
-        str(run),
-        "--set",
-        f"learner.process={process}",
+        "-f", EXAMPLE, "--run-dir", str(run), "--set", f"learner.process={process}",
         # A batch of a million steps never fills in time: the learner waits past its timeout.
-        "--set",
-        "training.trainBatchSize=1000000",
-        "--set",
-        "training.learnerQueueTimeout=3",
+        "--set", "training.trainBatchSize=1000000", "--set", "training.learnerQueueTimeout=3",
     )
     assert res.returncode == 1
     assert "learner starved" in res.stderr and "learnerQueueTimeout" in res.stderr
@@ -166,21 +155,11 @@ def test_learner_starvation_fails_with_a_clear_reason(tmp_path: Path, process: s
 def test_async_gradients_mode_improves_the_return(tmp_path: Path) -> None:
     run = tmp_path / "run"
     res = _train(
-        "-f",
-        EXAMPLE,
-        "--run-dir",
-        str(run),
+        "-f", EXAMPLE, "--run-dir", str(run),
         # A3C has no learner thread to put in a process of its own (the example's `separate`).
-        "--set",
-        "training.mode=async-gradients",
-        "--set",
-        "learner.process=driver",
-        "--set",
-        "training.rolloutFragmentLength=16",
-        "--set",
-        "stop.episodeReturnMean=150",
-        "--set",
-        "stop.timeLimitSeconds=600",
+        "--set", "training.mode=async-gradients", "--set", "learner.process=driver",
+        "--set", "training.rolloutFragmentLength=16",
+        "--set", "stop.episodeReturnMean=150", "--set", "stop.timeLimitSeconds=600",
     )
     assert res.returncode == 0, res.stdout + res.stderr
     summary = _json(run / "summary.json")
@@ -200,20 +179,9 @@ def test_async_gradients_mode_improves_the_return(tmp_path: Path) -> None:
 def test_aggregator_actor_with_mixin_replay_learns(tmp_path: Path) -> None:
     run = tmp_path / "run"
     res = _train(
-        "-f",
-        EXAMPLE,
-        "--run-dir",
-        str(run),
-        "--num-aggregator-workers",
-        "1",
-        "--set",
-        "training.replayBatchesPerFresh=0.5",
-        "--set",
-        "training.replayBufferBatches=8",
-        "--set",
-        "stop.episodeReturnMean=150",
-        "--set",
-        "stop.timeLimitSeconds=600",
+        "-f", EXAMPLE, "--run-dir", str(run), "--num-aggregator-workers", "1",
+        "--set", "training.replayBatchesPerFresh=0.5", "--set", "training.replayBufferBatches=8",
+        "--set", "stop.episodeReturnMean=150", "--set", "stop.timeLimitSeconds=600",
     )
     assert res.returncode == 0, res.stdout + res.stderr
     status = _json(run / "status.json")
@@ -235,21 +203,9 @@ def test_dashboard_serves_the_run_while_it_trains(tmp_path: Path) -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     cmd = [
-        sys.executable,
-        "-m",
-        "impala_cli.main",
-        "train",
-        "-f",
-        EXAMPLE,
-        "--run-dir",
-        str(tmp_path / "run"),
-        "--dashboard",
-        "--status-port",
-        str(port),
-        "--set",
-        "stop.episodeReturnMean=null",
-        "--set",
-        "stop.timesteps=150000",
+        sys.executable, "-m", "impala_cli.main", "train", "-f", EXAMPLE,
+        "--run-dir", str(tmp_path / "run"), "--dashboard", "--status-port", str(port),
+        "--set", "stop.episodeReturnMean=null", "--set", "stop.timesteps=150000",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen: dict[str, Any] | None = None
@@ -276,12 +232,8 @@ def local_ray() -> Any:
     import ray
 
     ray.init(
-        address="local",
-        num_cpus=2,
-        resources={"rollout": 2, "aggregator": 0},
-        include_dashboard=False,
-        logging_level=logging.ERROR,
-        log_to_driver=False,
+        address="local", num_cpus=2, resources={"rollout": 2, "aggregator": 0},
+        include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
     )
     yield ray
     ray.shutdown()
@@ -338,23 +290,9 @@ def test_sigterm_stops_the_run_with_a_checkpoint_and_exit_130(tmp_path: Path) ->
     summary "Stopped", exit 130, and the way to continue it."""
     run = tmp_path / "run"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "impala_cli.main",
-            "train",
-            "-f",
-            EXAMPLE,
-            "--run-dir",
-            str(run),
-            "--set",
-            "stop.episodeReturnMean=null",
-            "--set",
-            "stop.timeLimitSeconds=600",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        [sys.executable, "-m", "impala_cli.main", "train", "-f", EXAMPLE, "--run-dir",
+         str(run), "--set", "stop.episodeReturnMean=null", "--set", "stop.timeLimitSeconds=600"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
     )
     try:

@@ -17,27 +17,13 @@ def test_pong_example_trains_briefly(tmp_path: Path) -> None:
     run = tmp_path / "run"
     res = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "impala_cli.main",
-            "train",
-            "-f",
-            "manifests/examples/pong.yaml",
-            "--run-dir",
-            str(run),
+            sys.executable, "-m", "impala_cli.main", "train",
+            "-f", "manifests/examples/pong.yaml", "--run-dir", str(run),
             # Small fragments and batches: a few CNN updates in a short run on a CPU learner.
-            "--set",
-            "env.numEnvsPerWorker=4",
-            "--set",
-            "training.rolloutFragmentLength=25",
-            "--set",
-            "training.trainBatchSize=200",
-            "--set",
-            "stop.timesteps=3000",
+            "--set", "env.numEnvsPerWorker=4", "--set", "training.rolloutFragmentLength=25",
+            "--set", "training.trainBatchSize=200", "--set", "stop.timesteps=3000",
         ],
-        capture_output=True,
-        text=True,
-        timeout=900,
+        capture_output=True, text=True, timeout=900,
         env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
     )
     assert res.returncode == 0, res.stdout + res.stderr

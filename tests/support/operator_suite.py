@@ -4,7 +4,6 @@ directory the test writes), `OperatorSuite` (the class-scoped namespace, operato
 fixtures and the helpers that read a job back; a test class subclasses it and provides
 `operator_identity`), the operator's environment and the suite's small job.
 """
-
 from __future__ import annotations
 
 import contextlib

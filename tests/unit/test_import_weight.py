@@ -29,7 +29,10 @@ LIGHT = [
 
 @pytest.mark.parametrize("module", LIGHT)
 def test_module_loads_neither_torch_nor_ray(module: str) -> None:
-    code = f"import sys, {module}\nprint(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    code = (
+        f"import sys, {module}\n"
+        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     ).stdout.strip()

@@ -13,10 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_every_non_python_file_of_the_packages_ships_in_the_wheel() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     package_data: dict[str, list[str]] = config["tool"]["setuptools"]["package-data"]
-    roots = {
-        "impala_trainer": ROOT / "trainer" / "impala_trainer",
-        "impala_operator": ROOT / "operator" / "impala_operator",
-    }
+    roots = {"impala_trainer": ROOT / "trainer" / "impala_trainer",
+             "impala_operator": ROOT / "operator" / "impala_operator"}
     missing = []
     for package, root in roots.items():
         patterns = package_data.get(package, [])

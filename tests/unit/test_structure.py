@@ -191,3 +191,4 @@ def test_the_architecture_doc_lists_every_room() -> None:
             f"docs/architecture.md lists {sorted(listed - rooms)} that {package} lacks and "
             f"misses {sorted(rooms - listed)}"
         )
+

@@ -58,43 +58,28 @@ def test_examples_are_valid(path: Path) -> None:
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [
-        ({"training": {"numSgdIter": 0}}, ["spec.training.numSgdIter", "got 0", ">= 1"]),
+        ({"training": {"numSgdIter": 0}},
+         ["spec.training.numSgdIter", "got 0", ">= 1"]),
         ({"training": {"lr": -1}}, ["spec.training.lr", "got -1", "> 0.0"]),
         ({"training": {"gamma": 1.5}}, ["spec.training.gamma", "got 1.5", "<= 1.0"]),
-        (
-            {"training": {"optimizer": {"type": "sgd"}}},
-            ["spec.training.optimizer.type", "'adam' or 'rmsprop'", "got 'sgd'"],
-        ),
-        (
-            {"training": {"trainBatchSise": 10}},
-            ["spec.training.trainBatchSise", "unknown field", "did you mean 'trainBatchSize'"],
-        ),
-        (
-            {"rollouts": {"minReplicas": 5, "maxReplicas": 2}},
-            ["spec.rollouts", "minReplicas (5) must be <= maxReplicas (2)"],
-        ),
-        (
-            {"training": {"replayBatchesPerFresh": 0.5}},
-            ["spec.training", "replayBufferBatches >= 1"],
-        ),
+        ({"training": {"optimizer": {"type": "sgd"}}},
+         ["spec.training.optimizer.type", "'adam' or 'rmsprop'", "got 'sgd'"]),
+        ({"training": {"trainBatchSise": 10}},
+         ["spec.training.trainBatchSise", "unknown field", "did you mean 'trainBatchSize'"]),
+        ({"rollouts": {"minReplicas": 5, "maxReplicas": 2}},
+         ["spec.rollouts", "minReplicas (5) must be <= maxReplicas (2)"]),
+        ({"training": {"replayBatchesPerFresh": 0.5}},
+         ["spec.training", "replayBufferBatches >= 1"]),
         # RLlib's replay names mean something else there: refused with what to set instead.
-        (
-            {"training": {"replayProportion": 2.0}},
-            ["spec.training.replayProportion", "1/(p-1)", "set replayBatchesPerFresh"],
-        ),
-        (
-            {"training": {"replayBufferNumSlots": 8}},
-            ["spec.training.replayBufferNumSlots", "set replayBufferBatches"],
-        ),
-        (
-            {"training": {"lrSchedule": [[100, 0.1], [50, 0.01]]}},
-            ["spec.training.lrSchedule", "strictly increase"],
-        ),
+        ({"training": {"replayProportion": 2.0}},
+         ["spec.training.replayProportion", "1/(p-1)", "set replayBatchesPerFresh"]),
+        ({"training": {"replayBufferNumSlots": 8}},
+         ["spec.training.replayBufferNumSlots", "set replayBufferBatches"]),
+        ({"training": {"lrSchedule": [[100, 0.1], [50, 0.01]]}},
+         ["spec.training.lrSchedule", "strictly increase"]),
         ({"env": {"numEnvsPerWorker": 0}}, ["spec.env.numEnvsPerWorker", ">= 1"]),
-        (
-            {"learner": {"resources": {"limits": {"cpu": "lots"}}}},
-            ["spec.learner.resources.limits.cpu", "got 'lots'"],
-        ),
+        ({"learner": {"resources": {"limits": {"cpu": "lots"}}}},
+         ["spec.learner.resources.limits.cpu", "got 'lots'"]),
     ],
 )
 def test_errors_name_field_value_and_range(spec: dict, expected: list[str]) -> None:
@@ -114,22 +99,12 @@ def test_bad_name_is_rejected_with_the_rule() -> None:
 def test_every_problem_is_reported_at_once() -> None:
     problems = _problems({"training": {"lr": 0, "gamma": 2}, "stop": {"timesteps": 0}})
     assert {p.split(":")[0] for p in problems} == {
-        "spec.training.lr",
-        "spec.training.gamma",
-        "spec.stop.timesteps",
-    }
+        "spec.training.lr", "spec.training.gamma", "spec.stop.timesteps"}
 
 
 def test_overrides_parse_yaml_values_and_default_to_spec() -> None:
-    data = apply_overrides(
-        job_manifest(),
-        [
-            "training.lr=1e-3",
-            "spec.stop.timesteps=100",
-            "model.hidden=[32, 32]",
-            "metadata.name=renamed",
-        ],
-    )
+    data = apply_overrides(job_manifest(), ["training.lr=1e-3", "spec.stop.timesteps=100",
+                                            "model.hidden=[32, 32]", "metadata.name=renamed"])
     job = parse_manifest(data)
     assert job.spec.training.lr == 1e-3
     assert job.spec.stop.timesteps == 100

@@ -20,7 +20,9 @@ def _pod(name: str, attempt: int | None = None) -> dict[str, Any]:
 def test_learner_logs_are_the_current_attempts_or_the_one_before() -> None:
     # Attempt 10 sorts after 9 by number, not by name.
     pods = [_pod("j-learner-9", 9), _pod("j-learner-10", 10), _pod("j-learner-8", 8)]
-    assert [p["metadata"]["name"] for p in select_pods(pods, "learner", False)] == ["j-learner-10"]
+    assert [p["metadata"]["name"] for p in select_pods(pods, "learner", False)] == [
+        "j-learner-10"
+    ]
     assert [p["metadata"]["name"] for p in select_pods(pods, "status", True)] == ["j-learner-9"]
     assert select_pods([_pod("j-learner-0", 0)], "learner", True) == []
 

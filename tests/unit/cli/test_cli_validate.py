@@ -15,9 +15,8 @@ EXAMPLE = "manifests/examples/cartpole.yaml"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "impala_cli.main", *args], capture_output=True, text=True, timeout=60
-    )
+    return subprocess.run([sys.executable, "-m", "impala_cli.main", *args],
+                          capture_output=True, text=True, timeout=60)
 
 
 def test_validate_accepts_example() -> None:
@@ -37,10 +36,8 @@ def test_validate_rejects_with_exit_2(tmp_path: Path) -> None:
 
 
 def test_cli_does_not_import_torch_for_light_commands() -> None:
-    code = (
-        "import sys; from impala_cli.main import main; "
-        f"assert main(['validate', '-f', {EXAMPLE!r}]) == 0; "
-        "assert 'torch' not in sys.modules and 'ray' not in sys.modules"
-    )
+    code = ("import sys; from impala_cli.main import main; "
+            f"assert main(['validate', '-f', {EXAMPLE!r}]) == 0; "
+            "assert 'torch' not in sys.modules and 'ray' not in sys.modules")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr

@@ -557,7 +557,9 @@ def test_network_policy_admits_the_status_port_only_from_labelled_pods() -> None
     assert status["from"] == [
         {"podSelector": access},  # the job's namespace
         {
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "impala-system"}},
+            "namespaceSelector": {
+                "matchLabels": {"kubernetes.io/metadata.name": "impala-system"}
+            },
             "podSelector": access,
         },  # the operator's
     ]

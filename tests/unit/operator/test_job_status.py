@@ -307,29 +307,12 @@ def test_sidecar_client_unreachable_is_none() -> None:
 @pytest.mark.parametrize(
     ("pod_status", "exit_code", "expected"),
     [
-        (
-            {
-                "conditions": [
-                    {
-                        "type": "DisruptionTarget",
-                        "status": "True",
-                        "reason": "EvictionByEvictionAPI",
-                    }
-                ]
-            },
-            143,
-            "DisruptionTarget: EvictionByEvictionAPI",
-        ),
-        (
-            {
-                "conditions": [
-                    {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}
-                ],
-                "reason": "Evicted",
-            },
-            None,
-            "DisruptionTarget: TerminationByKubelet",
-        ),
+        ({"conditions": [{"type": "DisruptionTarget", "status": "True",
+                          "reason": "EvictionByEvictionAPI"}]}, 143,
+         "DisruptionTarget: EvictionByEvictionAPI"),
+        ({"conditions": [{"type": "DisruptionTarget", "status": "True",
+                          "reason": "TerminationByKubelet"}], "reason": "Evicted"}, None,
+         "DisruptionTarget: TerminationByKubelet"),
         ({"reason": "Shutdown", "phase": "Failed"}, None, "Shutdown"),
         ({}, 143, "exit code 143 after SIGTERM"),
         ({}, 130, "exit code 130 after SIGTERM"),
@@ -360,9 +343,7 @@ def test_a_return_fallen_from_its_best_is_a_condition_and_one_warning() -> None:
     assert event is not None and (event.type, event.reason) == ("Warning", "ReturnRegressed")
     (cond,) = status["conditions"]
     assert (cond["status"], cond["reason"], cond["observedGeneration"]) == (
-        "True",
-        "ReturnFellFromBest",
-        3,
+        "True", "ReturnFellFromBest", 3
     )
     assert cond["message"] == fell.message
     assert return_regressed(status, _snapshot(return_trend=fell), 20.0) is None  # said once

@@ -128,10 +128,8 @@ def test_two_learners_on_halves_step_as_one_on_the_mean_gradient(kind: str) -> N
         learner = learners[rank]
         learner.join(collective)
         for batch in steps:
-            part = (
-                slice_columns(batch, 0, half)
-                if rank == 0
-                else slice_columns(batch, half, batch.num_columns)
+            part = slice_columns(batch, 0, half) if rank == 0 else slice_columns(
+                batch, half, batch.num_columns
             )
             learner.learn_on_batch(part)
         return flat_state(learner)

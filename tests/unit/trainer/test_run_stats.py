@@ -129,13 +129,8 @@ def test_learner_stats_are_the_mean_over_a_snapshots_updates() -> None:
 
 def test_counters_of_an_older_run_directory_still_load() -> None:
     """Checkpoints written before the counters took RLlib's names resume with their counts."""
-    old = {
-        "env_steps_sampled": 7,
-        "env_steps_trained": 5,
-        "weight_broadcasts": 3,
-        "learner_queue_full": 1,
-        "episodes": 2,
-    }
+    old = {"env_steps_sampled": 7, "env_steps_trained": 5, "weight_broadcasts": 3,
+           "learner_queue_full": 1, "episodes": 2}
     c = Counters(**old)
     assert (c.num_env_steps_sampled, c.num_env_steps_trained) == (7, 5)
     assert (c.num_weight_broadcasts, c.num_times_learner_queue_full, c.episodes) == (3, 1, 2)

@@ -16,7 +16,9 @@ from impala_trainer.rundir.writer import RunDir
 def _scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
     acc = event_accumulator.EventAccumulator(str(logdir))
     acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    return {
+        tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]
+    }
 
 
 def test_crc32c_matches_the_castagnoli_check_value() -> None:

@@ -20,14 +20,7 @@ from impala_api.spec import ImpalaJobSpec
 Role = Literal["rollout", "aggregator"]
 ROLES: tuple[Role, ...] = ("rollout", "aggregator")
 LearnerMethod = Literal[
-    "address",
-    "join",
-    "load_state_dict",
-    "start",
-    "train",
-    "progress",
-    "weights",
-    "state_dict",
+    "address", "join", "load_state_dict", "start", "train", "progress", "weights", "state_dict",
     "stop",
 ]
 """The calls a learner of a group answers (`learning.learner_worker.LearnerWorker`'s methods)."""

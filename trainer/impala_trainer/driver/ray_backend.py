@@ -139,7 +139,9 @@ class RayBackend:
             options["num_gpus"] = spec.learner.gpus
         cls: Any = LearnerActor
         obs_shape, actions = model
-        return cls.options(**options).remote(spec, obs_shape, actions, seed, rank, intra_op_threads)
+        return cls.options(**options).remote(
+            spec, obs_shape, actions, seed, rank, intra_op_threads
+        )
 
     def learner_call(self, handle: Handle, method: LearnerMethod, *args: Any) -> Ref:
         return getattr(handle, method).remote(*args)

@@ -61,7 +61,9 @@ class RolloutWorker:
         shape = self.env.single_observation_space.shape
         assert shape is not None
         self.obs_shape: tuple[int, ...] = tuple(shape)
-        self.actions = action_distribution(self.env.single_action_space, spec.model.squash_actions)
+        self.actions = action_distribution(
+            self.env.single_action_space, spec.model.squash_actions
+        )
         self.obs_dtype = self.env.single_observation_space.dtype
         self._learner: Learner | None = None
         if spec.training.mode == "async-gradients":
