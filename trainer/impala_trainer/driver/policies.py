@@ -111,7 +111,11 @@ class PolicySetState:
         return pickle.dumps(self.get_weights(), protocol=pickle.HIGHEST_PROTOCOL)
 
     def weights_nbytes(self) -> int:
-        return sum(learner.weights_nbytes() for learner in self.learners.values())
+        own = sum(learner.weights_nbytes() for learner in self.learners.values())
+        if self.pool is None:
+            return own
+        # The pool rides along with every broadcast: count it full, as it soon is.
+        return own + self.pool.size * self.learners[self.pool.policy].weights_nbytes()
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {
