@@ -4,7 +4,9 @@ The spec's openAPIV3Schema is `ImpalaJobSpec.model_json_schema()` made structura
 inlined, `anyOf [X, null]` turned into `nullable: true`, JSON-Schema-2020 exclusive bounds turned
 into OpenAPI 3.0 booleans, tuples turned into fixed-size arrays, free-form maps marked
 `x-kubernetes-preserve-unknown-fields`, and defaults taken from a default-constructed model (so
-`default_factory` fields get theirs too). Cross-field rules that pydantic checks in validators
+`default_factory` fields get theirs too), inside a section absent by default (`evaluation`, a
+policy's `model`) from its fields' own (the API server fills them in once the section is given).
+Cross-field rules that pydantic checks in validators
 are restated as CEL (`x-kubernetes-validations`, see `cel.py`), so the API server and the model
 reject the same manifests. The status schema is written here: the operator is its only writer.
 """

@@ -63,8 +63,8 @@ def test_a_field_has_its_type_default_bounds_and_description(rendered: dict[str,
         "1–8 items; each: 1–65536",
     ]
     assert row(page, "spec.stop")[0] == "`spec.stop` (required)"
-    # A section absent unless given: its fields' defaults are the model's, and say so.
-    assert row(page, "spec.evaluation.intervalTimesteps")[2] == "`50000` (model)"
+    # A section absent unless given: the API server fills in its fields once it is given.
+    assert row(page, "spec.evaluation.intervalTimesteps")[2] == "`50000`"
 
 
 def leaves(node: dict[str, Any], path: str) -> Iterator[str]:
