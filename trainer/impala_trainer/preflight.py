@@ -106,9 +106,16 @@ def _agents_problem(spec: ImpalaJobSpec) -> tuple[str, str] | None:
 
 
 def _policy_spaces(spec: ImpalaJobSpec) -> dict[str, Any]:
+    """A PettingZoo env's policies and their spaces, from one throwaway env per env spec and
+    mapping (job_problem and space_defaults both ask, as `_spaces` for a gymnasium env)."""
+    return _agent_spaces(spec.model_dump_json(include={"env", "multi_agent", "stop"}))
+
+
+@functools.lru_cache(maxsize=8)
+def _agent_spaces(spec_json: str) -> dict[str, Any]:
     from impala_trainer.rollouts.agent_envs import policy_spaces
 
-    return policy_spaces(spec)
+    return policy_spaces(ImpalaJobSpec.model_validate_json(spec_json))
 
 
 BOX_SURROGATE_CLIP = 0.3

@@ -160,8 +160,6 @@ class ObservationAdapter:
         self._box = isinstance(inner, gym.spaces.Box)
         self.shape: tuple[int, ...] = tuple(spaces.model_observation.shape)
         self.dtype = np.dtype(inner.dtype) if self._box else np.dtype(np.float32)
-        n = spaces.action.n if spaces.masked else 0
-        self.num_mask = int(n)
 
     def model_input(self, obs: Any) -> np.ndarray:
         if self.spaces.masked:
