@@ -13,6 +13,8 @@ from typing import Any
 from impala_api.spec import (
     CUSTOM_MODEL_IMPORT,
     CUSTOM_MODEL_LSTM,
+    DEFAULT_POLICY,
+    EVALUATION_GAMES_NEED_PETTINGZOO,
     EVALUATION_STOP_NEEDS_EVALUATION,
     MAPPING_NEEDED,
     MAPPING_ONE_WAY,
@@ -26,6 +28,7 @@ from impala_api.spec import (
     POLICY_NAME_PATTERN,
     POPART_NEEDS_VTRACE,
     PREV_ACTION_REWARD_LSTM,
+    RANDOM_OPPONENT,
     REPLICAS_NEED_VTRACE,
     RESERVED_ENV,
     RESERVED_ENV_MESSAGE,
@@ -37,6 +40,8 @@ from impala_api.spec import (
     SECRET_REF_NEEDS_URI,
     SELF_PLAY_POLICY,
     SEPARATE_LEARNER_NEEDS_VTRACE,
+    UNKNOWN_EVALUATION_OPPONENT,
+    UNKNOWN_EVALUATION_POLICY,
     UNKNOWN_MAPPED_POLICY,
     UNKNOWN_POLICY_TO_TRAIN,
     VOLUME_SOURCES,
@@ -167,12 +172,21 @@ def _no_lstm_or_custom(model: str) -> str:
     )
 
 
+def _is_policy(name: str) -> str:
+    """CEL: `name` is a key of spec.multiAgent.policies (its one default policy without it)."""
+    return (
+        f"(has(self.multiAgent) ? {name} in self.multiAgent.policies : "
+        f"{name} == '{DEFAULT_POLICY}')"
+    )
+
+
 _MULTI_AGENT_SUPPORTED = (
     "!has(self.env.pettingzoo) || ("
     "(!has(self.training.mode) || self.training.mode == 'vtrace') && "
     "(!has(self.learner.replicas) || self.learner.replicas == 1) && "
     "(!has(self.learner.process) || self.learner.process == 'driver') && "
-    "!has(self.evaluation) && " + _no_lstm_or_custom("self.model") + " && "
+    "(!has(self.evaluation) || !has(self.evaluation.video) || !self.evaluation.video) && "
+    + _no_lstm_or_custom("self.model") + " && "
     "(!has(self.multiAgent) || self.multiAgent.policies.all(k, "
     "!has(self.multiAgent.policies[k].model) || "
     + _no_lstm_or_custom("self.multiAgent.policies[k].model")
@@ -218,6 +232,25 @@ RULES: dict[tuple[str, ...], list[Rule]] = {
             ".multiAgent",
         ),
         _rule(_MULTI_AGENT_SUPPORTED, MULTI_AGENT_NOT_YET, ".env.pettingzoo"),
+        _rule(
+            "!has(self.evaluation) || has(self.env.pettingzoo) || "
+            "(!has(self.evaluation.opponent) && !has(self.evaluation.policy))",
+            EVALUATION_GAMES_NEED_PETTINGZOO,
+            ".evaluation",
+        ),
+        _rule(
+            "!has(self.evaluation) || !has(self.evaluation.opponent) || "
+            f"self.evaluation.opponent == '{RANDOM_OPPONENT}' || "
+            + _is_policy("self.evaluation.opponent"),
+            UNKNOWN_EVALUATION_OPPONENT,
+            ".evaluation.opponent",
+        ),
+        _rule(
+            "!has(self.evaluation) || !has(self.evaluation.policy) || "
+            + _is_policy("self.evaluation.policy"),
+            UNKNOWN_EVALUATION_POLICY,
+            ".evaluation.policy",
+        ),
     ],
     ("multiAgent",): [
         _rule(

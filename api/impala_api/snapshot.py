@@ -186,6 +186,18 @@ class EvaluationInfo(Snap):
     """Unix time it finished."""
     video: str | None = None
     """Its video, relative to the run directory (spec.evaluation.video)."""
+    policy_return_means: dict[str, float] = Field(default_factory=dict)
+    """A PettingZoo env's: each policy's mean return per agent and episode."""
+    opponent: str | None = None
+    """The fixed opponent its games were scored against (spec.evaluation.opponent); None: every
+    agent played by its own policy and the return is the team's."""
+    policy: str | None = None
+    """The policy whose games were scored (its own return is the round's return)."""
+    wins: int = 0
+    draws: int = 0
+    losses: int = 0
+    win_rate: float | None = None
+    """Wins per game against the opponent."""
     best_return_mean: float | None = None
     """The best evaluation return so far."""
     best_num_env_steps_sampled: int | None = None

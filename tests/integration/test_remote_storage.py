@@ -22,6 +22,7 @@ from harness.cluster.s3 import S3Server
 from impala_trainer.rundir.checkpoint import (
     DriverState,
     list_checkpoints,
+    policy_state,
     save_checkpoint,
     save_policy_checkpoint,
 )
@@ -82,8 +83,9 @@ def test_mirror_uploads_prunes_and_a_new_machine_pulls(tmp_path: Path, s3_env: d
     (run / "tensorboard").mkdir()
     (run / "tensorboard" / "events.out.tfevents.1").write_bytes(b"\0" * 100)
     # spec.evaluation's outputs: the best round's weights (replaced in place) and its videos.
-    best = save_policy_checkpoint(run / "checkpoints" / "best", {"w": [1.0]}, 7, 250,
-                                  DriverState())  # fmt: skip
+    best = save_policy_checkpoint(
+        run / "checkpoints" / "best", policy_state({"w": [1.0]}, 7, 250), DriverState()
+    )
     (run / "videos").mkdir()
     (run / "videos" / "eval-000000000250.mp4").write_bytes(b"\1" * 50)
     assert mirror.close() and mirror.last_error is None

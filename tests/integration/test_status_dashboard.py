@@ -208,3 +208,34 @@ def test_dashboard_warns_when_the_return_has_regressed(tmp_path: Path) -> None:
     page = _Plots()
     page.feed(proc.stdout)
     assert page.cards["Best mean return"] == "400"
+
+
+def test_dashboard_shows_each_policy_and_the_evaluation_win_rate(tmp_path: Path) -> None:
+    from impala_api.snapshot import EvaluationInfo, PolicyStatus
+
+    run_dir = tmp_path / "run"
+    snap, _ = write_sample_run(run_dir, job="tictactoe-browser", points=10)
+    snap.policies = {
+        "main": PolicyStatus(
+            episode_return_mean=0.25, episodes=400, self_play_score=0.625, self_play_games=200
+        ),
+        "fixed": PolicyStatus(episode_return_mean=-0.5, episodes=200),
+    }
+    snap.evaluation = EvaluationInfo(
+        evaluations=2, num_env_steps_sampled=40_000, episodes=200, episode_return_mean=0.82,
+        opponent="random", policy="main", wins=170, draws=4, losses=26, win_rate=0.85,
+    )  # fmt: skip
+    write_json_atomic(run_dir / STATUS_FILE, snap)
+    url, stop = serve_in_thread(run_dir, "127.0.0.1", 0, settings=Settings())
+    try:
+        proc = _run_chromium(tmp_path, "--dump-dom", f"{url}/")
+    finally:
+        stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    page = _Plots()
+    page.feed(proc.stdout)
+    assert page.cards["Win rate (main vs random)"] == "85%"
+    assert page.cards["Policy main: mean return"] == "0.25"
+    assert page.cards["Policy main: score vs pool"] == "0.625"
+    assert page.cards["Policy fixed: mean return"] == "-0.50"
+    assert "Policy fixed: score vs pool" not in page.cards

@@ -47,8 +47,14 @@ def test_tictactoe_self_play_beats_a_random_player(tmp_path: Path) -> None:
         "--set", "stop.timesteps=300000", "--set", "training.seed=7",
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
-    main = _status(run)["policies"]["main"]
+    status = _status(run)
+    main = status["policies"]["main"]
     assert main["self_play_games"] > 500 and main["self_play_score"] is not None
+    # The example's evaluation: 100 greedy games against random every 50K moves.
+    evaluation = status["evaluation"]
+    assert evaluation["evaluations"] >= 4 and evaluation["opponent"] == "random", evaluation
+    assert evaluation["wins"] + evaluation["draws"] + evaluation["losses"] == 100
+    assert evaluation["win_rate"] >= 0.5, evaluation
     scored = _cli(
         "evaluate", "--run-dir", str(run), "--episodes", "200", "--opponent", "random", "--json"
     )

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from impala_api.spec import (
     CUSTOM_MODEL_IMPORT,
     CUSTOM_MODEL_LSTM,
+    EVALUATION_GAMES_NEED_PETTINGZOO,
     EVALUATION_STOP_NEEDS_EVALUATION,
     MAPPING_NEEDED,
     MAPPING_ONE_WAY,
@@ -27,6 +28,8 @@ from impala_api.spec import (
     REPLICAS_NEED_VTRACE,
     SELF_PLAY_POLICY,
     SEPARATE_LEARNER_NEEDS_VTRACE,
+    UNKNOWN_EVALUATION_OPPONENT,
+    UNKNOWN_EVALUATION_POLICY,
     UNKNOWN_MAPPED_POLICY,
     UNKNOWN_POLICY_TO_TRAIN,
 )
@@ -405,6 +408,55 @@ INVALID: list[Invalid] = [
         MULTI_AGENT_NOT_YET,
     ),
     Invalid(
+        "multi-agent-evaluation-video",
+        "cel",
+        {
+            "env": {"pettingzoo": "pettingzoo.classic.tictactoe_v3"},
+            "evaluation": {"video": True},
+        },
+        "spec.env.pettingzoo",
+        MULTI_AGENT_NOT_YET,
+    ),
+    Invalid(
+        "evaluation-opponent-without-pettingzoo",
+        "cel",
+        {"evaluation": {"opponent": "random"}},
+        "spec.evaluation",
+        EVALUATION_GAMES_NEED_PETTINGZOO,
+    ),
+    Invalid(
+        "evaluation-opponent-unknown",
+        "cel",
+        {
+            "env": {"pettingzoo": "pettingzoo.classic.tictactoe_v3"},
+            "multiAgent": {"policies": {"main": {}}},
+            "evaluation": {"opponent": "expert"},
+        },
+        "spec.evaluation.opponent",
+        UNKNOWN_EVALUATION_OPPONENT,
+    ),
+    Invalid(
+        "evaluation-opponent-unknown-default-policy",
+        "cel",
+        {
+            "env": {"pettingzoo": "pettingzoo.classic.tictactoe_v3"},
+            "evaluation": {"opponent": "main"},
+        },
+        "spec.evaluation.opponent",
+        UNKNOWN_EVALUATION_OPPONENT,
+    ),
+    Invalid(
+        "evaluation-policy-unknown",
+        "cel",
+        {
+            "env": {"pettingzoo": "pettingzoo.classic.tictactoe_v3"},
+            "multiAgent": {"policies": {"main": {}}},
+            "evaluation": {"opponent": "random", "policy": "other"},
+        },
+        "spec.evaluation.policy",
+        UNKNOWN_EVALUATION_POLICY,
+    ),
+    Invalid(
         "learner-service-account-not-a-name",
         "schema",
         {"learner": {"pod": {"serviceAccountName": "UPPER"}}},
@@ -513,6 +565,7 @@ VALID: dict[str, dict[str, Any]] = {
                     ],
                     "policiesToTrain": ["predator", "prey"],
                 },
+                "evaluation": {"opponent": "random", "policy": "predator"},
             }
         },
     ),

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from impala_api.spec import EnvSpec, ImpalaJobSpec
+from impala_api.spec import RANDOM_OPPONENT, EnvSpec, ImpalaJobSpec
 from impala_trainer.rollouts.envs import env_problem, make_vector_env
 
 
@@ -101,6 +101,39 @@ def _agents_problem(spec: ImpalaJobSpec) -> tuple[str, str] | None:
         if model.free_log_std and not isinstance(spaces.action, gym.spaces.Box):
             return f"{where}.freeLogStd", (
                 f"freeLogStd needs a Box action space, not policy {name}'s {spaces.action}"
+            )
+    return _games_problem(spec, policies)
+
+
+def _games_problem(spec: ImpalaJobSpec, policies: dict[str, Any]) -> tuple[str, str] | None:
+    """spec.evaluation.opponent's games: the scored policy must have a seat, and an opponent
+    policy must fit every other seat (it plays them all)."""
+    games = spec.evaluation
+    if games is None or games.opponent is None:
+        return None
+    env, scored = spec.env.pettingzoo, spec.evaluated_policy
+    field = "evaluation.policy" if games.policy else "evaluation.opponent"
+    if scored not in policies:
+        return field, (
+            f"no agent of {env} acts by policy {scored}, whose games evaluation.opponent would "
+            f"score: name a policy some agent acts by ({', '.join(sorted(policies))})"
+        )
+    if games.opponent == RANDOM_OPPONENT:
+        return None
+    if games.opponent not in policies:
+        return "evaluation.opponent", (
+            f"no agent of {env} acts by policy {games.opponent}: an opponent is 'random' or a "
+            f"policy some agent acts by ({', '.join(sorted(policies))})"
+        )
+    theirs = policies[games.opponent][1]
+    for name, (agents, spaces) in policies.items():
+        # The opponent takes every seat but the scored one: the scored policy's other agents too.
+        takes = agents if name != scored else agents[1:]
+        if takes and (spaces.observation, spaces.action) != (theirs.observation, theirs.action):
+            return "evaluation.opponent", (
+                f"policy {games.opponent} cannot take the seat of {takes[0]} (policy {name}): "
+                f"their spaces differ; the opponent plays every agent but the one policy "
+                f"{scored} plays"
             )
     return None
 

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 from impala_api.spec.agents import (
     DEFAULT_POLICY,
+    EVALUATION_GAMES_NEED_PETTINGZOO,
     MAPPING_NEEDED,
     MAPPING_ONE_WAY,
     MULTI_AGENT_NEEDS_PETTINGZOO,
     MULTI_AGENT_NOT_YET,
     POLICY_NAME_PATTERN,
     SELF_PLAY_POLICY,
+    UNKNOWN_EVALUATION_OPPONENT,
+    UNKNOWN_EVALUATION_POLICY,
     UNKNOWN_MAPPED_POLICY,
     UNKNOWN_POLICY_TO_TRAIN,
     MultiAgentSpec,
@@ -40,7 +43,11 @@ from impala_api.spec.base import (
     SpecModel,
     check_schedule,
 )
-from impala_api.spec.evaluation import EVALUATION_STOP_NEEDS_EVALUATION, EvaluationSpec
+from impala_api.spec.evaluation import (
+    EVALUATION_STOP_NEEDS_EVALUATION,
+    RANDOM_OPPONENT,
+    EvaluationSpec,
+)
 from impala_api.spec.job import (
     API_GROUP,
     API_VERSION,
@@ -113,6 +120,7 @@ __all__ = [
     "CUSTOM_MODEL_LSTM",
     "DEFAULTS_APART_FROM_RLLIB",
     "DEFAULT_POLICY",
+    "EVALUATION_GAMES_NEED_PETTINGZOO",
     "EVALUATION_STOP_NEEDS_EVALUATION",
     "IMPORT_PATH_PATTERN",
     "KIND",
@@ -131,6 +139,7 @@ __all__ = [
     "POLICY_NAME_PATTERN",
     "POPART_NEEDS_VTRACE",
     "PREV_ACTION_REWARD_LSTM",
+    "RANDOM_OPPONENT",
     "RENAMED_RLLIB",
     "REPLICAS_NEED_VTRACE",
     "RESERVED_ENV",
@@ -144,6 +153,8 @@ __all__ = [
     "SELF_PLAY_POLICY",
     "SEPARATE_LEARNER_NEEDS_VTRACE",
     "STORAGE_URI_PATTERN",
+    "UNKNOWN_EVALUATION_OPPONENT",
+    "UNKNOWN_EVALUATION_POLICY",
     "UNKNOWN_MAPPED_POLICY",
     "UNKNOWN_POLICY_TO_TRAIN",
     "VOLUME_SOURCES",

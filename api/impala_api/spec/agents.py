@@ -41,9 +41,17 @@ MULTI_AGENT_NEEDS_PETTINGZOO = (
 )
 MULTI_AGENT_NOT_YET = (
     "spec.env.pettingzoo trains with training.mode vtrace, one learner per policy in the driver "
-    "(learner.replicas 1, learner.process driver), feed-forward models and no spec.evaluation "
+    "(learner.replicas 1, learner.process driver), feed-forward models and no evaluation video "
     "for now: drop the setting this message's field names"
 )
+EVALUATION_GAMES_NEED_PETTINGZOO = (
+    "spec.evaluation.opponent and spec.evaluation.policy score the games of a PettingZoo env: "
+    "they need spec.env.pettingzoo"
+)
+UNKNOWN_EVALUATION_OPPONENT = (
+    "spec.evaluation.opponent must be 'random' or a policy of spec.multiAgent.policies"
+)
+UNKNOWN_EVALUATION_POLICY = "spec.evaluation.policy must be a policy of spec.multiAgent.policies"
 
 
 class PolicySpec(SpecModel):
@@ -133,6 +141,12 @@ class MultiAgentSpec(SpecModel):
         """The names of the policies that learn, in policies' order."""
         chosen = set(self.policies_to_train or self.policies)
         return [name for name in self.policies if name in chosen]
+
+    @property
+    def main_policy(self) -> str:
+        """The policy a run's commands and evaluation take unless told: the self-play one, else
+        the first that learns."""
+        return self.self_play.policy if self.self_play is not None else self.trained[0]
 
     @model_validator(mode="after")
     def _names(self) -> MultiAgentSpec:

@@ -7,7 +7,11 @@ from typing import Literal
 
 from pydantic import Field
 
+from impala_api.spec.agents import POLICY_NAME_PATTERN
 from impala_api.spec.base import SpecModel
+
+RANDOM_OPPONENT = "random"
+"""spec.evaluation.opponent: a uniform choice among the actions each observation allows."""
 
 EVALUATION_STOP_NEEDS_EVALUATION = (
     "spec.stop.evaluationReturnMean needs spec.evaluation (the evaluation that measures it): "
@@ -44,3 +48,15 @@ class EvaluationSpec(SpecModel):
     video: bool = False
     """Record each evaluation's first episode (mp4) into the run directory's videos/, shown on
     the dashboard and in TensorBoard."""
+
+    opponent: str | None = Field(default=None, pattern=POLICY_NAME_PATTERN, max_length=32)
+    """A PettingZoo env's games scored against a fixed opponent: `random` (a uniform choice
+    among the allowed actions) or a policy of spec.multiAgent.policies. `policy` then takes
+    each of its agents' seats in turn, every other agent acts by the opponent, and a round
+    reports wins, draws and losses (a win: more reward than every other agent) with the
+    policy's own return as the round's return. Omitted: every agent acts by its own policy and
+    the return is the team's (all agents' rewards), as training reports it."""
+
+    policy: str | None = Field(default=None, pattern=POLICY_NAME_PATTERN, max_length=32)
+    """The policy whose games `opponent` scores: default spec.multiAgent.selfPlay's policy,
+    else the first policy that learns."""

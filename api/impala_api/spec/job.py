@@ -9,12 +9,19 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from impala_api.spec.agents import (
+    EVALUATION_GAMES_NEED_PETTINGZOO,
     MULTI_AGENT_NEEDS_PETTINGZOO,
     MULTI_AGENT_NOT_YET,
+    UNKNOWN_EVALUATION_OPPONENT,
+    UNKNOWN_EVALUATION_POLICY,
     MultiAgentSpec,
 )
 from impala_api.spec.base import SpecModel
-from impala_api.spec.evaluation import EVALUATION_STOP_NEEDS_EVALUATION, EvaluationSpec
+from impala_api.spec.evaluation import (
+    EVALUATION_STOP_NEEDS_EVALUATION,
+    RANDOM_OPPONENT,
+    EvaluationSpec,
+)
 from impala_api.spec.lifecycle import CheckpointSpec, RunPolicy
 from impala_api.spec.replicas import (
     REPLICAS_NEED_VTRACE,
@@ -107,12 +114,28 @@ class ImpalaJobSpec(SpecModel):
             raise ValueError(MULTI_AGENT_NEEDS_PETTINGZOO)
         if self.env.multi_agent and multi_agent_not_yet(self):
             raise ValueError(MULTI_AGENT_NOT_YET)
+        games = self.evaluation
+        if games is not None and (games.opponent or games.policy):
+            if not self.env.multi_agent:
+                raise ValueError(EVALUATION_GAMES_NEED_PETTINGZOO)
+            policies = self.agents.policies
+            if games.opponent not in (None, RANDOM_OPPONENT, *policies):
+                raise ValueError(UNKNOWN_EVALUATION_OPPONENT)
+            if games.policy is not None and games.policy not in policies:
+                raise ValueError(UNKNOWN_EVALUATION_POLICY)
         return self
 
     @property
     def agents(self) -> MultiAgentSpec:
         """spec.multiAgent, or the one shared policy a PettingZoo env's agents get without it."""
         return self.multi_agent or MultiAgentSpec()
+
+    @property
+    def evaluated_policy(self) -> str:
+        """The policy whose games spec.evaluation.opponent scores (spec.evaluation.policy, else
+        the self-play policy, else the first policy that learns)."""
+        chosen = self.evaluation.policy if self.evaluation is not None else None
+        return chosen or self.agents.main_policy
 
     def policy_spec(self, policy: str) -> ImpalaJobSpec:
         """This spec as one policy's learner and acting model see it: the policy's model in
@@ -128,7 +151,7 @@ def multi_agent_not_yet(spec: ImpalaJobSpec) -> bool:
         spec.training.mode != "vtrace"
         or spec.learner.replicas > 1
         or spec.learner.process != "driver"
-        or spec.evaluation is not None
+        or (spec.evaluation is not None and spec.evaluation.video)
         or any(m.use_lstm or m.type == "custom" for m in models)
     )
 

@@ -152,11 +152,10 @@ def _games(args: argparse.Namespace, run_dir: Path, checkpoint: str | None) -> i
     from impala_api.manifest import load_manifest
     from impala_api.snapshot import CONFIG_FILE
     from impala_trainer.policy.games import RANDOM, load_game_policies, play_games
-    from impala_trainer.policy.loaded import default_policy
 
     job = load_manifest(run_dir / CONFIG_FILE)
     policies = load_game_policies(run_dir, checkpoint)
-    name = args.policy or default_policy(job)
+    name = args.policy or job.spec.agents.main_policy
     if name not in policies:
         raise CommandError(f"--policy {name}: the run's policies are {', '.join(policies)}")
     opponent = None
@@ -171,11 +170,11 @@ def _games(args: argparse.Namespace, run_dir: Path, checkpoint: str | None) -> i
             )
         opponent = pool[args.opponent]
     policy = policies[name]
-    results = play_games(job, policy, opponent, args.episodes, args.seed, args.explore)
-    against = "random" if opponent is None else f"{opponent.name} ({opponent.checkpoint.name})"
+    results = play_games(job.spec, policy, opponent, args.episodes, args.seed, args.explore)
+    against = "random" if opponent is None else f"{opponent.name} ({opponent.source})"
     summary = {
         "job": job.metadata.name,
-        "checkpoint": policy.checkpoint.name,
+        "checkpoint": policy.source,
         "policy": name,
         "opponent": against,
         "explore": args.explore,
@@ -185,7 +184,7 @@ def _games(args: argparse.Namespace, run_dir: Path, checkpoint: str | None) -> i
         print(json.dumps(summary))
         return 0
     print(
-        f"{summary['job']} {policy.checkpoint.name}: policy {name} against {against}, "
+        f"{summary['job']} {policy.source}: policy {name} against {against}, "
         f"{'sampled' if args.explore else 'greedy'}, {results.games} games:\n"
         f"  won {results.wins}  drawn {results.draws}  lost {results.losses}  "
         f"(win rate {summary['win_rate']:.1%}, score {results.score:.3f})"

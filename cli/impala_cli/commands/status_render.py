@@ -110,6 +110,12 @@ def summary_rows(s: StatusResponse) -> list[tuple[str, str]]:
             f"{_num(e.num_env_steps_sampled)} steps; best {_num(e.best_return_mean, 2)}"
             + (f" ({e.best_checkpoint})" if e.best_checkpoint else ""),
         ))  # fmt: skip
+        if e.win_rate is not None:
+            rows.insert(5, (
+                "Evaluation games",
+                f"{e.policy} against {e.opponent}: won {e.wins}, drawn {e.draws}, lost "
+                f"{e.losses} (win rate {e.win_rate:.1%})",
+            ))  # fmt: skip
     if s.learner:
         rows.append(("Learner", ", ".join(f"{k} {v:.4g}" for k, v in s.learner.items())))
     if s.timing_breakdown:

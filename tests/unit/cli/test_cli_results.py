@@ -12,7 +12,12 @@ import tarfile
 from pathlib import Path
 
 from impala_cli.commands.results import _READ_SCRIPT, READER_MOUNT, reader_pod
-from impala_trainer.rundir.checkpoint import DriverState, save_checkpoint, save_policy_checkpoint
+from impala_trainer.rundir.checkpoint import (
+    DriverState,
+    policy_state,
+    save_checkpoint,
+    save_policy_checkpoint,
+)
 
 
 def _run_dir(path: Path) -> Path:
@@ -20,7 +25,8 @@ def _run_dir(path: Path) -> Path:
     (path / "config.yaml").write_text("kind: ImpalaJob\n")
     for steps in (100, 200):
         save_checkpoint(path / "checkpoints", {"w": [steps]}, DriverState(), keep=5)
-    save_policy_checkpoint(path / "checkpoints" / "best", {"w": [1.0]}, 3, 100, DriverState())
+    best = policy_state({"w": [1.0]}, 3, 100)
+    save_policy_checkpoint(path / "checkpoints" / "best", best, DriverState())
     (path / "checkpoints" / "ckpt-000003").mkdir()  # incomplete: never picked
     return path
 

@@ -19,7 +19,7 @@ from impala_trainer.driver.local_backend import LocalBackend
 from impala_trainer.driver.policies import SelfPlayPool
 from impala_trainer.learning.distributions import MASKED_LOGIT
 from impala_trainer.learning.learner import Learner
-from impala_trainer.policy.games import load_game_policies, play_games
+from impala_trainer.policy.games import GameEvaluator, load_game_policies, play_games
 from impala_trainer.policy.loaded import PolicyNotFoundError, load_policy
 from impala_trainer.preflight import job_problem
 from impala_trainer.rollouts.agent_envs import MappingError, policy_mapping, policy_models
@@ -167,6 +167,43 @@ def test_two_agents_of_one_policy_must_share_their_spaces() -> None:
     problem = job_problem(spec)
     assert problem is not None and problem[0] == "multiAgent.policyMapping"
     assert "map them to policies of their own" in problem[1]
+
+
+@pytest.mark.parametrize(
+    ("evaluation", "field", "says"),
+    [
+        ({"opponent": "random", "policy": "c"}, "evaluation.policy", "no agent of"),
+        ({"opponent": "c"}, "evaluation.opponent", "an opponent is 'random' or a policy"),
+        # b plays a_1 and b_0 while a plays a_0 (then a_0 and b_0 while a plays a_1): they all
+        # observe and act alike
+        ({"opponent": "b", "policy": "a"}, None, ""),
+    ],
+)
+def test_an_evaluation_opponent_must_have_seats_to_play(
+    evaluation: dict[str, str], field: str | None, says: str
+) -> None:
+    agents = {**TWO_POLICIES, "policies": {**TWO_POLICIES["policies"], "c": {}}}
+    problem = job_problem(spec_of(RELAY, multiAgent=agents, evaluation=evaluation))
+    if field is None:
+        assert problem is None, problem
+    else:
+        assert problem is not None and problem[0] == field and says in problem[1], problem
+
+
+def test_an_evaluation_opponent_must_fit_the_seats_it_takes() -> None:
+    # Two predators: while one is scored, the prey's policy would have to play the other.
+    spec = spec_of(
+        "mpe2.simple_tag_v3", kwargs={"num_good": 1, "num_adversaries": 2},
+        multiAgent={
+            "policies": {"predator": {}, "prey": {}},
+            "policyMapping": [{"agents": "adversary_*", "policy": "predator"},
+                              {"agents": "*", "policy": "prey"}],
+        },
+        evaluation={"opponent": "prey", "policy": "predator"},
+    )  # fmt: skip
+    problem = job_problem(spec)
+    assert problem is not None and problem[0] == "evaluation.opponent"
+    assert "cannot take the seat of adversary_1 (policy predator): their spaces" in problem[1]
 
 
 def test_lane_waits_for_the_next_observation_unless_the_step_ended_the_episode() -> None:
@@ -348,10 +385,52 @@ def test_games_against_random_and_a_policy_are_scored_per_seat(tmp_path: Path) -
     del driver
     # 4 moves: the second mover always wins, whatever anyone plays; the policy takes each seat
     # in turn, so it wins exactly the half of the games it moves second in.
-    results = play_games(job, policies["main"], None, games=10, seed=1)
+    results = play_games(job.spec, policies["main"], None, games=10, seed=1)
     assert (results.games, results.wins, results.losses, results.draws) == (10, 5, 5, 0)
-    mirror = play_games(job, policies["main"], policies["main"], games=4)
+    mirror = play_games(job.spec, policies["main"], policies["main"], games=4)
     assert mirror.wins == 2 and mirror.score == 0.5
+
+
+def test_evaluation_while_training_scores_games_against_a_fixed_opponent(tmp_path: Path) -> None:
+    # 4 moves: the second mover wins whatever anyone plays, and the policy takes each seat in
+    # turn: 5 of 10 games won, each won with 0.1 + 1 and lost with 0.1 + 0.1 - 1.
+    evaluation = {"intervalTimesteps": 200, "duration": 10, "opponent": "random"}
+    spec = spec_of(TURNS, multiAgent=SELF_PLAY, kwargs={"moves": 4}, stop={"timesteps": 600},
+                   evaluation=evaluation)  # fmt: skip
+    _run(tmp_path, spec)
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    ev = status["evaluation"]
+    assert ev["evaluations"] >= 1 and (ev["policy"], ev["opponent"]) == ("main", "random")
+    assert (ev["wins"], ev["draws"], ev["losses"], ev["win_rate"]) == (5, 0, 5, 0.5)
+    assert ev["episode_return_mean"] == pytest.approx(0.15)
+    assert ev["policy_return_means"] == {"main": pytest.approx(0.15)}
+    assert ev["episode_len_mean"] == 4 and ev["env_steps"] == 40
+    # The best round's weights, its policies alone (no self-play pool), for evaluate/export.
+    best = load_game_policies(tmp_path / "run", "best")
+    assert set(best) == {"main"} and best["main"].source == "best"
+
+
+def test_evaluation_without_an_opponent_reports_the_team_and_each_policy(tmp_path: Path) -> None:
+    # a_0 moves 7 times rewarded 1, a_1 3 times rewarded 2, b_0 7 times rewarded 3.
+    evaluation = {"intervalTimesteps": 100, "duration": 4, "numEnvRunners": 2}
+    spec = spec_of(RELAY, multiAgent=TWO_POLICIES, stop={"timesteps": 400}, evaluation=evaluation)
+    _run(tmp_path, spec)
+    ev = json.loads((tmp_path / "run" / "status.json").read_text())["evaluation"]
+    assert ev["episodes"] == 4 and ev["episode_return_mean"] == 34.0
+    assert ev["policy_return_means"] == {"a": 6.5, "b": 21.0}
+    assert ev["opponent"] is None and ev["win_rate"] is None
+
+
+def test_a_round_of_env_steps_counts_only_the_games_that_end_within_it() -> None:
+    evaluation = {"duration": 10, "durationUnit": "timesteps", "opponent": "random"}
+    spec = spec_of(TURNS, multiAgent=SELF_PLAY, kwargs={"moves": 4}, evaluation=evaluation)
+    evaluator = GameEvaluator(spec, seed=0)
+    model = evaluator.policies["main"].model
+    weights = {f"main/{k}": v.numpy() for k, v in model.state_dict().items()}
+    result, video = evaluator.run({**weights, "main/@version": np.asarray(3)}, 10, False)
+    # Two games of 4 moves fit in 10 env steps; the third would end past them.
+    assert video is None and (result.wins, result.losses, result.env_steps) == (1, 1, 8)
+    assert evaluator.policies["main"].policy_version == 3
 
 
 def test_one_policy_of_a_multi_agent_run_loads_as_a_policy(tmp_path: Path) -> None:

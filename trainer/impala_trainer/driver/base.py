@@ -35,6 +35,7 @@ from impala_trainer.driver.evaluation import (
 )
 from impala_trainer.driver.learner_group import LearnerGroupError
 from impala_trainer.driver.membership import ElasticMembership
+from impala_trainer.driver.policies import policy_set_state
 from impala_trainer.learning.learner import LearnerState
 from impala_trainer.learning.learner_process import LearnerProcessError
 from impala_trainer.rollouts.agent_envs import PolicyModel, policy_models
@@ -42,6 +43,7 @@ from impala_trainer.rollouts.envs import env_spaces
 from impala_trainer.rundir.checkpoint import (
     Restored,
     load_newest_readable,
+    policy_state,
     save_checkpoint,
     save_policy_checkpoint,
 )
@@ -356,10 +358,13 @@ class Driver:
             self.run_dir.add_video_preview(rnd.env_steps, *preview)
         info, best = schedule.finished(rnd, merge([r for r, _ in results]), path)
         if best:
+            if self.spec.env.multi_agent:
+                kept = policy_set_state(rnd.weights, rnd.env_steps)
+            else:
+                kept = policy_state(rnd.weights, rnd.policy_version, rnd.env_steps)
             where = save_policy_checkpoint(
-                self.run_dir.checkpoints / BEST_CHECKPOINT, rnd.weights, rnd.policy_version,
-                rnd.env_steps, self.stats.driver_state(),
-            )  # fmt: skip
+                self.run_dir.checkpoints / BEST_CHECKPOINT, kept, self.stats.driver_state()
+            )
             info.best_checkpoint = str(where.relative_to(self.run_dir.path))
         self.stats.add_evaluation(info)
         # A line of its own, so no round is missing from the curve when two finish between

@@ -52,6 +52,12 @@ def merge(results: list[EvaluationResult]) -> EvaluationResult:
         out.returns.extend(r.returns)
         out.lengths.extend(r.lengths)
         out.env_steps += r.env_steps
+        for name, returns in r.policy_returns.items():
+            out.policy_returns.setdefault(name, []).extend(returns)
+        out.scored = out.scored or r.scored
+        out.wins += r.wins
+        out.draws += r.draws
+        out.losses += r.losses
     return out
 
 
@@ -102,6 +108,13 @@ class EvaluationSchedule:
             seconds=time.monotonic() - rnd.started,
             time=time.time(),
             video=video,
+            policy_return_means=summary["policy_return_means"],
+            opponent=self.spec.opponent if result.scored else None,
+            policy=result.scored,
+            wins=result.wins,
+            draws=result.draws,
+            losses=result.losses,
+            win_rate=summary["win_rate"],
             best_return_mean=mean if best else prev.best_return_mean,
             best_num_env_steps_sampled=rnd.env_steps if best else prev.best_num_env_steps_sampled,
             best_checkpoint=prev.best_checkpoint,

@@ -20,7 +20,7 @@ from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import Gradients, Handover, NodeInfo
 from impala_trainer.driver.backend import ROLES, LearnerMethod, NodeView, Role
 from impala_trainer.learning.learner_worker import LearnerWorker
-from impala_trainer.policy.evaluation import Evaluator
+from impala_trainer.policy.evaluation import RoundPlayer, make_evaluator
 from impala_trainer.rollouts.aggregation import Aggregator
 from impala_trainer.rollouts.multi_agent_worker import MultiAgentRolloutWorker
 from impala_trainer.rollouts.worker import RolloutWorker, rollout_worker
@@ -61,7 +61,7 @@ class LocalActor:
     actor_id: str
     worker: RolloutWorker | MultiAgentRolloutWorker | None = None
     aggregator: Aggregator | None = None
-    evaluator: Evaluator | None = None
+    evaluator: RoundPlayer | None = None
     learner: LearnerWorker | None = None
     pool: concurrent.futures.ThreadPoolExecutor | None = None
     """A learner's calls run on threads of their own, as a threaded Ray actor's: its group's
@@ -192,7 +192,7 @@ class LocalBackend:
     def start_evaluator(self, spec: ImpalaJobSpec, actor_id: str, seed: int) -> LocalActor:
         actor = LocalActor("evaluation", actor_id)
         try:
-            actor.evaluator = Evaluator(spec, seed)
+            actor.evaluator = make_evaluator(spec, seed)
         except Exception as exc:
             actor.error = ActorDied(f"{actor_id}: {exc}", init_failed=True)
         self.evaluators.append(actor)

@@ -31,6 +31,7 @@ from impala_trainer.driver.learner_group import LearnerGroup, Updates, make_lear
 from impala_trainer.learning.learner import Learner, LearnerState
 from impala_trainer.rollouts.agent_envs import PolicyModel
 from impala_trainer.rollouts.multi_agent_worker import WEIGHTS_VERSION
+from impala_trainer.rundir.checkpoint import policy_state
 
 
 class SelfPlayPool:
@@ -137,6 +138,21 @@ class PolicySetState:
             learner.load_state_dict(saved[name])
         if self.pool is not None and "self_play" in state:
             self.pool.load_state_dict(state["self_play"])
+
+
+def policy_set_state(weights: dict[str, np.ndarray], global_timestep: int) -> dict[str, Any]:
+    """The weights a `PolicySetState` broadcasts as a checkpoint's learner state: each policy's
+    alone, as `rundir.checkpoint.policy_state` keeps one (the self-play pool left out)."""
+    split: dict[str, dict[str, np.ndarray]] = {}
+    for key, value in weights.items():
+        name, _, rest = key.partition("/")
+        if "@" not in name:  # `<policy>@<slot>`: a snapshot of the pool
+            split.setdefault(name, {})[rest] = value
+    policies = {}
+    for name, own in split.items():
+        version = int(own.pop(WEIGHTS_VERSION, 0))
+        policies[name] = policy_state(own, version, global_timestep)
+    return {"policies": policies}
 
 
 class PolicyLearnerGroups:

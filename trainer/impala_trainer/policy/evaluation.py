@@ -13,7 +13,7 @@ import statistics
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -38,10 +38,19 @@ class EvaluationResult:
     env_steps: int = 0
     preview: tuple[bytes, int, int] | None = None
     """The first recorded episode as a small GIF (bytes, height, width), for TensorBoard."""
+    policy_returns: dict[str, list[float]] = field(default_factory=dict)
+    """A PettingZoo env's: each policy's returns, one per agent and episode."""
+    scored: str | None = None
+    """Games scored for this policy against spec.evaluation.opponent (wins, draws, losses);
+    `returns` are then the policy's own."""
+    wins: int = 0
+    draws: int = 0
+    losses: int = 0
 
     def summary(self) -> dict[str, Any]:
         """RLlib's evaluation metric names (None where no episode ended)."""
         r = self.returns
+        games = self.wins + self.draws + self.losses
         return {
             "episodes": len(r),
             "episode_return_mean": statistics.fmean(r) if r else None,
@@ -50,6 +59,13 @@ class EvaluationResult:
             "episode_return_max": max(r) if r else None,
             "episode_len_mean": statistics.fmean(self.lengths) if r else None,
             "env_steps": self.env_steps,
+            "policy_return_means": {
+                name: statistics.fmean(v) for name, v in self.policy_returns.items() if v
+            },
+            "wins": self.wins,
+            "draws": self.draws,
+            "losses": self.losses,
+            "win_rate": self.wins / games if self.scored and games else None,
         }
 
 
@@ -180,3 +196,22 @@ class Evaluator:
             data = (first.suffix, first.read_bytes()) if first else None
             result.videos = []
         return result, data
+
+
+class RoundPlayer(Protocol):
+    """What an evaluation actor runs each round: `Evaluator`, or a PettingZoo env's
+    `games.GameEvaluator`."""
+
+    def run(
+        self, weights: dict[str, np.ndarray], share: int, video: bool
+    ) -> tuple[EvaluationResult, tuple[str, bytes] | None]: ...
+
+
+def make_evaluator(spec: ImpalaJobSpec, seed: int) -> RoundPlayer:
+    """The evaluation actor's work for this job's kind of env."""
+    if spec.env.multi_agent:
+        # Imported here: games builds on this module (EvaluationResult).
+        from impala_trainer.policy.games import GameEvaluator
+
+        return GameEvaluator(spec, seed)
+    return Evaluator(spec, seed)

@@ -1,15 +1,20 @@
-"""A multi-agent run's policy played against an opponent: whole games of its PettingZoo env,
-won, drawn or lost (`impalajob evaluate --policy P --opponent random|POLICY`).
+"""A multi-agent run's policies played: whole games of its PettingZoo env, by
+`impalajob evaluate --policy P --opponent random|POLICY` and by spec.evaluation's actors
+(`GameEvaluator`) while it trains.
 
-The policy takes each of its agents' seats in turn (the first mover, then the second, ...) and
-every other agent acts by the opponent: `random` (a uniform choice among the actions its
-observation allows), or a policy of the job, from the same checkpoint or another one (its own
-earlier snapshot: `--opponent-checkpoint`). Greedy unless `explore`. A game is won when the
-policy's agent ends with more reward than every other agent, drawn when it ties the best.
+Scored against an opponent, the policy takes each of its agents' seats in turn (the first
+mover, then the second, ...) and every other agent acts by the opponent: `random` (a uniform
+choice among the actions its observation allows), or a policy of the job, from the same
+checkpoint or another one (its own earlier snapshot: `--opponent-checkpoint`). A game is won
+when the policy's agent ends with more reward than every other agent, drawn when it ties the
+best. Without an opponent every agent acts by its own policy (the team's return). Greedy unless
+`explore`.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +24,7 @@ import torch
 
 from impala_api.manifest import load_manifest
 from impala_api.snapshot import CONFIG_FILE
-from impala_api.spec import ImpalaJob
+from impala_api.spec import RANDOM_OPPONENT, ImpalaJobSpec
 from impala_trainer.learning.acting import acting_policy
 from impala_trainer.learning.distributions import (
     MASKED_LOGIT,
@@ -28,6 +33,7 @@ from impala_trainer.learning.distributions import (
 )
 from impala_trainer.learning.model_factory import build_model
 from impala_trainer.learning.models import ActorCritic
+from impala_trainer.policy.evaluation import EvaluationResult
 from impala_trainer.policy.loaded import PolicyNotFoundError, find_checkpoint
 from impala_trainer.rollouts.agent_envs import (
     AgentEnv,
@@ -36,9 +42,10 @@ from impala_trainer.rollouts.agent_envs import (
     policy_mapping,
     policy_spaces,
 )
+from impala_trainer.rollouts.multi_agent_worker import WEIGHTS_VERSION
 from impala_trainer.rundir.checkpoint import load_checkpoint
 
-RANDOM = "random"
+RANDOM = RANDOM_OPPONENT
 
 
 @dataclass
@@ -49,11 +56,17 @@ class GamePolicy:
     model: ActorCritic
     actions: ActionDistribution
     adapter: ObservationAdapter
-    checkpoint: Path
+    checkpoint: Path | None
+    """Where its weights came from (None: a training run's current weights)."""
     policy_version: int
 
     def __post_init__(self) -> None:
         self._logits = acting_policy(self.model)
+
+    @property
+    def source(self) -> str:
+        """Its checkpoint's name, or `current` (a training run's weights)."""
+        return self.checkpoint.name if self.checkpoint is not None else "current"
 
     @torch.inference_mode()
     def act(self, obs: Any, rng: np.random.Generator, explore: bool) -> Any:
@@ -67,6 +80,18 @@ class GamePolicy:
             out = self.actions.greedy(logits)
         action = self.actions.to_env(out)[0]
         return action.item() if np.ndim(action) == 0 else action
+
+
+def game_policies(spec: ImpalaJobSpec) -> dict[str, GamePolicy]:
+    """Every policy of a multi-agent job, with its initial weights (load them)."""
+    out = {}
+    for name, (_agents, spaces) in policy_spaces(spec).items():
+        adapter = ObservationAdapter(spaces)
+        model_spec = spec.policy_spec(name).model
+        dist = action_distribution(spaces.action, model_spec.squash_actions)
+        model = build_model(model_spec, adapter.shape, dist).float().eval()
+        out[name] = GamePolicy(name, model, dist, adapter, None, 0)
+    return out
 
 
 def load_game_policies(run_dir: Path, checkpoint: str | None = None) -> dict[str, GamePolicy]:
@@ -83,18 +108,14 @@ def load_game_policies(run_dir: Path, checkpoint: str | None = None) -> dict[str
     except Exception as err:  # truncated, corrupt, not ours
         raise PolicyNotFoundError(f"{path} cannot be read: {err}") from None
     saved = state.get("policies", {})
-    out = {}
-    for name, (_agents, spaces) in policy_spaces(job.spec).items():
-        adapter = ObservationAdapter(spaces)
-        model_spec = job.spec.policy_spec(name).model
-        dist = action_distribution(spaces.action, model_spec.squash_actions)
-        model = build_model(model_spec, adapter.shape, dist)
+    out = game_policies(job.spec)
+    for name, policy in out.items():
         if name not in saved:
             raise PolicyNotFoundError(f"{path} holds no policy {name!r} ({', '.join(saved)})")
-        model.load_state_dict(saved[name]["model"])
-        model.float().eval()
-        version = int(saved[name].get("policy_version", 0))
-        out[name] = GamePolicy(name, model, dist, adapter, path, version)
+        policy.model.load_state_dict(saved[name]["model"])
+        policy.model.float().eval()
+        policy.checkpoint = path
+        policy.policy_version = int(saved[name].get("policy_version", 0))
     return out
 
 
@@ -125,7 +146,7 @@ class GameResults:
 
 
 def play_games(
-    job: ImpalaJob,
+    spec: ImpalaJobSpec,
     policy: GamePolicy,
     opponent: GamePolicy | None,
     games: int,
@@ -134,54 +155,171 @@ def play_games(
 ) -> GameResults:
     """`games` games of the job's env: `policy` in each of its agents' seats in turn, every
     other agent by `opponent` (None: random among the allowed actions)."""
-    env = AgentEnv(make_pettingzoo(job.spec.env), seed)
-    policy_of = policy_mapping(job.spec.agents)
-    seats = [a for a in env.possible_agents if policy_of(a) == policy.name]
-    if not seats:
-        raise ValueError(f"no agent of {job.spec.env.name} acts by policy {policy.name!r}")
-    rng = np.random.default_rng(seed)
     results = GameResults(returns=[])
-    try:
-        for game in range(games):
-            seat = seats[game % len(seats)]
-            returns = _play(env, seat, policy, opponent, rng, explore)
-            mine = returns.pop(seat)
-            best = max(returns.values(), default=float("-inf"))
+    with _GameEnv(spec, seed) as env:
+        for game in _scored(env, policy, opponent, games, None, explore):
             results.games += 1
-            results.wins += mine > best
-            results.draws += mine == best
-            results.losses += mine < best
+            results.wins += game.outcome > 0
+            results.draws += game.outcome == 0
+            results.losses += game.outcome < 0
             assert results.returns is not None
-            results.returns.append(mine)
-    finally:
-        env.close()
+            results.returns.append(game.returns[game.seat])
     return results
 
 
-def _play(
-    env: AgentEnv,
-    seat: str,
+class GameEvaluator:
+    """An evaluation actor's work for a PettingZoo env (spec.evaluation; the actor is
+    `policy.actor.EvaluationActor`): each round loads the job's current weights into every
+    policy and plays whole games on env seeds that are the same every round, so rounds differ
+    only by the policies. Games are played one after another (a runner's numEnvsPerRunner does
+    not apply)."""
+
+    def __init__(self, spec: ImpalaJobSpec, seed: int) -> None:
+        assert spec.evaluation is not None
+        torch.set_num_threads(1)
+        self.spec, self.seed = spec, seed
+        self.evaluation = spec.evaluation
+        self.policies = game_policies(spec)
+
+    def run(
+        self, weights: dict[str, np.ndarray], share: int, video: bool
+    ) -> tuple[EvaluationResult, None]:
+        """Play `share` games (or env steps, durationUnit) with `weights`: the `<policy>/<name>`
+        arrays the learners broadcast."""
+        for name, policy in self.policies.items():
+            prefix = f"{name}/"
+            own = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+            policy.policy_version = int(own.pop(WEIGHTS_VERSION, 0))
+            tensors = {k: torch.from_numpy(np.asarray(v)) for k, v in own.items()}
+            policy.model.load_state_dict(tensors)
+        by_steps = self.evaluation.duration_unit == "timesteps"
+        games = None if by_steps else share
+        steps = share if by_steps else None
+        explore = self.evaluation.explore
+        result = EvaluationResult()
+        with _GameEnv(self.spec, self.seed) as env:
+            if self.evaluation.opponent is None:
+                played = _team(env, self.policies, games, steps, explore)
+            else:
+                result.scored = self.spec.evaluated_policy
+                against = self.evaluation.opponent
+                opponent = None if against == RANDOM else self.policies[against]
+                played = _scored(env, self.policies[result.scored], opponent, games, steps, explore)
+            for game in played:
+                result.env_steps += game.turns
+                result.lengths.append(game.turns)
+                if result.scored is None:
+                    result.returns.append(float(sum(game.returns.values())))
+                else:
+                    result.returns.append(game.returns[game.seat])
+                    result.wins += game.outcome > 0
+                    result.draws += game.outcome == 0
+                    result.losses += game.outcome < 0
+                for agent, value in game.returns.items():
+                    if result.scored is None or agent == game.seat:
+                        result.policy_returns.setdefault(env.policy_of(agent), []).append(value)
+        return result, None
+
+
+@dataclass
+class _Game:
+    returns: dict[str, float]
+    """Each agent's return."""
+    turns: int
+    seat: str = ""
+    """The scored policy's agent."""
+    outcome: int = 0
+    """1 won, 0 drawn, -1 lost (scored games)."""
+
+
+class _GameEnv:
+    """The job's env for whole games, its agents' policies and a random generator."""
+
+    def __init__(self, spec: ImpalaJobSpec, seed: int) -> None:
+        self.env = AgentEnv(make_pettingzoo(spec.env), seed)
+        self.policy_of = policy_mapping(spec.agents)
+        self.name = spec.env.name
+        self.rng = np.random.default_rng(seed)
+
+    def __enter__(self) -> _GameEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.env.close()
+
+
+def _indices(games: int | None) -> Iterable[int]:
+    """Game indices: `games` of them, or without end (a budget of env steps ends them)."""
+    return itertools.count() if games is None else range(games)
+
+
+def _scored(
+    env: _GameEnv,
     policy: GamePolicy,
     opponent: GamePolicy | None,
-    rng: np.random.Generator,
+    games: int | None,
+    steps: int | None,
     explore: bool,
-) -> dict[str, float]:
-    returns = dict.fromkeys(env.possible_agents, 0.0)
-    turn = env.reset()
+) -> Iterator[_Game]:
+    """Games of `policy` (in its agents' seats in turn) against `opponent` (None: random);
+    with `steps`, the games that end within that many env steps."""
+    seats = [a for a in env.env.possible_agents if env.policy_of(a) == policy.name]
+    if not seats:
+        raise ValueError(f"no agent of {env.name} acts by policy {policy.name!r}")
+    played = 0
+    for game in _indices(games):
+        seat = seats[game % len(seats)]
+
+        def actor_of(agent: str, seat: str = seat) -> GamePolicy | None:
+            return policy if agent == seat else opponent
+
+        returns, turns = _play(env, actor_of, explore)
+        played += turns
+        if steps is not None and played > steps:
+            return
+        mine = returns[seat]
+        best = max((v for a, v in returns.items() if a != seat), default=float("-inf"))
+        yield _Game(returns, turns, seat, (mine > best) - (mine < best))
+
+
+def _team(
+    env: _GameEnv,
+    policies: dict[str, GamePolicy],
+    games: int | None,
+    steps: int | None,
+    explore: bool,
+) -> Iterator[_Game]:
+    """Games with every agent acting by its own policy."""
+    played = 0
+    for _ in _indices(games):
+        returns, turns = _play(env, lambda agent: policies[env.policy_of(agent)], explore)
+        played += turns
+        if steps is not None and played > steps:
+            return
+        yield _Game(returns, turns)
+
+
+def _play(
+    env: _GameEnv, actor_of: Callable[[str], GamePolicy | None], explore: bool
+) -> tuple[dict[str, float], int]:
+    """One game: each agent acts by `actor_of(agent)` (None: random); its returns and turns."""
+    returns = dict.fromkeys(env.env.possible_agents, 0.0)
+    turn = env.env.reset()
+    turns = 0
     while True:
         actions = {}
         for agent, obs in turn.acting.items():
-            if agent == seat:
-                actions[agent] = policy.act(obs, rng, explore)
-            elif opponent is not None:
-                actions[agent] = opponent.act(obs, rng, explore)
+            actor = actor_of(agent)
+            if actor is None:
+                actions[agent] = _random(env.env, agent, obs, env.rng)
             else:
-                actions[agent] = _random(env, agent, obs, rng)
-        turn = env.step(actions)
+                actions[agent] = actor.act(obs, env.rng, explore)
+        turn = env.env.step(actions)
+        turns += 1
         for out in turn.outcomes:
             returns[out.agent] += out.reward
         if turn.episode_over:
-            return returns
+            return returns, turns
 
 
 def _random(env: AgentEnv, agent: str, obs: Any, rng: np.random.Generator) -> Any:

@@ -67,13 +67,6 @@ def _first_line(err: BaseException) -> str:
     return " ".join(text.split("\n")[:2])[:300] if text else type(err).__name__
 
 
-def default_policy(job: ImpalaJob) -> str:
-    """The policy a multi-agent run's commands take unless told: the self-play one, else the
-    first that learns."""
-    play = job.spec.agents.self_play
-    return play.policy if play is not None else job.spec.agents.trained[0]
-
-
 def _one_policy(
     job: ImpalaJob, state: dict[str, Any], policy: str | None, path: Path
 ) -> tuple[ImpalaJob, dict[str, Any], EnvSpaces]:
@@ -81,7 +74,7 @@ def _one_policy(
     state and spaces."""
     from impala_trainer.rollouts.agent_envs import policy_models
 
-    name = policy or default_policy(job)
+    name = policy or job.spec.agents.main_policy
     saved = state.get("policies", {})
     if name not in saved:
         raise PolicyNotFoundError(
@@ -109,7 +102,7 @@ def load_policy(
     except Exception as err:  # torch's unpickler and json: truncated, corrupt, not ours
         raise PolicyNotFoundError(f"{weights} cannot be read: {_first_line(err)}") from None
     if job.spec.env.multi_agent:
-        policy = policy or default_policy(job)
+        policy = policy or job.spec.agents.main_policy
         job, state, spaces = _one_policy(job, state, policy, path)
     else:
         spaces = env_spaces(job.spec.env, job.spec.model.squash_actions)

@@ -121,17 +121,20 @@ def save_checkpoint(
     return final
 
 
-def save_policy_checkpoint(
-    path: Path, weights: dict[str, Any], policy_version: int, global_timestep: int,
-    state: DriverState,
-) -> Path:  # fmt: skip
-    """Replace the checkpoint directory `path` (checkpoints/best) with a policy's weights alone
-    (no optimiser: it is for evaluate and export, never resumed from); the old one stays whole
-    until the new one is complete."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def policy_state(
+    weights: dict[str, Any], policy_version: int, global_timestep: int
+) -> dict[str, Any]:
+    """A policy's weights as a checkpoint's learner state, without an optimiser (what
+    `save_policy_checkpoint` keeps)."""
     model = {k: torch.as_tensor(v) for k, v in weights.items()}
-    learner_state = {"model": model, "policy_version": policy_version,
-                     "global_timestep": global_timestep}  # fmt: skip
+    return {"model": model, "policy_version": policy_version, "global_timestep": global_timestep}
+
+
+def save_policy_checkpoint(path: Path, learner_state: dict[str, Any], state: DriverState) -> Path:
+    """Replace the checkpoint directory `path` (checkpoints/best) with a policy's weights alone
+    (`policy_state`, or a multi-agent job's policies of them: no optimiser, it is for evaluate
+    and export, never resumed from); the old one stays whole until the new one is complete."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _write_checkpoint_dir(path.parent, learner_state, state)
     old = path.with_name(f".old-{path.name}")
     shutil.rmtree(old, ignore_errors=True)

@@ -98,6 +98,11 @@ _GAUGES = (
         "Best evaluation mean return so far.",
         "evaluation.best_return_mean",
     ),
+    (
+        "impala_evaluation_win_rate",
+        "Wins per game against spec.evaluation.opponent in the latest evaluation.",
+        "evaluation.win_rate",
+    ),
     ("impala_env_steps_per_second", "Env steps sampled per second.", "throughput.env_steps_per_s"),
     (
         "impala_trained_steps_per_second",

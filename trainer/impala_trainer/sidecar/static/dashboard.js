@@ -161,6 +161,7 @@ function renderStatus(s) {
     card("Stop progress", stop, s.stop.progress),
     card("Last checkpoint (steps)", s.checkpoint ? count(s.checkpoint.num_env_steps_sampled) : "none"),
     ...evaluationCards(s.evaluation),
+    ...policyCards(s.policies),
   );
   renderEvaluation(s.evaluation);
   // The learned policy being lost (the job's ReturnRegressed condition says the same).
@@ -179,10 +180,27 @@ function renderStatus(s) {
 
 function evaluationCards(e) {
   if (!e) return [];
-  return [
+  const out = [
     card("Evaluation return", fmt(e.episode_return_mean)),
     card("Best evaluation", `${fmt(e.best_return_mean)} @ ${fmt(e.best_num_env_steps_sampled)}`),
   ];
+  if (e.win_rate !== null && e.win_rate !== undefined) {
+    out.push(card(`Win rate (${e.policy} vs ${e.opponent})`,
+      `${Math.round(e.win_rate * 100)}%`, e.win_rate));
+  }
+  return out;
+}
+
+// A multi-agent job's policies: each one's mean return per agent, and its score against the
+// self-play pool where it plays itself.
+function policyCards(policies) {
+  return Object.entries(policies || {}).flatMap(([name, p]) => {
+    const out = [card(`Policy ${name}: mean return`, fmt(p.episode_return_mean))];
+    if (p.self_play_score !== null && p.self_play_score !== undefined) {
+      out.push(card(`Policy ${name}: score vs pool`, fmt(p.self_play_score, 3)));
+    }
+    return out;
+  });
 }
 
 // The latest evaluation video (an mp4, or a GIF where the trainer had no encoder); the element
