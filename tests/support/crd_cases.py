@@ -566,6 +566,7 @@ VALID: dict[str, dict[str, Any]] = {
                     "policiesToTrain": ["predator", "prey"],
                 },
                 "evaluation": {"opponent": "random", "policy": "predator"},
+                "learner": {"process": "separate"},
             }
         },
     ),

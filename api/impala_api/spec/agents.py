@@ -40,9 +40,9 @@ MULTI_AGENT_NEEDS_PETTINGZOO = (
     "spec.multiAgent maps the agents of a PettingZoo env: it needs spec.env.pettingzoo"
 )
 MULTI_AGENT_NOT_YET = (
-    "spec.env.pettingzoo trains with training.mode vtrace, one learner per policy in the driver "
-    "(learner.replicas 1, learner.process driver), feed-forward models and no evaluation video "
-    "for now: drop the setting this message's field names"
+    "spec.env.pettingzoo trains with training.mode vtrace, one learner per policy "
+    "(learner.replicas 1), feed-forward models and no evaluation video for now: drop the "
+    "setting this message's field names"
 )
 EVALUATION_GAMES_NEED_PETTINGZOO = (
     "spec.evaluation.opponent and spec.evaluation.policy score the games of a PettingZoo env: "

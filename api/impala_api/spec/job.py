@@ -150,7 +150,6 @@ def multi_agent_not_yet(spec: ImpalaJobSpec) -> bool:
     return (
         spec.training.mode != "vtrace"
         or spec.learner.replicas > 1
-        or spec.learner.process != "driver"
         or (spec.evaluation is not None and spec.evaluation.video)
         or any(m.use_lstm or m.type == "custom" for m in models)
     )

@@ -249,11 +249,15 @@ def _run(tmp_path: Path, spec: ImpalaJobSpec, resume: bool = False, aggregators:
     return driver
 
 
-@pytest.mark.parametrize("aggregators", [0, 1])
+@pytest.mark.parametrize(
+    ("aggregators", "process"), [(0, "driver"), (1, "driver"), (0, "separate")]
+)
 def test_each_trained_policy_learns_on_its_own_learner_and_resumes(
-    tmp_path: Path, aggregators: int
+    tmp_path: Path, aggregators: int, process: str
 ) -> None:
-    spec = spec_of(RELAY, multiAgent=TWO_POLICIES, stop={"timesteps": 400})
+    # learner.process separate: each policy's learner in a process of its own.
+    spec = spec_of(RELAY, multiAgent=TWO_POLICIES, stop={"timesteps": 400},
+                   learner={"process": process})  # fmt: skip
     driver = _run(tmp_path, spec, aggregators=aggregators)
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     assert set(status["policies"]) == {"a", "b"}
