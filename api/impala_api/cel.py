@@ -25,6 +25,7 @@ from impala_api.spec import (
     NO_STOP_CRITERION,
     ONE_VOLUME_SOURCE_MESSAGE,
     PETTINGZOO_OR_ID,
+    POLICY_MAX_SEQ_LEN_DIVIDES,
     POLICY_NAME_PATTERN,
     POPART_NEEDS_VTRACE,
     PREV_ACTION_REWARD_LSTM,
@@ -165,11 +166,8 @@ def _pod_overrides(group: str) -> dict[tuple[str, ...], list[Rule]]:
     }
 
 
-def _no_lstm_or_custom(model: str) -> str:
-    return (
-        f"(!has({model}.useLstm) || !{model}.useLstm) && "
-        f"(!has({model}.type) || {model}.type != 'custom')"
-    )
+def _no_prev_action_reward(model: str) -> str:
+    return f"(!has({model}.lstmUsePrevActionReward) || !{model}.lstmUsePrevActionReward)"
 
 
 def _is_policy(name: str) -> str:
@@ -185,10 +183,10 @@ _MULTI_AGENT_SUPPORTED = (
     "(!has(self.training.mode) || self.training.mode == 'vtrace') && "
     "(!has(self.learner.replicas) || self.learner.replicas == 1) && "
     "(!has(self.evaluation) || !has(self.evaluation.video) || !self.evaluation.video) && "
-    + _no_lstm_or_custom("self.model") + " && "
+    + _no_prev_action_reward("self.model") + " && "
     "(!has(self.multiAgent) || self.multiAgent.policies.all(k, "
     "!has(self.multiAgent.policies[k].model) || "
-    + _no_lstm_or_custom("self.multiAgent.policies[k].model")
+    + _no_prev_action_reward("self.multiAgent.policies[k].model")
     + ")))"
 )
 """MULTI_AGENT_NOT_YET (`job.multi_agent_not_yet`) as CEL."""
@@ -231,6 +229,15 @@ RULES: dict[tuple[str, ...], list[Rule]] = {
             ".multiAgent",
         ),
         _rule(_MULTI_AGENT_SUPPORTED, MULTI_AGENT_NOT_YET, ".env.pettingzoo"),
+        _rule(
+            "!has(self.multiAgent) || self.multiAgent.policies.all(k, "
+            "!has(self.multiAgent.policies[k].model) || "
+            "!has(self.multiAgent.policies[k].model.maxSeqLen) || "
+            "self.training.rolloutFragmentLength % "
+            "self.multiAgent.policies[k].model.maxSeqLen == 0)",
+            POLICY_MAX_SEQ_LEN_DIVIDES,
+            ".multiAgent.policies",
+        ),
         _rule(
             "!has(self.evaluation) || has(self.env.pettingzoo) || "
             "(!has(self.evaluation.opponent) && !has(self.evaluation.policy))",

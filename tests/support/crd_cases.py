@@ -24,6 +24,7 @@ from impala_api.spec import (
     MULTI_AGENT_NOT_YET,
     NO_STOP_CRITERION,
     PETTINGZOO_OR_ID,
+    POLICY_MAX_SEQ_LEN_DIVIDES,
     PREV_ACTION_REWARD_LSTM,
     REPLICAS_NEED_VTRACE,
     SELF_PLAY_POLICY,
@@ -376,14 +377,31 @@ INVALID: list[Invalid] = [
         "spec.multiAgent.policies",
     ),
     Invalid(
-        "multi-agent-with-lstm",
+        "multi-agent-with-prev-action-reward",
         "cel",
         {
             "env": {"pettingzoo": "mpe2.simple_spread_v3"},
-            "multiAgent": {"policies": {"default": {"model": {"useLstm": True}}}},
+            "multiAgent": {
+                "policies": {
+                    "default": {"model": {"useLstm": True, "lstmUsePrevActionReward": True}}
+                }
+            },
         },
         "spec.env.pettingzoo",
         MULTI_AGENT_NOT_YET,
+    ),
+    Invalid(
+        "policy-max-seq-len-not-dividing",
+        "cel",
+        {
+            "env": {"pettingzoo": "mpe2.simple_spread_v3"},
+            "training": {"rolloutFragmentLength": 50},
+            "multiAgent": {
+                "policies": {"default": {"model": {"useLstm": True, "maxSeqLen": 20}}}
+            },
+        },
+        "spec.multiAgent.policies",
+        POLICY_MAX_SEQ_LEN_DIVIDES,
     ),
     Invalid(
         "self-play-of-a-frozen-policy",
@@ -557,7 +575,7 @@ VALID: dict[str, dict[str, Any]] = {
                 "multiAgent": {
                     "policies": {
                         "predator": {"model": {"hidden": [64, 64]}},
-                        "prey": {},
+                        "prey": {"model": {"useLstm": True, "maxSeqLen": 10}},
                     },
                     "policyMapping": [
                         {"agents": "adversary_*", "policy": "predator"},

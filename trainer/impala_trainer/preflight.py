@@ -102,6 +102,18 @@ def _agents_problem(spec: ImpalaJobSpec) -> tuple[str, str] | None:
             return f"{where}.freeLogStd", (
                 f"freeLogStd needs a Box action space, not policy {name}'s {spaces.action}"
             )
+        if model.type == "custom":
+            from impala_trainer.learning.distributions import action_distribution
+            from impala_trainer.learning.model_factory import model_problem
+
+            dist = action_distribution(spaces.action, model.squash_actions)
+            problem = model_problem(
+                model, shape, spaces.model_observation.dtype, dist,
+                spec.training.separate_vf_optimizer,
+            )  # fmt: skip
+            if problem is not None:
+                field, why = problem
+                return where + field.removeprefix("model"), f"policy {name}: {why}"
     return _games_problem(spec, policies)
 
 

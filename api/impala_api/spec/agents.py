@@ -41,8 +41,12 @@ MULTI_AGENT_NEEDS_PETTINGZOO = (
 )
 MULTI_AGENT_NOT_YET = (
     "spec.env.pettingzoo trains with training.mode vtrace, one learner per policy "
-    "(learner.replicas 1), feed-forward models and no evaluation video for now: drop the "
-    "setting this message's field names"
+    "(learner.replicas 1), no lstmUsePrevActionReward and no evaluation video for now: drop "
+    "the setting this message's field names"
+)
+POLICY_MAX_SEQ_LEN_DIVIDES = (
+    "spec.multiAgent.policies: a policy's model.maxSeqLen must divide "
+    "spec.training.rolloutFragmentLength (each fragment is cut into whole sequences)"
 )
 EVALUATION_GAMES_NEED_PETTINGZOO = (
     "spec.evaluation.opponent and spec.evaluation.policy score the games of a PettingZoo env: "

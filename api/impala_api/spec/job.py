@@ -12,6 +12,7 @@ from impala_api.spec.agents import (
     EVALUATION_GAMES_NEED_PETTINGZOO,
     MULTI_AGENT_NEEDS_PETTINGZOO,
     MULTI_AGENT_NOT_YET,
+    POLICY_MAX_SEQ_LEN_DIVIDES,
     UNKNOWN_EVALUATION_OPPONENT,
     UNKNOWN_EVALUATION_POLICY,
     MultiAgentSpec,
@@ -98,6 +99,10 @@ class ImpalaJobSpec(SpecModel):
         seq = self.model.max_seq_len
         if seq is not None and self.training.rollout_fragment_length % seq:
             raise ValueError(MAX_SEQ_LEN_DIVIDES)
+        for policy in (self.multi_agent.policies if self.multi_agent else {}).values():
+            seq = policy.model.max_seq_len if policy.model else None
+            if seq is not None and self.training.rollout_fragment_length % seq:
+                raise ValueError(POLICY_MAX_SEQ_LEN_DIVIDES)
         if self.stop.evaluation_return_mean is not None and self.evaluation is None:
             raise ValueError(EVALUATION_STOP_NEEDS_EVALUATION)
         if self.learner.process == "separate" and self.training.mode != "vtrace":
@@ -151,7 +156,7 @@ def multi_agent_not_yet(spec: ImpalaJobSpec) -> bool:
         spec.training.mode != "vtrace"
         or spec.learner.replicas > 1
         or (spec.evaluation is not None and spec.evaluation.video)
-        or any(m.use_lstm or m.type == "custom" for m in models)
+        or any(m.lstm_use_prev_action_reward for m in models)
     )
 
 

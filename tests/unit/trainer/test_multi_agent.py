@@ -272,6 +272,57 @@ def test_each_trained_policy_learns_on_its_own_learner_and_resumes(
     assert all(again[name]["policy_version"] > versions[name] for name in versions)
 
 
+RECURRENT = {
+    **TWO_POLICIES,
+    "policies": {"a": {"model": {"useLstm": True, "lstmCellSize": 8, "maxSeqLen": 2}}, "b": {}},
+}
+
+
+def test_a_recurrent_policys_columns_start_from_the_state_their_agent_acted_from() -> None:
+    spec = spec_of(RELAY, multiAgent=RECURRENT)
+    worker = MultiAgentRolloutWorker(spec, "w", seed=4)
+    model = worker.policies["a"].model
+    for fragment_index in range(3):
+        a = worker.sample().fragments["a"]
+        # [T=4, 2 envs x (a_0, a_1)] cut into [maxSeqLen=2, 2 x 4] sequences
+        assert a.obs.shape == (2, 8, 3) and a.state_in.shape == (8, model.state_size)
+        firsts = a.obs[0, :, 1] == 0  # a sequence that starts an agent's episode ...
+        assert firsts.any() or fragment_index > 0
+        assert not a.state_in[firsts].any()  # ... starts from zeros
+        for col in range(4):
+            # Replaying a sequence's steps from its state gives the next sequence's state,
+            # unless that agent's episode ended in between (then it starts from zeros).
+            state = torch.from_numpy(a.state_in[col][None])
+            with torch.no_grad():
+                for t in range(2):
+                    _, state = model.act(torch.from_numpy(a.obs[t, col][None]), state)
+            ended = bool(a.terminateds[:, col].any() or a.truncateds[:, col].any())
+            after = np.zeros_like(a.state_in[4 + col]) if ended else state.numpy()[0]
+            assert np.allclose(a.state_in[4 + col], after, atol=1e-6), (fragment_index, col)
+        columns_are_trajectories(a.obs[:, :4], {0, 1})
+
+
+def test_a_recurrent_policy_trains_resumes_and_plays_games(tmp_path: Path) -> None:
+    spec = spec_of(RELAY, multiAgent=RECURRENT, stop={"timesteps": 400})
+    driver = _run(tmp_path, spec)
+    versions = {n: s["policy_version"] for n, s in driver.learner.state_dict()["policies"].items()}
+    assert versions["a"] > 0 and versions["b"] > 0
+    more = spec.model_copy(update={"stop": spec.stop.model_copy(update={"timesteps": 800})})
+    again = _run(tmp_path, more, resume=True).learner.state_dict()["policies"]
+    assert again["a"]["policy_version"] > versions["a"]
+    policies = load_game_policies(tmp_path / "run")
+    assert policies["a"].recurrent and not policies["b"].recurrent
+    # The team's game: a_0 7 x 1, a_1 3 x 2, b_0 7 x 3, whatever they play.
+    evaluator_spec = spec.model_copy(
+        update={"evaluation": ImpalaJobSpec.model_validate(
+            {"evaluation": {"duration": 2}, "stop": {"timesteps": 1}}).evaluation}
+    )  # fmt: skip
+    evaluator = GameEvaluator(evaluator_spec, seed=0)
+    weights = driver.learner.get_weights()
+    result, _ = evaluator.run(weights, 2, False)
+    assert result.returns == [34.0, 34.0] and result.lengths == [7, 7]
+
+
 def test_a_policy_not_trained_keeps_its_weights_and_ships_no_steps(tmp_path: Path) -> None:
     frozen = {**TWO_POLICIES, "policiesToTrain": ["a"]}
     spec = spec_of(RELAY, multiAgent=frozen, stop={"timesteps": 400})

@@ -25,7 +25,7 @@ import torch
 from impala_api.manifest import load_manifest
 from impala_api.snapshot import CONFIG_FILE
 from impala_api.spec import RANDOM_OPPONENT, ImpalaJobSpec
-from impala_trainer.learning.acting import acting_policy
+from impala_trainer.learning.acting import acting_policy, recurrent_policy
 from impala_trainer.learning.distributions import (
     MASKED_LOGIT,
     ActionDistribution,
@@ -61,16 +61,32 @@ class GamePolicy:
     policy_version: int
 
     def __post_init__(self) -> None:
-        self._logits = acting_policy(self.model)
+        self.recurrent = self.model.state_size > 0
+        self._logits = None if self.recurrent else acting_policy(self.model)
+        self._step = recurrent_policy(self.model) if self.recurrent else None
 
     @property
     def source(self) -> str:
         """Its checkpoint's name, or `current` (a training run's weights)."""
         return self.checkpoint.name if self.checkpoint is not None else "current"
 
+    def initial_state(self) -> np.ndarray | None:
+        """A recurrent policy's state at an episode's start (None for a feed-forward one)."""
+        return self.model.initial_state(1).numpy() if self.recurrent else None
+
     @torch.inference_mode()
-    def act(self, obs: Any, rng: np.random.Generator, explore: bool) -> Any:
-        logits = np.array(self._logits(self.adapter.model_input(obs)[None]), np.float32)
+    def act(
+        self, obs: Any, rng: np.random.Generator, explore: bool, state: np.ndarray | None = None
+    ) -> tuple[Any, np.ndarray | None]:
+        """The action for `obs` (and a recurrent policy's next state, from `state`)."""
+        model_input = self.adapter.model_input(obs)[None]
+        if self._step is not None:
+            assert state is not None
+            out, state = self._step(model_input, state)
+        else:
+            assert self._logits is not None
+            out = self._logits(model_input)
+        logits = np.array(out, np.float32)
         if self.adapter.spaces.masked:
             logits[0, ~self.adapter.mask(obs)] = MASKED_LOGIT
         if explore:
@@ -79,7 +95,7 @@ class GamePolicy:
         else:
             out = self.actions.greedy(logits)
         action = self.actions.to_env(out)[0]
-        return action.item() if np.ndim(action) == 0 else action
+        return (action.item() if np.ndim(action) == 0 else action), state
 
 
 def game_policies(spec: ImpalaJobSpec) -> dict[str, GamePolicy]:
@@ -304,6 +320,8 @@ def _play(
 ) -> tuple[dict[str, float], int]:
     """One game: each agent acts by `actor_of(agent)` (None: random); its returns and turns."""
     returns = dict.fromkeys(env.env.possible_agents, 0.0)
+    states: dict[str, np.ndarray | None] = {}
+    """Each agent's recurrent state in this game (its seat's policy does not change in one)."""
     turn = env.env.reset()
     turns = 0
     while True:
@@ -312,8 +330,10 @@ def _play(
             actor = actor_of(agent)
             if actor is None:
                 actions[agent] = _random(env.env, agent, obs, env.rng)
-            else:
-                actions[agent] = actor.act(obs, env.rng, explore)
+                continue
+            if agent not in states:
+                states[agent] = actor.initial_state()
+            actions[agent], states[agent] = actor.act(obs, env.rng, explore, states[agent])
         turn = env.env.step(actions)
         turns += 1
         for out in turn.outcomes:

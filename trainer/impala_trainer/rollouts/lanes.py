@@ -7,7 +7,10 @@ known. A policy's fragment takes B = its lanes' count columns of T consecutive s
 each, with the observation the lane's next step acts on as the column's bootstrap; a lane that is
 ahead (the player who moves first) may give two columns, one behind none. So a column is always
 one agent's own trajectory, never two agents' interleaved, and what V-trace sees of it is
-exactly the single-agent case: `rollouts.worker` cuts a vector env's columns the same way.
+exactly the single-agent case: `rollouts.worker` cuts a vector env's columns the same way. A
+recurrent policy's steps carry the state each acted from: a column's `state_in` is its first
+step's (and with maxSeqLen, each sequence's first step's, as `batches.split_sequences` lays
+them out).
 
 Pure numpy, no env: `multi_agent_worker` feeds it.
 """
@@ -19,7 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from impala_trainer.batches import Fragment, no_final_steps, no_mask, no_state
+from impala_trainer.batches import (
+    Fragment,
+    no_final_steps,
+    no_mask,
+    no_state,
+    split_sequences,
+)
 
 
 @dataclass
@@ -36,6 +45,8 @@ class Step:
     """The observation a truncated (not terminated) step's episode ended in."""
     mask: np.ndarray | None = None
     """The actions its observation allowed (an action_mask), or None."""
+    state: np.ndarray | None = None
+    """A recurrent policy's state it acted from, or None."""
 
     @property
     def done(self) -> bool:
@@ -92,10 +103,12 @@ class Lane:
 class PolicyLanes:
     """A policy's lanes (every env x every agent mapped to it) and its fragments."""
 
-    def __init__(self, policy: str, num_lanes: int, t_len: int) -> None:
+    def __init__(self, policy: str, num_lanes: int, t_len: int, seq_len: int | None = None) -> None:
         self.policy = policy
         self.lanes = [Lane() for _ in range(num_lanes)]
         self.t_len = t_len
+        self.seq_len = seq_len or t_len
+        """A recurrent policy's maxSeqLen: its fragments are cut into sequences of it."""
 
     def ready(self) -> bool:
         """Enough columns for one fragment."""
@@ -138,7 +151,13 @@ class PolicyLanes:
             cut_steps = np.asarray(final_steps, np.int64)
         else:
             cut_obs, cut_steps = no_final_steps(first.obs.shape, first.obs.dtype)
-        return Fragment(
+        starts = None
+        if first.state is not None:  # [T / seq_len, B, S]: each sequence's first state
+            firsts = range(0, t_len, self.seq_len)
+            starts = np.array(
+                [[_state(steps[t]) for steps, _ in columns] for t in firsts], np.float32
+            )
+        fragment = Fragment(
             obs=obs,
             actions=actions,
             behaviour_logits=logits,
@@ -149,10 +168,19 @@ class PolicyLanes:
             final_steps=cut_steps,
             bootstrap_obs=bootstrap,
             policy_version=policy_version,
-            state_in=no_state(b),
+            state_in=no_state(b) if starts is None else starts[0],
             episode_returns=[],
             episode_lengths=[],
             worker_id=worker_id,
             policy_id=self.policy,
             action_mask=masks,
         )
+        if starts is not None and len(starts) > 1:
+            return split_sequences(fragment, self.seq_len, starts)
+        return fragment
+
+
+def _state(step: Step) -> np.ndarray:
+    if step.state is None:
+        raise RuntimeError("a recurrent policy's step without the state it acted from")
+    return step.state

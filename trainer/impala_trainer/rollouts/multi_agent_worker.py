@@ -6,7 +6,8 @@ actors, the backends and the driver take either. Each turn, the agents that act 
 are grouped by policy and each policy runs one batched forward for all of them (RLlib's
 per-policy batched inference). The steps of a trained policy's agents go into lanes
 (`rollouts.lanes`) until each trained policy has a whole fragment; the steps of a policy that
-does not learn are not kept.
+does not learn are not kept. A recurrent policy's state is each agent's own (per env and agent,
+zeroed when the env's episode ends), and each step keeps the state it acted from.
 
 The weights arrive as one flat mapping of every policy's arrays, keyed `<policy>/<name>`, with
 each policy's version under `<policy>/@version` (`WEIGHTS_VERSION`): a fragment carries its own
@@ -26,7 +27,7 @@ import torch
 
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import MultiAgentFragment
-from impala_trainer.learning.acting import WeightLoader, acting_policy
+from impala_trainer.learning.acting import WeightLoader, acting_policy, recurrent_policy
 from impala_trainer.learning.distributions import (
     MASKED_LOGIT,
     ActionDistribution,
@@ -73,9 +74,15 @@ class ActingPolicy:
     actions: ActionDistribution
     adapter: ObservationAdapter
     logits: Any
+    """obs -> distribution inputs (a feed-forward model), or (obs, state) -> (distribution
+    inputs, next state) (a recurrent one: `recurrent`)."""
     load: WeightLoader
     trained: bool
     version: int = 0
+
+    @property
+    def recurrent(self) -> bool:
+        return self.model.state_size > 0
 
 
 class MultiAgentRolloutWorker:
@@ -111,8 +118,9 @@ class MultiAgentRolloutWorker:
             if not policy.trained:
                 continue
             mine = [a for a in agents if self.policy_of[a] == name]
+            seq_len = spec.policy_spec(name).model.max_seq_len
             lanes = self.lanes[name] = PolicyLanes(
-                name, self.num_envs * len(mine), self.fragment_length
+                name, self.num_envs * len(mine), self.fragment_length, seq_len
             )
             for i, (env, agent) in enumerate((e, a) for e in range(self.num_envs) for a in mine):
                 self._lane_of[env, agent] = lanes.lanes[i]
@@ -126,6 +134,8 @@ class MultiAgentRolloutWorker:
             self._seat(e)
         self._returns = [dict.fromkeys(agents, 0.0) for _ in self.envs]
         self._lengths = [0] * self.num_envs
+        self._states: dict[tuple[int, str], np.ndarray] = {}
+        """A recurrent policy's state per (env, agent) in this episode; absent: zeros."""
         self.policy_version = 0
         self.env_steps = 0
         self._busy_seconds = 0.0
@@ -136,7 +146,10 @@ class MultiAgentRolloutWorker:
         dist = action_distribution(spaces.action, policy_spec.model.squash_actions)
         model = build_model(policy_spec.model, adapter.shape, dist)
         model.eval()
-        logits = acting_policy(model, acting_dtype(spec.learner.precision))
+        if model.state_size:
+            logits: Any = recurrent_policy(model)
+        else:
+            logits = acting_policy(model, acting_dtype(spec.learner.precision))
         return ActingPolicy(name, model, dist, adapter, logits, WeightLoader(model), trained)
 
     def set_weights(self, weights: Mapping[str, Any] | bytes, policy_version: int) -> None:
@@ -251,7 +264,15 @@ class MultiAgentRolloutWorker:
             policy = acting[name]
             adapter = policy.adapter
             obs = np.stack([adapter.model_input(o) for _, _, o in picked])
-            logits = np.array(policy.logits(obs), np.float32, copy=True)
+            states = None
+            if policy.recurrent:
+                states = np.stack([self._state(e, agent, policy) for e, agent, _ in picked])
+                out, after = policy.logits(obs, states)
+                for (e, agent, _), state in zip(picked, after, strict=True):
+                    self._states[e, agent] = state
+            else:
+                out = policy.logits(obs)
+            logits = np.array(out, np.float32, copy=True)
             masks: np.ndarray | None = None
             if adapter.spaces.masked:
                 masks = np.stack([adapter.mask(o) for _, _, o in picked])
@@ -265,7 +286,8 @@ class MultiAgentRolloutWorker:
                 lane = self._lane_of.get((e, agent)) if policy.trained else None
                 if lane is not None:
                     mask = None if masks is None else masks[i]
-                    lane.act(Step(obs[i], chosen[i].copy(), logits[i], mask=mask))
+                    state = None if states is None else states[i]
+                    lane.act(Step(obs[i], chosen[i].copy(), logits[i], mask=mask, state=state))
         for e, env in enumerate(self.envs):
             turn = self.turns[e] = env.step(actions[e])
             self._lengths[e] += 1
@@ -306,7 +328,15 @@ class MultiAgentRolloutWorker:
             scores.append(1.0 if mine > best else 0.5 if mine == best else 0.0)
         self._returns[e] = dict.fromkeys(agent_returns, 0.0)
         self._lengths[e] = 0
+        for agent in agent_returns:  # a new episode: every recurrent state starts at zero
+            self._states.pop((e, agent), None)
         self._seat(e)
+
+    def _state(self, e: int, agent: str, policy: ActingPolicy) -> np.ndarray:
+        state = self._states.get((e, agent))
+        if state is None:
+            state = policy.model.initial_state(1).numpy()[0]
+        return state
 
     def compute_gradients(self, global_timestep: int = 0) -> Any:
         raise RuntimeError("a PettingZoo env trains with training.mode vtrace")
