@@ -323,6 +323,22 @@ def test_a_recurrent_policy_trains_resumes_and_plays_games(tmp_path: Path) -> No
     assert result.returns == [34.0, 34.0] and result.lengths == [7, 7]
 
 
+def test_a_custom_recurrent_model_acts_for_a_policy_and_a_broken_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    gru = {"type": "custom", "import": "tests.support.custom_models:GRUActorCritic"}
+    custom = {**TWO_POLICIES, "policies": {"a": {}, "b": {"model": gru}}}
+    spec = spec_of(RELAY, multiAgent=custom, stop={"timesteps": 200})
+    assert job_problem(spec) is None
+    driver = _run(tmp_path, spec)
+    assert driver.learner.state_dict()["policies"]["b"]["policy_version"] > 0
+    broken = {"type": "custom", "import": "tests.support.custom_models:WrongOutputs"}
+    wrong = {**TWO_POLICIES, "policies": {"a": {}, "b": {"model": broken}}}
+    problem = job_problem(spec_of(RELAY, multiAgent=wrong))
+    assert problem is not None and problem[0] == "multiAgent.policies.b.model.import", problem
+    assert problem[1].startswith("policy b: WrongOutputs breaks the model interface")
+
+
 def test_a_policy_not_trained_keeps_its_weights_and_ships_no_steps(tmp_path: Path) -> None:
     frozen = {**TWO_POLICIES, "policiesToTrain": ["a"]}
     spec = spec_of(RELAY, multiAgent=frozen, stop={"timesteps": 400})
