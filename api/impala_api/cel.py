@@ -41,10 +41,12 @@ from impala_api.spec import (
     SECRET_REF_NEEDS_URI,
     SELF_PLAY_POLICY,
     SEPARATE_LEARNER_NEEDS_VTRACE,
+    STOP_POLICY_NEEDS_RETURN,
     UNKNOWN_EVALUATION_OPPONENT,
     UNKNOWN_EVALUATION_POLICY,
     UNKNOWN_MAPPED_POLICY,
     UNKNOWN_POLICY_TO_TRAIN,
+    UNKNOWN_STOP_POLICY,
     VOLUME_SOURCES,
 )
 from impala_api.spec.training import DEFAULT_ENV_ID
@@ -257,6 +259,12 @@ RULES: dict[tuple[str, ...], list[Rule]] = {
             UNKNOWN_EVALUATION_POLICY,
             ".evaluation.policy",
         ),
+        _rule(
+            "!has(self.stop.policy) || (has(self.env.pettingzoo) && "
+            + _is_policy("self.stop.policy") + ")",
+            UNKNOWN_STOP_POLICY,
+            ".stop.policy",
+        ),
     ],
     ("multiAgent",): [
         _rule(
@@ -297,7 +305,10 @@ RULES: dict[tuple[str, ...], list[Rule]] = {
             "has(self.timesteps) || has(self.episodeReturnMean) || "
             "has(self.evaluationReturnMean) || has(self.timeLimitSeconds)",
             NO_STOP_CRITERION,
-        )
+        ),
+        _rule(
+            "!has(self.policy) || has(self.episodeReturnMean)", STOP_POLICY_NEEDS_RETURN, ".policy"
+        ),
     ],
     ("model",): [
         *_immutable("model", "network"),

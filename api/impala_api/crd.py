@@ -255,6 +255,44 @@ def _progress_schema() -> dict[str, Any]:
                 "description": "The best evaluation's mean return so far.",
             },
             "bestCheckpoint": _str("The best evaluation's checkpoint, in the run directory."),
+            "evaluationWinRate": {
+                "type": "number",
+                "nullable": True,
+                "description": (
+                    "A PettingZoo env's: wins per game of the latest evaluation against "
+                    "spec.evaluation.opponent."
+                ),
+            },
+            "policies": {
+                "type": "object",
+                "description": "A PettingZoo env's policies by name (spec.multiAgent).",
+                "additionalProperties": _obj(
+                    {
+                        "episodeReturnMean": {
+                            "type": "number",
+                            "nullable": True,
+                            "description": (
+                                "Mean return of its agents over their last 100 episodes (what "
+                                "spec.stop.policy's episodeReturnMean measures)."
+                            ),
+                        },
+                        "episodes": _int("Agent episodes counted."),
+                        "selfPlayScore": {
+                            "type": "number",
+                            "nullable": True,
+                            "description": (
+                                "spec.multiAgent.selfPlay's policy: its mean score over its "
+                                "last 100 games against the snapshot pool (1 a win, 0.5 a draw)."
+                            ),
+                        },
+                    },
+                    "One policy's training figures.",
+                ),
+            },
+            "stopProgress": {
+                "type": "number",
+                "description": "Progress toward the nearest stop criterion, 0..1.",
+            },
             "envStepsPerSecond": {"type": "number", "description": "Sampling throughput."},
             "learnerQueueFill": {
                 "type": "number",

@@ -212,6 +212,8 @@ class StopProgress(Snap):
     """Progress toward the nearest criterion, in [0, 1]."""
     stopped_by: str | None = None
     """The criterion that ended the run, once it has."""
+    policy: str | None = None
+    """stop.policy: the policy whose return episodeReturnMean measures (None: the team's)."""
 
 
 class PolicyStatus(Snap):

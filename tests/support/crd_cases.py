@@ -29,10 +29,12 @@ from impala_api.spec import (
     REPLICAS_NEED_VTRACE,
     SELF_PLAY_POLICY,
     SEPARATE_LEARNER_NEEDS_VTRACE,
+    STOP_POLICY_NEEDS_RETURN,
     UNKNOWN_EVALUATION_OPPONENT,
     UNKNOWN_EVALUATION_POLICY,
     UNKNOWN_MAPPED_POLICY,
     UNKNOWN_POLICY_TO_TRAIN,
+    UNKNOWN_STOP_POLICY,
 )
 
 Kind = Literal["schema", "unknown", "cel", "immutable", "name"]
@@ -473,6 +475,33 @@ INVALID: list[Invalid] = [
         },
         "spec.evaluation.policy",
         UNKNOWN_EVALUATION_POLICY,
+    ),
+    Invalid(
+        "stop-policy-without-a-return-target",
+        "cel",
+        {
+            "env": {"pettingzoo": "pettingzoo.classic.tictactoe_v3"},
+            "stop": {"timesteps": 1000, "policy": "default"},
+        },
+        "spec.stop.policy",
+        STOP_POLICY_NEEDS_RETURN,
+    ),
+    Invalid(
+        "stop-policy-unknown",
+        "cel",
+        {
+            "env": {"pettingzoo": "pettingzoo.classic.tictactoe_v3"},
+            "stop": {"episodeReturnMean": 0.5, "policy": "main"},
+        },
+        "spec.stop.policy",
+        UNKNOWN_STOP_POLICY,
+    ),
+    Invalid(
+        "stop-policy-without-pettingzoo",
+        "cel",
+        {"stop": {"episodeReturnMean": 0.5, "policy": "default"}},
+        "spec.stop.policy",
+        UNKNOWN_STOP_POLICY,
     ),
     Invalid(
         "learner-service-account-not-a-name",

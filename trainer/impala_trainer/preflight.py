@@ -114,6 +114,11 @@ def _agents_problem(spec: ImpalaJobSpec) -> tuple[str, str] | None:
             if problem is not None:
                 field, why = problem
                 return where + field.removeprefix("model"), f"policy {name}: {why}"
+    if spec.stop.policy is not None and spec.stop.policy not in policies:
+        return "stop.policy", (
+            f"no agent of {spec.env.pettingzoo} acts by policy {spec.stop.policy}, so it has "
+            f"no return to stop on: name one some agent acts by ({', '.join(sorted(policies))})"
+        )
     return _games_problem(spec, policies)
 
 

@@ -8,16 +8,13 @@ import re
 
 from pydantic import Field, model_validator
 
-from impala_api.spec.base import SpecModel
+from impala_api.spec.base import POLICY_NAME_PATTERN, SpecModel
 from impala_api.spec.training import IMPORT_PATH_PATTERN, ModelSpec
 
 DEFAULT_POLICY = "default"
 """The policy every agent acts by when `spec.multiAgent` is omitted (RLlib's
 `default_policy`): one network shared by all agents, trained on all their steps."""
 
-POLICY_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9_]*[a-z0-9])?$"
-"""A policy's name: it becomes a metric label, a directory of the checkpoint and a key of
-status.json."""
 MAX_POLICIES = 16
 
 UNKNOWN_MAPPED_POLICY = (
@@ -56,6 +53,9 @@ UNKNOWN_EVALUATION_OPPONENT = (
     "spec.evaluation.opponent must be 'random' or a policy of spec.multiAgent.policies"
 )
 UNKNOWN_EVALUATION_POLICY = "spec.evaluation.policy must be a policy of spec.multiAgent.policies"
+UNKNOWN_STOP_POLICY = (
+    "spec.stop.policy must be a policy of a PettingZoo env's spec.multiAgent.policies"
+)
 
 
 class PolicySpec(SpecModel):

@@ -8,6 +8,10 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+POLICY_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9_]*[a-z0-9])?$"
+"""A policy's name (spec.multiAgent.policies' keys): it becomes a metric label, a directory of
+the checkpoint and a key of status.json."""
+
 
 class SpecModel(BaseModel):
     """Base for every manifest section: camelCase on the wire, unknown fields rejected."""

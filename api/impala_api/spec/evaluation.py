@@ -7,8 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from impala_api.spec.agents import POLICY_NAME_PATTERN
-from impala_api.spec.base import SpecModel
+from impala_api.spec.base import POLICY_NAME_PATTERN, SpecModel
 
 RANDOM_OPPONENT = "random"
 """spec.evaluation.opponent: a uniform choice among the actions each observation allows."""

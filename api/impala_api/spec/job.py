@@ -15,6 +15,7 @@ from impala_api.spec.agents import (
     POLICY_MAX_SEQ_LEN_DIVIDES,
     UNKNOWN_EVALUATION_OPPONENT,
     UNKNOWN_EVALUATION_POLICY,
+    UNKNOWN_STOP_POLICY,
     MultiAgentSpec,
 )
 from impala_api.spec.base import SpecModel
@@ -128,6 +129,10 @@ class ImpalaJobSpec(SpecModel):
                 raise ValueError(UNKNOWN_EVALUATION_OPPONENT)
             if games.policy is not None and games.policy not in policies:
                 raise ValueError(UNKNOWN_EVALUATION_POLICY)
+        if self.stop.policy is not None and (
+            not self.env.multi_agent or self.stop.policy not in self.agents.policies
+        ):
+            raise ValueError(UNKNOWN_STOP_POLICY)
         return self
 
     @property

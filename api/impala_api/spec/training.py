@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from impala_api.spec.base import Schedule, SpecModel, check_schedule
+from impala_api.spec.base import POLICY_NAME_PATTERN, Schedule, SpecModel, check_schedule
 
 RENAMED_RLLIB: dict[str, str] = {
     "replayProportion": (
@@ -176,6 +176,10 @@ POPART_NEEDS_VTRACE = (
     "applies each worker's gradients): use popart false, or mode vtrace"
 )
 
+STOP_POLICY_NEEDS_RETURN = (
+    "spec.stop.policy names the policy whose return spec.stop.episodeReturnMean measures: set "
+    "episodeReturnMean too"
+)
 MAX_SEQ_LEN_DIVIDES = (
     "spec.model.maxSeqLen must divide spec.training.rolloutFragmentLength (each fragment is cut "
     "into whole sequences; nothing is padded)"
@@ -408,6 +412,11 @@ class StopSpec(SpecModel):
     time_limit_seconds: float | None = Field(default=None, gt=0.0)
     """Wall-clock seconds of training."""
 
+    policy: str | None = Field(default=None, pattern=POLICY_NAME_PATTERN, max_length=32)
+    """A PettingZoo env's policy whose return episodeReturnMean measures: its agents' mean
+    return over their last 100 episodes (one per agent and episode), which the CR's progress
+    then follows. Omitted: the team's return (every agent's rewards, per episode)."""
+
     @model_validator(mode="after")
     def _some_criterion(self) -> StopSpec:
         if (
@@ -417,4 +426,6 @@ class StopSpec(SpecModel):
             and (self.time_limit_seconds is None)
         ):
             raise ValueError(NO_STOP_CRITERION)
+        if self.policy is not None and self.episode_return_mean is None:
+            raise ValueError(STOP_POLICY_NEEDS_RETURN)
         return self

@@ -60,6 +60,8 @@ def summary_rows(s: StatusResponse) -> list[tuple[str, str]]:
     if s.episode_return_min is not None and s.episode_return_max is not None:
         ret += f"  (min {_num(s.episode_return_min, 1)}, max {_num(s.episode_return_max, 1)})"
     stop = ", ".join(f"{k} {v:g}" for k, v in s.stop.criteria.items()) or "none"
+    if s.stop.policy:
+        stop += f" (policy {s.stop.policy})"
     stop += f"; {s.stop.progress:.0%} done"
     if s.stop.stopped_by:
         stop += f"; stopped by {s.stop.stopped_by}"
@@ -92,6 +94,7 @@ def summary_rows(s: StatusResponse) -> list[tuple[str, str]]:
             f"{m.aggregator_workers} aggregators on {m.aggregator_nodes} nodes",
         ),
         ("Policy lag (mean)", _num(s.policy_lag_mean, 2)),
+        *_policy_rows(s),
         ("Stop", stop),
         (
             "Last checkpoint",
@@ -102,20 +105,7 @@ def summary_rows(s: StatusResponse) -> list[tuple[str, str]]:
         ("Training time", _duration(s.wall_seconds)),
         ("Snapshot age", f"{s.age_seconds:.1f} s"),
     ]
-    if s.evaluation is not None:
-        e = s.evaluation
-        rows.insert(4, (
-            "Evaluation return",
-            f"{_num(e.episode_return_mean, 2)} over {e.episodes} episodes at "
-            f"{_num(e.num_env_steps_sampled)} steps; best {_num(e.best_return_mean, 2)}"
-            + (f" ({e.best_checkpoint})" if e.best_checkpoint else ""),
-        ))  # fmt: skip
-        if e.win_rate is not None:
-            rows.insert(5, (
-                "Evaluation games",
-                f"{e.policy} against {e.opponent}: won {e.wins}, drawn {e.draws}, lost "
-                f"{e.losses} (win rate {e.win_rate:.1%})",
-            ))  # fmt: skip
+    rows[4:4] = _evaluation_rows(s)
     if s.learner:
         rows.append(("Learner", ", ".join(f"{k} {v:.4g}" for k, v in s.learner.items())))
     if s.timing_breakdown:
@@ -130,6 +120,38 @@ def summary_rows(s: StatusResponse) -> list[tuple[str, str]]:
                 f"{s.summary.stopped_by or '–'}",
             )
         )
+    return rows
+
+
+def _policy_rows(s: StatusResponse) -> list[tuple[str, str]]:
+    """A multi-agent job's policies, one row each."""
+    rows = []
+    for name, p in s.policies.items():
+        text = f"mean return {_num(p.episode_return_mean, 2)} over {_num(p.episodes)}"
+        text += " agent episodes"
+        if p.self_play_score is not None:
+            text += f"; {p.self_play_score:.3f} against its pool ({_num(p.self_play_games)} games)"
+        rows.append((f"Policy {name}", text))
+    return rows
+
+
+def _evaluation_rows(s: StatusResponse) -> list[tuple[str, str]]:
+    """The latest evaluation (and its games against spec.evaluation.opponent)."""
+    e = s.evaluation
+    if e is None:
+        return []
+    rows = [(
+        "Evaluation return",
+        f"{_num(e.episode_return_mean, 2)} over {e.episodes} episodes at "
+        f"{_num(e.num_env_steps_sampled)} steps; best {_num(e.best_return_mean, 2)}"
+        + (f" ({e.best_checkpoint})" if e.best_checkpoint else ""),
+    )]  # fmt: skip
+    if e.win_rate is not None:
+        rows.append((
+            "Evaluation games",
+            f"{e.policy} against {e.opponent}: won {e.wins}, drawn {e.draws}, lost {e.losses} "
+            f"(win rate {e.win_rate:.1%})",
+        ))  # fmt: skip
     return rows
 
 

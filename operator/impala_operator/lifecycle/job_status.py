@@ -172,13 +172,24 @@ def progress(snapshot: StatusSnapshot) -> dict[str, Any]:
             "evaluationTimesteps": ev.num_env_steps_sampled,
             "bestEvaluationReturnMean": ev.best_return_mean,
             **({"bestCheckpoint": ev.best_checkpoint} if ev.best_checkpoint else {}),
+            **({"evaluationWinRate": ev.win_rate} if ev.win_rate is not None else {}),
         }
+    policies = {
+        name: {
+            "episodeReturnMean": p.episode_return_mean,
+            "episodes": p.episodes,
+            **({"selfPlayScore": p.self_play_score} if p.self_play_score is not None else {}),
+        }
+        for name, p in snapshot.policies.items()
+    }
     return {
         "timesteps": snapshot.counters.num_env_steps_sampled,
         "episodes": snapshot.counters.episodes,
         "episodeReturnMean": snapshot.episode_return_mean,
         **({"bestEpisodeReturnMean": best} if best is not None else {}),
         **evaluation,
+        **({"policies": policies} if policies else {}),
+        "stopProgress": round(snapshot.stop.progress, 4),
         "envStepsPerSecond": round(snapshot.throughput.env_steps_per_s, 3),
         "learnerQueueFill": round(snapshot.learner_queue.fill, 4),
         "policyVersion": snapshot.counters.policy_version,

@@ -14,9 +14,12 @@ from impala_api.crd import status_schema
 from impala_api.snapshot import (
     STATUS_FILE,
     Counters,
+    EvaluationInfo,
     LearnerQueue,
+    PolicyStatus,
     ReturnTrend,
     StatusSnapshot,
+    StopProgress,
     Throughput,
     write_json_atomic,
 )
@@ -203,6 +206,7 @@ def test_compute_status_fields() -> None:
         "timesteps": 12_000,
         "episodes": 300,
         "episodeReturnMean": 87.5,
+        "stopProgress": 0.0,
         "envStepsPerSecond": 650.25,
         "learnerQueueFill": 0.0625,
         "policyVersion": 24,
@@ -233,6 +237,28 @@ def test_status_fits_the_crd_schema() -> None:
     for cond in [*st["conditions"], *invalid_spec_status("x", 1, st, T0)["conditions"]]:
         assert set(required) <= set(cond), cond
     assert st["phase"] in status_schema()["properties"]["phase"]["enum"]
+
+
+def test_a_multi_agent_jobs_progress_is_per_policy_and_fits_the_schema() -> None:
+    snap = _snapshot(
+        policies={
+            "main": PolicyStatus(episode_return_mean=0.4, episodes=900, self_play_score=0.7),
+            "fixed": PolicyStatus(episode_return_mean=-0.4, episodes=900),
+        },
+        evaluation=EvaluationInfo(evaluations=1, episode_return_mean=0.9, opponent="random",
+                                  policy="main", wins=95, draws=0, losses=5, win_rate=0.95),
+        stop=StopProgress(criteria={"episodeReturnMean": 0.8}, progress=0.5, policy="main"),
+    )  # fmt: skip
+    progress = _compute(snapshot=snap)["progress"]
+    assert progress["policies"] == {
+        "main": {"episodeReturnMean": 0.4, "episodes": 900, "selfPlayScore": 0.7},
+        "fixed": {"episodeReturnMean": -0.4, "episodes": 900},
+    }
+    assert progress["evaluationWinRate"] == 0.95 and progress["stopProgress"] == 0.5
+    schema = status_schema()["properties"]["progress"]
+    assert set(progress) <= set(schema["properties"])
+    per_policy = schema["properties"]["policies"]["additionalProperties"]["properties"]
+    assert set(progress["policies"]["main"]) <= set(per_policy)
 
 
 def test_progress_is_kept_while_the_sidecar_is_away() -> None:

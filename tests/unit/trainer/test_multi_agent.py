@@ -190,6 +190,13 @@ def test_an_evaluation_opponent_must_have_seats_to_play(
         assert problem is not None and problem[0] == field and says in problem[1], problem
 
 
+def test_a_stop_criterion_on_a_policy_no_agent_acts_by_is_refused() -> None:
+    agents = {**TWO_POLICIES, "policies": {**TWO_POLICIES["policies"], "c": {}}}
+    stop = {"episodeReturnMean": 1.0, "policy": "c"}
+    problem = job_problem(spec_of(RELAY, multiAgent=agents, stop=stop))
+    assert problem is not None and problem[0] == "stop.policy" and "no return" in problem[1]
+
+
 def test_an_evaluation_opponent_must_fit_the_seats_it_takes() -> None:
     # Two predators: while one is scored, the prey's policy would have to play the other.
     spec = spec_of(

@@ -36,6 +36,17 @@ def test_return_criterion_needs_a_full_window_of_the_newest_episodes() -> None:
     assert stats.counters.episodes == 120
 
 
+def test_a_return_criterion_on_one_policy_follows_its_agents_returns() -> None:
+    stats = RunStats("j", StopSpec(episode_return_mean=0.8, policy="main"))
+    stats.add_episodes([5.0] * EPISODE_WINDOW, [9] * EPISODE_WINDOW)  # the team's: not it
+    stats.add_policy_returns({"main": [1.0] * 60, "other": [-1.0] * 60})
+    assert stats.stop_reason() is None and stats.progress() == pytest.approx(0.6 / 0.8)
+    stats.add_policy_returns({"main": [1.0] * 40})
+    assert stats.stop_reason() == "episodeReturnMean"
+    snap = stats.snapshot("Running", Membership())
+    assert snap.stop.policy == "main" and snap.stop.progress == 1.0
+
+
 def test_time_limit_and_first_criterion_wins() -> None:
     stats = RunStats("j", StopSpec(timesteps=10, time_limit_seconds=1e-9))
     assert stats.stop_reason() == "timeLimitSeconds"

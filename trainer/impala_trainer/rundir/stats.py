@@ -158,6 +158,13 @@ class RunStats:
     def return_mean(self) -> float | None:
         return sum(self.returns) / len(self.returns) if self.returns else None
 
+    def _stop_window(self) -> deque[float]:
+        """The returns stop.episodeReturnMean measures: stop.policy's agents', else the
+        episodes'."""
+        if self.stop.policy is None:
+            return self.returns
+        return self.policy_returns.get(self.stop.policy, deque())
+
     def criteria(self) -> dict[str, float]:
         out: dict[str, float] = {}
         if self.stop.timesteps is not None:
@@ -179,12 +186,11 @@ class RunStats:
         s = self.stop
         if s.timesteps is not None and self.counters.num_env_steps_sampled >= s.timesteps:
             return "timesteps"
-        mean = self.return_mean
+        window = self._stop_window()
         if (
             s.episode_return_mean is not None
-            and len(self.returns) >= EPISODE_WINDOW
-            and mean is not None
-            and mean >= s.episode_return_mean
+            and len(window) >= EPISODE_WINDOW
+            and sum(window) / len(window) >= s.episode_return_mean
         ):
             return "episodeReturnMean"
         evaluated = self.evaluation_return_mean
@@ -204,11 +210,11 @@ class RunStats:
         s = self.stop
         if s.timesteps:
             fractions.append(self.counters.num_env_steps_sampled / s.timesteps)
-        mean = self.return_mean
-        if s.episode_return_mean is not None and mean is not None:
-            target = s.episode_return_mean
+        window = self._stop_window()
+        if s.episode_return_mean is not None and window:
+            mean, target = sum(window) / len(window), s.episode_return_mean
             frac = mean / target if target > 0 else float(mean >= target)
-            fractions.append(frac * min(1.0, len(self.returns) / EPISODE_WINDOW))
+            fractions.append(frac * min(1.0, len(window) / EPISODE_WINDOW))
         evaluated = self.evaluation_return_mean
         if s.evaluation_return_mean is not None and evaluated is not None:
             target = s.evaluation_return_mean
@@ -258,7 +264,8 @@ class RunStats:
             checkpoint=self.checkpoint,
             evaluation=self.evaluation,
             stop=StopProgress(
-                criteria=self.criteria(), progress=self.progress(), stopped_by=stopped_by
+                criteria=self.criteria(), progress=self.progress(), stopped_by=stopped_by,
+                policy=self.stop.policy,
             ),
             return_trend=self.trend,
             policy_lag_mean=self.policy_lag_mean,
