@@ -30,7 +30,7 @@ from impala_trainer.driver.backend import Backend
 from impala_trainer.driver.learner_group import LearnerGroup, Updates, make_learner_group
 from impala_trainer.learning.learner import Learner, LearnerState
 from impala_trainer.rollouts.agent_envs import PolicyModel
-from impala_trainer.rollouts.multi_agent_worker import WEIGHTS_VERSION
+from impala_trainer.rollouts.multi_agent_worker import WEIGHTS_VERSION, policy_weights
 from impala_trainer.rundir.checkpoint import policy_state
 
 
@@ -143,15 +143,11 @@ class PolicySetState:
 def policy_set_state(weights: dict[str, np.ndarray], global_timestep: int) -> dict[str, Any]:
     """The weights a `PolicySetState` broadcasts as a checkpoint's learner state: each policy's
     alone, as `rundir.checkpoint.policy_state` keeps one (the self-play pool left out)."""
-    split: dict[str, dict[str, np.ndarray]] = {}
-    for key, value in weights.items():
-        name, _, rest = key.partition("/")
-        if "@" not in name:  # `<policy>@<slot>`: a snapshot of the pool
-            split.setdefault(name, {})[rest] = value
-    policies = {}
-    for name, own in split.items():
-        version = int(own.pop(WEIGHTS_VERSION, 0))
-        policies[name] = policy_state(own, version, global_timestep)
+    policies = {
+        name: policy_state(arrays, version, global_timestep)
+        for name, (arrays, version) in policy_weights(weights).items()
+        if "@" not in name  # `<policy>@<slot>`: a snapshot of the pool
+    }
     return {"policies": policies}
 
 

@@ -42,7 +42,7 @@ from impala_trainer.rollouts.agent_envs import (
     policy_mapping,
     policy_spaces,
 )
-from impala_trainer.rollouts.multi_agent_worker import WEIGHTS_VERSION
+from impala_trainer.rollouts.multi_agent_worker import policy_weights
 from impala_trainer.rundir.checkpoint import load_checkpoint
 
 RANDOM = RANDOM_OPPONENT
@@ -202,10 +202,9 @@ class GameEvaluator:
     ) -> tuple[EvaluationResult, None]:
         """Play `share` games (or env steps, durationUnit) with `weights`: the `<policy>/<name>`
         arrays the learners broadcast."""
+        split = policy_weights(weights)
         for name, policy in self.policies.items():
-            prefix = f"{name}/"
-            own = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
-            policy.policy_version = int(own.pop(WEIGHTS_VERSION, 0))
+            own, policy.policy_version = split.get(name, ({}, 0))
             tensors = {k: torch.from_numpy(np.asarray(v)) for k, v in own.items()}
             policy.model.load_state_dict(tensors)
         by_steps = self.evaluation.duration_unit == "timesteps"
