@@ -1,7 +1,8 @@
 """`impalajob train` of PettingZoo envs on an embedded Ray, learning for real: self-play on
-tic-tac-toe (an AEC game with action masks) beats a random player; MPE's simple_spread (three
-cooperating agents, one shared policy) improves its team return over random play. The CLI runs
-as a subprocess, as a user runs it; `impalajob evaluate` scores the result.
+tic-tac-toe (an AEC game with action masks) resumes and beats a random player;
+MPE's simple_spread (three cooperating agents, one shared policy) improves its team return over
+random play; simple_tag's predators and prey train two policies of different networks in one
+job. The CLI runs as a subprocess, as a user runs it; `impalajob evaluate` scores the result.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ pytest.importorskip("pettingzoo")
 pytest.importorskip("mpe2")
 
 TIMEOUT = 900
+TRAINED_STEPS = 400_000
 RANDOM_SPREAD = -81.0
 """simple_spread's team return (3 agents, 25 steps) under uniformly random actions: -80.9 +- 1.4
 over 300 episodes, measured once (mpe2 1.1.1)."""
@@ -39,30 +41,38 @@ def _status(run: Path) -> Any:
     return json.loads((run / "status.json").read_text())
 
 
+RESUMED_AT = 200_000
+"""The first run's end: the second resumes from its checkpoint (the self-play pool included)."""
+
+
 @pytest.mark.slow
-def test_tictactoe_self_play_beats_a_random_player(tmp_path: Path) -> None:
+def test_tictactoe_self_play_resumes_and_beats_a_random_player(tmp_path: Path) -> None:
     run = tmp_path / "ttt"
-    res = _cli(
-        "train", "-f", "manifests/examples/tictactoe.yaml", "--run-dir", str(run),
-        "--set", "stop.timesteps=300000", "--set", "training.seed=7",
-    )  # fmt: skip
+    example = ("train", "-f", "manifests/examples/tictactoe.yaml", "--run-dir", str(run))
+    seed = ("--set", "training.seed=7")
+    first = _cli(*example, *seed, "--set", f"stop.timesteps={RESUMED_AT}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    res = _cli(*example, *seed, "--set", f"stop.timesteps={TRAINED_STEPS}", "--resume")
     assert res.returncode == 0, res.stderr[-3000:]
     status = _status(run)
+    assert status["counters"]["num_env_steps_sampled"] >= TRAINED_STEPS
     main = status["policies"]["main"]
     assert main["self_play_games"] > 500 and main["self_play_score"] is not None
     # The example's evaluation: 100 greedy games against random every 50K moves.
     evaluation = status["evaluation"]
     assert evaluation["evaluations"] >= 4 and evaluation["opponent"] == "random", evaluation
     assert evaluation["wins"] + evaluation["draws"] + evaluation["losses"] == 100
-    assert evaluation["win_rate"] >= 0.5, evaluation
+    assert evaluation["win_rate"] >= 0.65, evaluation
     scored = _cli(
         "evaluate", "--run-dir", str(run), "--episodes", "200", "--opponent", "random", "--json"
     )
     assert scored.returncode == 0, scored.stderr[-3000:]
     games = json.loads(scored.stdout)
     # A random player against a random player wins about 44% of the games over both seats
-    # (58% moving first, 29% second); the policy plays each seat in turn (400K moves: 69.5%).
-    assert games["games"] == 200 and games["win_rate"] >= 0.55, games
+    # (58% moving first, 29% second); the best any player can do is 96.7% (99.5% and 93.9%).
+    # The policy plays each seat in turn, greedily (measured at 400K moves, seeds 7 and 8: 88.5%
+    # and 88%; the example's recipe before randomProbability: 69.5%).
+    assert games["games"] == 200 and games["win_rate"] >= 0.75, games
 
 
 @pytest.mark.slow
@@ -78,3 +88,46 @@ def test_simple_spread_agents_cooperate_better_than_random(tmp_path: Path) -> No
     assert status["episode_return_mean"] > RANDOM_SPREAD + 6, status["episode_return_mean"]
     assert set(status["policies"]) == {"default"}
     assert "default/total_loss" in status["learner"]
+
+
+RANDOM_TAG = {"predator": 3.8, "prey": -16.5}
+"""simple_tag's return per agent (3 predators, 1 prey, 2 obstacles, 25 steps) under uniformly
+random actions: predators 3.8 +- 0.6, the prey -16.5 +- 1.3 over 300 episodes (mpe2 1.1.1)."""
+
+
+@pytest.mark.slow
+def test_predators_and_prey_train_two_policies_of_different_models_in_one_job(
+    tmp_path: Path,
+) -> None:
+    run = tmp_path / "tag"
+    res = _cli(
+        "train", "-f", "manifests/examples/tag.yaml", "--run-dir", str(run),
+        "--set", "stop.timesteps=100000", "--set", "training.seed=1",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    status = _status(run)
+    policies = status["policies"]
+    assert set(policies) == {"predator", "prey"}
+    for name in policies:  # a learner each: its own loss, updates and stats
+        assert f"{name}/total_loss" in status["learner"], sorted(status["learner"])
+    # Each checkpointed with its own network: the predators' [64, 64], the prey's [128, 128].
+    from impala_trainer.policy.games import load_game_policies
+
+    loaded = load_game_policies(run)
+    widths = {
+        name: {p.shape[0] for p in policy.model.parameters() if p.ndim == 2}
+        for name, policy in loaded.items()
+    }
+    assert 64 in widths["predator"] and 128 not in widths["predator"], widths
+    assert 128 in widths["prey"] and 64 not in widths["prey"], widths
+    # Both learn, each against the other. Every predator is paid 10 per catch and the prey
+    # loses 10 per catch, so a predator's return is what the catches cost the prey, and the
+    # prey's return plus a predator's is what it lost by leaving the field. Measured at 100K
+    # steps and at 150K (seeds 1 and 2): the predators catch it more often than random ones
+    # (8.7, 8.4 and 5.7 against 3.8; a predator's window is only 33 games); the prey's loss at
+    # the border falls from 12.7 to 3.1, 4.9 and 3.5.
+    prey = policies["prey"]["episode_return_mean"]
+    predator = policies["predator"]["episode_return_mean"]
+    assert predator > RANDOM_TAG["predator"], policies
+    random_border = RANDOM_TAG["prey"] + RANDOM_TAG["predator"]
+    assert prey + predator > random_border + 4, policies

@@ -87,9 +87,10 @@ class SelfPlaySpec(SpecModel):
 
     policy: str = Field(pattern=POLICY_NAME_PATTERN, max_length=32)
     """The trained policy that plays itself. In each episode one of the agents mapped to it
-    (chosen at random) learns by it, and each other agent mapped to it is the opponent: the
-    current policy (its steps train too) with probability latestProbability, else a snapshot
-    drawn from the pool (its steps are not trained on)."""
+    (chosen at random) learns by it, and each other agent mapped to it is the opponent: a
+    random player with probability randomProbability, else the current policy (its steps train
+    too) with probability latestProbability, else a snapshot drawn from the pool (the random
+    player's and a snapshot's steps are not trained on)."""
 
     snapshot_interval_timesteps: int = Field(default=20_000, ge=1)
     """Env steps trained between two snapshots of the policy's weights added to the pool."""
@@ -100,6 +101,13 @@ class SelfPlaySpec(SpecModel):
     latest_probability: float = Field(default=0.5, ge=0.0, le=1.0)
     """Probability that an episode's opponent is the current policy rather than a snapshot
     (1: pure self-play; until the first snapshot, always the current policy)."""
+
+    random_probability: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Probability that an episode's opponent is a uniformly random player (among the actions
+    its observation allows), drawn before latestProbability. A policy that only ever meets
+    itself never sees the positions a weak player leads to, and can lose them: a share of
+    random games keeps them in its data (RLlib's self-play example starts its league from a
+    random policy for the same reason). Not counted in the pool's score."""
 
 
 class MultiAgentSpec(SpecModel):

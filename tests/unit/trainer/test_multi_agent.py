@@ -423,6 +423,33 @@ def test_against_a_snapshot_only_the_learning_seat_fills_the_policys_lanes() -> 
     assert scores and set(scores) <= {0.0, 1.0}
 
 
+def test_against_the_random_player_only_the_learning_seat_trains_and_moves_are_legal() -> None:
+    play = {**SELF_PLAY, "selfPlay": {"policy": "main", "randomProbability": 1.0}}
+    spec = spec_of(TURNS, t_len=4, num_envs=1, kwargs={"moves": 4}, multiAgent=play)
+    worker = MultiAgentRolloutWorker(spec, "w", seed=0)
+    seen: dict[int, set[int]] = {}
+    for _ in range(6):
+        sample = worker.sample()
+        assert sample.self_play_scores == []  # the pool's score counts snapshot games only
+        # Every episode's return of the policy is its one learning seat's: +1 or -1 at the end.
+        assert sample.policy_returns["main"] and all(
+            abs(r) >= 0.9 for r in sample.policy_returns["main"]
+        )
+        obs = sample.fragments["main"].obs
+        for t, col in np.ndindex(obs.shape[:2]):
+            seen.setdefault(int(obs[t, col, 2]), set()).add(int(obs[t, col, 0]))
+    assert seen and all(len(agents) == 1 for agents in seen.values())
+    assert {a for agents in seen.values() for a in agents} == {0, 1}
+
+    # On a masked board the random player picks only free squares: every game ends lawfully.
+    spec = spec_of(TICTACTOE, t_len=8, num_envs=4, multiAgent=play)
+    worker = MultiAgentRolloutWorker(spec, "w", seed=3)
+    totals = [r for _ in range(8) for r in worker.sample().episode_returns]
+    # A lawful game's returns sum to 0 (won +1 -1, or drawn); PettingZoo ends one at an illegal
+    # move with -1 for its mover and 0 for the other.
+    assert totals and all(total == 0.0 for total in totals)
+
+
 def test_the_pool_snapshots_every_interval_and_replaces_the_oldest() -> None:
     spec = spec_of(TURNS, multiAgent=SELF_PLAY)
     model = policy_models(spec)["main"]

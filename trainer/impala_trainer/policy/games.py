@@ -41,6 +41,7 @@ from impala_trainer.rollouts.agent_envs import (
     make_pettingzoo,
     policy_mapping,
     policy_spaces,
+    random_action,
 )
 from impala_trainer.rollouts.multi_agent_worker import policy_weights
 from impala_trainer.rundir.checkpoint import load_checkpoint
@@ -328,7 +329,7 @@ def _play(
         for agent, obs in turn.acting.items():
             actor = actor_of(agent)
             if actor is None:
-                actions[agent] = _random(env.env, agent, obs, env.rng)
+                actions[agent] = random_action(env.env, agent, obs, env.rng)
                 continue
             if agent not in states:
                 states[agent] = actor.initial_state()
@@ -339,13 +340,3 @@ def _play(
             returns[out.agent] += out.reward
         if turn.episode_over:
             return returns, turns
-
-
-def _random(env: AgentEnv, agent: str, obs: Any, rng: np.random.Generator) -> Any:
-    spaces = env.spaces(agent)
-    if spaces.masked:
-        allowed = np.flatnonzero(ObservationAdapter(spaces).mask(obs))
-        return int(rng.choice(allowed))
-    space = spaces.action
-    space.seed(int(rng.integers(2**31)))
-    return space.sample()

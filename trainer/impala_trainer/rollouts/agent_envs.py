@@ -263,6 +263,18 @@ class AgentEnv:
         self.env.close()
 
 
+def random_action(env: AgentEnv, agent: str, obs: Any, rng: np.random.Generator) -> Any:
+    """A uniformly random action of `agent`: among the actions its observation allows (an
+    action_mask), else of its action space. The random opponent of games and of self-play."""
+    spaces = env.spaces(agent)
+    if spaces.masked:
+        allowed = np.flatnonzero(ObservationAdapter(spaces).mask(obs))
+        return int(rng.choice(allowed))
+    space = spaces.action
+    space.seed(int(rng.integers(2**31)))
+    return space.sample()
+
+
 def policy_spaces(
     spec: ImpalaJobSpec, env: AgentEnv | None = None
 ) -> dict[str, tuple[list[str], AgentSpaces]]:

@@ -42,11 +42,14 @@ from impala_trainer.rollouts.agent_envs import (
     Turn,
     make_pettingzoo,
     policy_spaces,
+    random_action,
 )
 from impala_trainer.rollouts.lanes import PolicyLanes, Step
 
 WEIGHTS_VERSION = "@version"
 """The key, under a policy's prefix, of its weights' version in a multi-agent broadcast."""
+RANDOM_SEAT = "@random"
+"""A self-play seat taken by the random player (no policy's name has an `@`)."""
 MAX_TURNS_PER_FRAGMENT = 1000
 """Turns per fragment length beyond which an agent that never acts is an error, not a wait."""
 
@@ -172,8 +175,8 @@ class MultiAgentRolloutWorker:
 
     def _seat(self, e: int) -> None:
         """selfPlay: who plays whom in env e's new episode. One agent of the policy, at random,
-        learns by it; each other one is the current policy too (latestProbability) or a
-        snapshot from the pool."""
+        learns by it; each other one is a random player (randomProbability), the current
+        policy too (latestProbability) or a snapshot from the pool."""
         play = self.self_play
         if play is None:
             return
@@ -182,7 +185,9 @@ class MultiAgentRolloutWorker:
         seats = dict.fromkeys(order, play.policy)
         pool = sorted(self.snapshots)
         for agent in order[1:]:
-            if pool and self._seat_rng.random() >= play.latest_probability:
+            if play.random_probability and self._seat_rng.random() < play.random_probability:
+                seats[agent] = RANDOM_SEAT
+            elif pool and self._seat_rng.random() >= play.latest_probability:
                 seats[agent] = pool[int(self._seat_rng.integers(len(pool)))]
         self._seats[e] = seats
         self._learner_seat[e] = order[0] if order else None
@@ -254,12 +259,15 @@ class MultiAgentRolloutWorker:
         forward."""
         rows: dict[str, list[tuple[int, str, Any]]] = {}
         acting: dict[str, ActingPolicy] = {}
+        actions: list[dict[str, Any]] = [{} for _ in self.envs]
         for e, turn in enumerate(self.turns):
             for agent, obs in turn.acting.items():
+                if self._seats[e].get(agent) == RANDOM_SEAT:
+                    actions[e][agent] = random_action(self.envs[e], agent, obs, self.rng)
+                    continue
                 policy = self._acts_by(e, agent)
                 acting[policy.name] = policy
                 rows.setdefault(policy.name, []).append((e, agent, obs))
-        actions: list[dict[str, Any]] = [{} for _ in self.envs]
         for name, picked in rows.items():
             policy = acting[name]
             adapter = policy.adapter
@@ -317,7 +325,8 @@ class MultiAgentRolloutWorker:
         lengths.append(self._lengths[e])
         seats = self._seats[e]
         for agent, value in agent_returns.items():
-            if seats.get(agent) not in self.snapshots:  # a snapshot's play is not the policy's
+            if seats.get(agent) not in self.snapshots and seats.get(agent) != RANDOM_SEAT:
+                # a snapshot's or the random player's play is not the policy's
                 policy_returns[self.policy_of[agent]].append(value)
         learner = self._learner_seat[e]
         against = [a for a, seat in seats.items() if seat in self.snapshots]
