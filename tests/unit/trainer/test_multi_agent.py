@@ -431,10 +431,8 @@ def test_against_the_random_player_only_the_learning_seat_trains_and_moves_are_l
     for _ in range(6):
         sample = worker.sample()
         assert sample.self_play_scores == []  # the pool's score counts snapshot games only
-        # Every episode's return of the policy is its one learning seat's: +1 or -1 at the end.
-        assert sample.policy_returns["main"] and all(
-            abs(r) >= 0.9 for r in sample.policy_returns["main"]
-        )
+        # The policy's returns are its learning seat's alone: one per episode, not two.
+        assert len(sample.policy_returns.get("main", [])) == len(sample.episode_returns)
         obs = sample.fragments["main"].obs
         for t, col in np.ndindex(obs.shape[:2]):
             seen.setdefault(int(obs[t, col, 2]), set()).add(int(obs[t, col, 0]))
