@@ -381,6 +381,16 @@ def operator_queue(r: dict[str, Any]) -> Converted:
     return ["what", "measured"], rows, {}
 
 
+def multi_agent_spread(r: dict[str, Any]) -> Converted:
+    s = r["summary"]
+    marks = sorted(int(k.rpartition("_")[2]) for k in s["ours"] if k.startswith("return_at_"))
+    rows = [[side, s[side]["env_steps"], *(s[side][f"return_at_{m}"] for m in marks)]
+            for side in ("ours", "rllib") if side in s]  # fmt: skip
+    rows.append(["uniformly random actions", None, *(s["random_return"] for _ in marks)])
+    columns = ["side", "env steps in the time", *(f"team return at {m // 1000}K" for m in marks)]
+    return columns, rows, {}
+
+
 CONVERTERS: dict[str, Callable[[dict[str, Any]], Converted]] = {
     "cartpole_throughput": throughput,
     "pong_throughput": throughput,
@@ -390,6 +400,7 @@ CONVERTERS: dict[str, Callable[[dict[str, Any]], Converted]] = {
     "cpu_budget_cartpole": cpu_budget,
     "cpu_budget_pong": cpu_budget,
     "learner_scaling": learner_scaling,
+    "multi_agent_spread": multi_agent_spread,
     "multipod_scaling": multipod,
     "multipod_pong": multipod,
     "sidecar_wrk": sidecar,

@@ -209,9 +209,14 @@ class AgentEnv:
         self.possible_agents: list[str] = list(made.possible_agents)
         self._seed = seed
         self._episodes = 0
+        self._spaces: dict[str, AgentSpaces] = {}
 
     def spaces(self, agent: str) -> AgentSpaces:
-        return agent_spaces(self.env.observation_space(agent), self.env.action_space(agent))
+        # Checked once per agent: a random player asks at every move.
+        if agent not in self._spaces:
+            observation, action = self.env.observation_space(agent), self.env.action_space(agent)
+            self._spaces[agent] = agent_spaces(observation, action)
+        return self._spaces[agent]
 
     def reset(self) -> Turn:
         """The first turn of a new episode (each episode its own seed, from the worker's)."""
