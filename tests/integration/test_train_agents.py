@@ -41,6 +41,15 @@ def _status(run: Path) -> Any:
     return json.loads((run / "status.json").read_text())
 
 
+def _train(run: Path, example: str, *settings: str, resume: bool = False) -> Any:
+    """`impalajob train` of manifests/examples/EXAMPLE.yaml with `--set` settings; its status."""
+    sets = [arg for setting in settings for arg in ("--set", setting)]
+    path = f"manifests/examples/{example}.yaml"
+    res = _cli("train", "-f", path, "--run-dir", str(run), *sets, *["--resume"] * resume)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return _status(run)
+
+
 SNAPSHOT_AT = 200_000
 """The first run's end, whose checkpoint is the earlier self the trained policy must beat (the
 issue's "its own 200K-step snapshot"); the second run resumes from it, self-play pool included."""
@@ -49,14 +58,11 @@ issue's "its own 200K-step snapshot"); the second run resumes from it, self-play
 @pytest.mark.slow
 def test_tictactoe_self_play_beats_a_random_player_and_its_earlier_self(tmp_path: Path) -> None:
     run = tmp_path / "ttt"
-    example = ("train", "-f", "manifests/examples/tictactoe.yaml", "--run-dir", str(run))
-    seed = ("--set", "training.seed=7")
-    first = _cli(*example, *seed, "--set", f"stop.timesteps={SNAPSHOT_AT}")
-    assert first.returncode == 0, first.stderr[-3000:]
+    _train(run, "tictactoe", f"stop.timesteps={SNAPSHOT_AT}", "training.seed=7")
     snapshot = max(p.name for p in (run / "checkpoints").glob("ckpt-*"))  # the one at 200K
-    res = _cli(*example, *seed, "--set", f"stop.timesteps={TRAINED_STEPS}", "--resume")
-    assert res.returncode == 0, res.stderr[-3000:]
-    status = _status(run)
+    status = _train(
+        run, "tictactoe", f"stop.timesteps={TRAINED_STEPS}", "training.seed=7", resume=True
+    )
     assert status["counters"]["num_env_steps_sampled"] >= TRAINED_STEPS
     main = status["policies"]["main"]
     assert main["self_play_games"] > 500 and main["self_play_score"] is not None
@@ -87,13 +93,7 @@ def test_tictactoe_self_play_beats_a_random_player_and_its_earlier_self(tmp_path
 
 @pytest.mark.slow
 def test_simple_spread_agents_cooperate_better_than_random(tmp_path: Path) -> None:
-    run = tmp_path / "spread"
-    res = _cli(
-        "train", "-f", "manifests/examples/spread.yaml", "--run-dir", str(run),
-        "--set", "stop.timesteps=150000", "--set", "training.seed=3",
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-3000:]
-    status = _status(run)
+    status = _train(tmp_path / "spread", "spread", "stop.timesteps=150000", "training.seed=3")
     # The last 100 episodes' team return, 6 above random's (measured: -67.7 at 150K steps).
     assert status["episode_return_mean"] > RANDOM_SPREAD + 6, status["episode_return_mean"]
     assert set(status["policies"]) == {"default"}
@@ -110,12 +110,7 @@ def test_predators_and_prey_train_two_policies_of_different_models_in_one_job(
     tmp_path: Path,
 ) -> None:
     run = tmp_path / "tag"
-    res = _cli(
-        "train", "-f", "manifests/examples/tag.yaml", "--run-dir", str(run),
-        "--set", "stop.timesteps=100000", "--set", "training.seed=1",
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-3000:]
-    status = _status(run)
+    status = _train(run, "tag", "stop.timesteps=100000", "training.seed=1")
     policies = status["policies"]
     assert set(policies) == {"predator", "prey"}
     for name in policies:  # a learner each: its own loss, updates and stats
