@@ -13,6 +13,7 @@ run bench/learner_only.py "$@"
 run bench/pong_throughput.py "$@"
 run bench/cpu_budget.py --seconds 90 "$@"
 run bench/cpu_budget.py --manifest pong --seconds 150 "$@"
+run bench/multi_agent_spread.py "$@"
 run bench/render_doc.py --publish cartpole_throughput rollout_ceiling cartpole_time_to_return \
-  learner_only pong_throughput cpu_budget_cartpole cpu_budget_pong
+  learner_only pong_throughput cpu_budget_cartpole cpu_budget_pong multi_agent_spread
 echo "== $(date +%H:%M:%S) done (load: $(cut -d' ' -f1-3 /proc/loadavg))"
