@@ -192,8 +192,11 @@ class MultiAgentRolloutWorker:
         self._seats[e] = seats
         self._learner_seat[e] = order[0] if order else None
 
-    def _acts_by(self, e: int, agent: str) -> ActingPolicy:
+    def _acts_by(self, e: int, agent: str) -> ActingPolicy | None:
+        """The policy or snapshot `agent` acts by in env e's episode; None: the random player."""
         seat = self._seats[e].get(agent)
+        if seat == RANDOM_SEAT:
+            return None
         if seat is None or seat not in self.snapshots:
             return self.policies[self.policy_of[agent]]
         return self.snapshots[seat]
@@ -262,10 +265,10 @@ class MultiAgentRolloutWorker:
         actions: list[dict[str, Any]] = [{} for _ in self.envs]
         for e, turn in enumerate(self.turns):
             for agent, obs in turn.acting.items():
-                if self._seats[e].get(agent) == RANDOM_SEAT:
+                policy = self._acts_by(e, agent)
+                if policy is None:
                     actions[e][agent] = random_action(self.envs[e], agent, obs, self.rng)
                     continue
-                policy = self._acts_by(e, agent)
                 acting[policy.name] = policy
                 rows.setdefault(policy.name, []).append((e, agent, obs))
         for name, picked in rows.items():
@@ -325,9 +328,10 @@ class MultiAgentRolloutWorker:
         lengths.append(self._lengths[e])
         seats = self._seats[e]
         for agent, value in agent_returns.items():
-            if seats.get(agent) not in self.snapshots and seats.get(agent) != RANDOM_SEAT:
-                # a snapshot's or the random player's play is not the policy's
-                policy_returns[self.policy_of[agent]].append(value)
+            # A snapshot's or the random player's play is not the policy's.
+            own = self.policy_of[agent]
+            if seats.get(agent, own) == own:
+                policy_returns[own].append(value)
         learner = self._learner_seat[e]
         against = [a for a, seat in seats.items() if seat in self.snapshots]
         if learner is not None and against:
