@@ -296,12 +296,7 @@ def test_sigterm_stops_the_run_with_a_checkpoint_and_exit_130(tmp_path: Path) ->
         env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
     )
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            status = run / "status.json"
-            if status.exists() and _json(status)["counters"]["learner_updates"] > 0:
-                break
-            time.sleep(0.5)
+        _until_it_learns(proc, run)
         proc.terminate()
         _, stderr = proc.communicate(timeout=120)
     finally:
@@ -311,6 +306,70 @@ def test_sigterm_stops_the_run_with_a_checkpoint_and_exit_130(tmp_path: Path) ->
     summary = _json(run / "summary.json")
     assert summary["phase"] == "Stopped"
     assert list((run / "checkpoints").iterdir()), "the run stopped without its final checkpoint"
+
+
+def _until_it_learns(proc: subprocess.Popen[str], run: Path, seconds: float = 180) -> None:
+    """Until the run's first learner update; else the test fails with where the run hung."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None:
+        status = run / "status.json"
+        if status.exists() and _json(status)["counters"]["learner_updates"] > 0:
+            return
+        time.sleep(0.5)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGUSR1)  # the CLI dumps its threads' stacks to stderr
+        time.sleep(2)
+    proc.kill()
+    out, err = proc.communicate(timeout=30)
+    log = run / "trainer.log"
+    tail = log.read_text()[-3000:] if log.exists() else "(no trainer.log)"
+    pytest.fail(f"no learner update in {seconds:g} s\n{out[-2000:]}\n{err[-6000:]}\n{tail}")
+
+
+@pytest.mark.slow
+@pytest.mark.train
+def test_sigterm_while_ray_starts_stops_the_run_and_leaves_no_ray_process(tmp_path: Path) -> None:
+    """`ray.init` puts its own SIGTERM handler in place (exit 15 at once, the processes it has
+    started left running): a signal then still stops the run as a stop, exit 130, and nothing
+    of that Ray stays behind."""
+    run = tmp_path / "run"
+    began = time.time()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "impala_cli.main", "train", "-f", EXAMPLE, "--run-dir", str(run)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            children = psutil.Process(proc.pid).children(recursive=True)
+            if any("gcs_server" in c.name() for c in children):
+                break
+            time.sleep(0.05)
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "stopped" in stderr and "Traceback" not in stderr, stderr
+    # The suite runs one test at a time: a Ray process started since this one began is its own.
+    ours = [p for p in psutil.process_iter() if _since(p, began) and _is_ray(p)]
+    _, alive = psutil.wait_procs(ours, timeout=10)
+    assert not alive, f"left running: {[p.name() for p in alive]}"
+
+
+def _since(p: psutil.Process, t: float) -> bool:
+    try:
+        return p.create_time() >= t
+    except psutil.Error:
+        return False
+
+
+def _is_ray(p: psutil.Process) -> bool:
+    try:
+        return "ray" in " ".join(p.cmdline()).lower()
+    except psutil.Error:
+        return False
 
 
 def _interruptible() -> None:

@@ -21,7 +21,6 @@ import signal
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from impala_api.roles import DEFAULT_PORTS
@@ -33,6 +32,7 @@ from impala_cli.commands import (
     add_resume_argument,
     load_job,
     mirror_run,
+    stopping,
 )
 from impala_trainer.node.ray_node import (
     NodeConfig,
@@ -64,11 +64,6 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_node_arguments(parser)
 
 
-def _stop_on_sigterm(signum: int, _frame: FrameType | None) -> None:
-    # The driver treats KeyboardInterrupt as "stopped": it checkpoints and writes the summary.
-    raise KeyboardInterrupt
-
-
 def run(args: argparse.Namespace) -> int:
     job, chosen = load_job(args)
 
@@ -97,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
     forkserver.start_early(job.spec)
     apply_ray_env()
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    stopping.install()  # the kubelet's grace period bounds the stop
     # learner.replicas above 1: learner 0 is an actor on this pod's unit of "learner".
     learners = {"learner": 1.0} if job.spec.learner.replicas > 1 else {}
     cfg = NodeConfig.from_args(args, head=True, gcs_port=args.gcs_port, resources=learners)
@@ -145,7 +140,10 @@ def _connect(head: RayNodeProcess, host: str, port: int, timeout: float) -> bool
     while time.monotonic() < deadline and head.alive():
         if port_open(host, port):
             try:
-                ray.init(address=f"{host}:{port}", logging_level=logging.ERROR, log_to_driver=False)
+                with stopping.ray_starting():
+                    ray.init(
+                        address=f"{host}:{port}", logging_level=logging.ERROR, log_to_driver=False
+                    )
                 return True
             except (ConnectionError, RuntimeError) as err:  # head raylet not up (yet)
                 ray.shutdown()
@@ -167,8 +165,6 @@ def _train(
     # torch would size its team from the node's cores, whatever the pod reserved (node/cpus.py).
     set_learner_threads(*pod_learner_threads(job.spec.learner.resources))
 
-    # ray.init installs its own SIGTERM handler (exit at once); ours lets the driver checkpoint.
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     print(f"learner: driver connected to the Ray head at {address}", flush=True)
     reporter = ProgressReporter(job.name)
     try:

@@ -11,12 +11,10 @@ import contextlib
 import importlib
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,11 +26,13 @@ if TYPE_CHECKING:
 
 from impala_api.roles import LOCAL_EXECUTABLE, STATUS_PORT, status_command
 from impala_cli.commands import (
+    EXIT_STOPPED,
     CommandError,
     add_manifest_arguments,
     add_resume_argument,
     load_job,
     mirror_run,
+    stopping,
 )
 
 
@@ -93,10 +93,6 @@ def _start_dashboard(run_dir: Path, port: int) -> subprocess.Popen[bytes]:
     print(f"dashboard: http://127.0.0.1:{port}/ (log: {run_dir / 'status-server.log'})", flush=True)
     with open(run_dir / "status-server.log", "ab") as log:  # the child keeps its own descriptor
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-
-
-def _stop_on_sigterm(signum: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # the driver's "Stopped" path
 
 
 def _init_ray(num_rollout: int, num_aggregator: int, num_learners: int) -> None:
@@ -161,8 +157,23 @@ def _open_run_dir(
     return run_dir, mirror, resume
 
 
+STOP_GRACE_SECONDS = 60.0
+"""How long a signalled local run may take for its final checkpoint and summary."""
+
+
 def run(args: argparse.Namespace) -> int:
     job, chosen = load_job(args)
+    # From here on a signal stops the run, also while Ray and the actors are still starting.
+    stopping.install(STOP_GRACE_SECONDS)
+    try:
+        return _run(job, chosen, args)
+    except KeyboardInterrupt:  # before the driver took over: nothing to checkpoint yet
+        stopping.kill_descendants()
+        print(f"{job.name}: stopped before training started", file=sys.stderr, flush=True)
+        return EXIT_STOPPED
+
+
+def _run(job: ImpalaJob, chosen: list[str], args: argparse.Namespace) -> int:
     spec = job.spec
     num_rollout = args.num_rollout_workers or max(
         1, spec.rollouts.initial_replicas * spec.rollouts.workers_per_pod
@@ -188,10 +199,8 @@ def run(args: argparse.Namespace) -> int:
     # Ray must start on the main thread: its processes die with the thread that spawned them.
     warm = threading.Thread(target=importlib.import_module, args=("impala_trainer.driver.impala",))
     warm.start()
-    _init_ray(num_rollout, num_aggregator, spec.learner.replicas)
-    # After ray.init, which installs its own exit-at-once SIGTERM handler: SIGTERM stops the run
-    # as Ctrl-C does, with a final checkpoint and summary.
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    with stopping.ray_starting():
+        _init_ray(num_rollout, num_aggregator, spec.learner.replicas)
     warm.join()
     from impala_trainer.node.cpus import local_learner_threads, set_learner_threads
 

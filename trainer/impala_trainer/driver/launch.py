@@ -82,12 +82,20 @@ def train(
     """Build the driver and run it: the result and the run's counters."""
     try:
         driver = build_driver(job, run_dir, backend, wiring)
+    except KeyboardInterrupt:  # SIGTERM/SIGINT while the actors and the learner start
+        return _unbuilt(job, run_dir, wiring, DriverResult("Stopped", None, "interrupted"))
     except Exception as exc:  # nothing ran: still a failed run with its reason, like the loop's
         logger.error("building the driver failed", exc_info=True)
-        result = DriverResult("Failed", None, one_line(exc))
-        stats = RunStats(job.name, job.spec.stop)
-        run_dir.write_summary(stats.summary(result.phase, None, result.message))
-        if wiring.mirror is not None:
-            wiring.mirror.close()
-        return result, stats
+        return _unbuilt(job, run_dir, wiring, DriverResult("Failed", None, one_line(exc)))
     return driver.run(), driver.stats
+
+
+def _unbuilt(
+    job: ImpalaJob, run_dir: RunDir, wiring: Wiring, result: DriverResult
+) -> tuple[DriverResult, RunStats]:
+    """A run that ended before its driver was built: its summary all the same."""
+    stats = RunStats(job.name, job.spec.stop)
+    run_dir.write_summary(stats.summary(result.phase, None, result.message))
+    if wiring.mirror is not None:
+        wiring.mirror.close()
+    return result, stats
