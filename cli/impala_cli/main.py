@@ -58,7 +58,8 @@ def build_parser(registered: Collection[str] = ()) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     # `kill -USR1 PID` prints where each thread of a running command is (a run that hangs).
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    if sys.__stderr__ is not None:  # the process's own stderr, whatever a caller swapped in
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser([chosen] if chosen is not None else [])
