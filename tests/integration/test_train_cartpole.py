@@ -63,6 +63,20 @@ def test_invalid_manifest_exits_2_naming_the_field_before_anything_starts(tmp_pa
     assert not (tmp_path / "r").exists()
 
 
+def test_learner_gpus_the_machine_lacks_exit_2_naming_the_field(tmp_path: Path) -> None:
+    """32 learner GPUs on any machine of this suite: refused once Ray has counted the GPUs,
+    before an actor or learner starts (else a learner waits for one until the rendezvous
+    times out, or the first CUDA call fails)."""
+    res = _train(
+        "-f", EXAMPLE, "--run-dir", str(tmp_path / "run"),
+        "--set", "learner.gpus=16", "--set", "learner.replicas=2", timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert "learner.gpus 16 x learner.replicas 2 asks for 32 GPUs" in res.stderr
+    assert "--set learner.gpus=" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.train
 @pytest.mark.parametrize("process", ["driver", "separate"])

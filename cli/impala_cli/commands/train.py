@@ -117,6 +117,28 @@ def _init_ray(num_rollout: int, num_aggregator: int, num_learners: int) -> None:
     )
 
 
+def _check_gpus(job: ImpalaJob) -> None:
+    """Refuse learner GPUs this machine does not have: the learner would fail on its first
+    CUDA call, and a second learner would wait for a GPU until the group's rendezvous times out."""
+    import ray
+
+    learner = job.spec.learner
+    need = learner.gpus * learner.replicas
+    have = int(ray.cluster_resources().get("GPU", 0))
+    if need > have:
+        asked = f"learner.gpus {learner.gpus}" + (
+            f" x learner.replicas {learner.replicas}" if learner.replicas > 1 else ""
+        )
+        fits = have // learner.replicas
+        fix = "--set learner.gpus=0 trains on the CPU"
+        if fits:
+            fix = f"--set learner.gpus={fits} fits it, or fewer learner.replicas; {fix}"
+        raise CommandError(
+            f"{asked} asks for {need} GPU{'s' * (need > 1)}; this machine has {have or 'none'}: "
+            f"{fix}"
+        )
+
+
 def _shutdown_ray() -> None:
     import ray
 
@@ -201,6 +223,11 @@ def _run(job: ImpalaJob, chosen: list[str], args: argparse.Namespace) -> int:
     warm.start()
     with stopping.ray_starting():
         _init_ray(num_rollout, num_aggregator, spec.learner.replicas)
+    try:
+        _check_gpus(job)
+    except CommandError:
+        _shutdown_ray()
+        raise
     warm.join()
     from impala_trainer.node.cpus import local_learner_threads, set_learner_threads
 

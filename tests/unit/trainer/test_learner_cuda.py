@@ -247,3 +247,32 @@ def test_auto_precision_on_cuda_is_bfloat16_and_tracks_float32() -> None:
         assert p.grad is not None and p.grad.dtype == torch.float32
     for state in mixed.optimizers[0].state.values():
         assert all(v.dtype == torch.float32 for v in state.values() if v.is_floating_point())
+
+
+def test_a_cuda_learner_in_an_nccl_group_of_one_makes_the_plain_learners_update() -> None:
+    """learner.replicas on GPUs: a CUDA learner's group is NCCL over the rank-0 TCPStore, as
+    each learner pod builds it. With one rank the broadcast and the gradients' average change
+    nothing, so its update is the plain CUDA learner's; a stop then leaves the group at once."""
+    from harness.net import free_port
+    from impala_trainer.learning.collective import Collective, GroupStopped, Rendezvous
+
+    spec = learner_spec(learner={"gpus": 1})
+    torch.manual_seed(0)
+    plain = Learner(spec, (4,), 3, device="cuda:0")
+    torch.manual_seed(0)
+    grouped = Learner(spec, (4,), 3, device="cuda:0")
+    collective = Collective.join(
+        Rendezvous("127.0.0.1", free_port(), 1), 0, torch.device("cuda:0"),
+        local_host="127.0.0.1", timeout_seconds=60,
+    )  # fmt: skip
+    assert type(collective.group).__name__ == "ProcessGroupNCCL"
+    grouped.join(collective)
+    for seed in range(3):
+        plain.learn_on_batch(make_batch(seed=seed))
+        grouped.learn_on_batch(make_batch(seed=seed))
+    for k, v in plain.get_weights().items():
+        np.testing.assert_allclose(grouped.get_weights()[k], v, rtol=1e-6, atol=1e-7)
+    collective.stopping.set()
+    with pytest.raises(GroupStopped):
+        grouped.learn_on_batch(make_batch(seed=9))
+    assert collective.left and grouped.policy_version == 3
