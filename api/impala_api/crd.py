@@ -263,36 +263,12 @@ def _progress_schema() -> dict[str, Any]:
                     "spec.evaluation.opponent."
                 ),
             },
-            "policies": {
-                "type": "object",
-                "description": "A PettingZoo env's policies by name (spec.multiAgent).",
-                "additionalProperties": _obj(
-                    {
-                        "episodeReturnMean": {
-                            "type": "number",
-                            "nullable": True,
-                            "description": (
-                                "Mean return of its agents over their last 100 episodes (what "
-                                "spec.stop.policy's episodeReturnMean measures)."
-                            ),
-                        },
-                        "episodes": _int("Agent episodes counted."),
-                        "selfPlayScore": {
-                            "type": "number",
-                            "nullable": True,
-                            "description": (
-                                "spec.multiAgent.selfPlay's policy: its mean score over its "
-                                "last 100 games against the snapshot pool (1 a win, 0.5 a draw)."
-                            ),
-                        },
-                    },
-                    "One policy's training figures.",
-                ),
-            },
+            "policies": _policies_progress_schema(),
             "stopProgress": {
                 "type": "number",
                 "description": "Progress toward the nearest stop criterion, 0..1.",
             },
+            **_completion_schema(),
             "envStepsPerSecond": {"type": "number", "description": "Sampling throughput."},
             "learnerQueueFill": {
                 "type": "number",
@@ -303,6 +279,52 @@ def _progress_schema() -> dict[str, Any]:
         },
         "Training progress, read from the status sidecar's /status.",
     )
+
+
+def _policies_progress_schema() -> dict[str, Any]:
+    """status.progress.policies: a PettingZoo env's policies by name."""
+    return {
+        "type": "object",
+        "description": "A PettingZoo env's policies by name (spec.multiAgent).",
+        "additionalProperties": _obj(
+            {
+                "episodeReturnMean": {
+                    "type": "number",
+                    "nullable": True,
+                    "description": (
+                        "Mean return of its agents over their last 100 episodes (what "
+                        "spec.stop.policy's episodeReturnMean measures)."
+                    ),
+                },
+                "episodes": _int("Agent episodes counted."),
+                "selfPlayScore": {
+                    "type": "number",
+                    "nullable": True,
+                    "description": (
+                        "spec.multiAgent.selfPlay's policy: its mean score over its "
+                        "last 100 games against the snapshot pool (1 a win, 0.5 a draw)."
+                    ),
+                },
+            },
+            "One policy's training figures.",
+        ),
+    }
+
+
+def _completion_schema() -> dict[str, Any]:
+    """status.progress's percent done and time left (the Done% and ETA printer columns)."""
+    return {
+        "percentComplete": _int(
+            "Percent of the way to stop.timesteps or stop.timeLimitSeconds, whichever is "
+            "nearer; absent when neither is set (a return criterion's end cannot be known)."
+        ),
+        "remainingSeconds": _int(
+            "Estimated seconds left until stop.timesteps (at the recent sampling rate) or "
+            "stop.timeLimitSeconds, whichever comes first: at most that when a return "
+            "criterion ends the run sooner. Only while the job runs."
+        ),
+        "eta": _str("remainingSeconds as kubectl prints a duration (3m20s, 1h05m)."),
+    }
 
 
 def _admission_schema() -> dict[str, Any]:
@@ -448,6 +470,8 @@ def build_crd() -> dict[str, Any]:
         ("Rollouts", "string", ".status.rollouts.summary", 0),
         ("Steps", "integer", ".status.progress.timesteps", 0),
         ("Return", "number", ".status.progress.episodeReturnMean", 0),
+        ("Done%", "integer", ".status.progress.percentComplete", 0),
+        ("ETA", "string", ".status.progress.eta", 0),
         ("Age", "date", ".metadata.creationTimestamp", 0),
         ("Regressed", "string", '.status.conditions[?(@.type=="ReturnRegressed")].status', 0),
         ("Eval", "number", ".status.progress.evaluationReturnMean", 1),

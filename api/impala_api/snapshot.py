@@ -210,10 +210,29 @@ class StopProgress(Snap):
     """The stop criteria in force (timesteps, episodeReturnMean, timeLimitSeconds)."""
     progress: float = 0.0
     """Progress toward the nearest criterion, in [0, 1]."""
+    foreseeable: float | None = None
+    """Progress toward the nearer of timesteps and timeLimitSeconds, the criteria whose end can
+    be foreseen, in [0, 1]; None when neither is set (a return criterion alone: no one knows
+    when a return will be reached)."""
+    remaining_seconds: float | None = None
+    """Seconds until timesteps (at the recent sampling rate) or timeLimitSeconds is reached,
+    whichever comes first: an upper bound when a return criterion may end the run sooner."""
     stopped_by: str | None = None
     """The criterion that ended the run, once it has."""
     policy: str | None = None
     """stop.policy: the policy whose return episodeReturnMean measures (None: the team's)."""
+
+
+def duration_text(seconds: float) -> str:
+    """`kubectl get`'s style for a duration: 45s, 3m20s, 1h05m, 2d3h."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600}h"
 
 
 class PolicyStatus(Snap):

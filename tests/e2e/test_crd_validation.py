@@ -131,7 +131,10 @@ def test_scale_subresource_and_printer_columns(crd: Kube, namespace: str) -> Non
             "summary": "2/3",
             "selector": "app.kubernetes.io/instance=scaled,app.kubernetes.io/component=rollout",
         },
-        "progress": {"timesteps": 12345, "episodeReturnMean": 87.5},
+        "progress": {
+            "timesteps": 12345, "episodeReturnMean": 87.5, "percentComplete": 41,
+            "remainingSeconds": 200, "eta": "3m20s",
+        },  # fmt: skip
     }
     crd.kubectl(
         "patch",
@@ -155,9 +158,11 @@ def test_scale_subresource_and_printer_columns(crd: Kube, namespace: str) -> Non
     # Observed replicas (pods that exist), not ready ones, as a Deployment's scale reports.
     assert scale["status"] == {"replicas": 3, "selector": status["rollouts"]["selector"]}
     table = crd.kubectl("get", "ij", "scaled", "-n", namespace).stdout.split("\n")
-    header = ["NAME", "PHASE", "LEARNERS", "ROLLOUTS", "STEPS", "RETURN", "AGE", "REGRESSED"]
+    header = ["NAME", "PHASE", "LEARNERS", "ROLLOUTS", "STEPS", "RETURN", "DONE%", "ETA", "AGE",
+              "REGRESSED"]  # fmt: skip
     assert table[0].split() == header
-    assert table[1].split()[:6] == ["scaled", "Running", "1/2", "2/3", "12345", "87.5"]
+    row = ["scaled", "Running", "1/2", "2/3", "12345", "87.5", "41", "3m20s"]
+    assert table[1].split()[:8] == row
 
 
 def test_status_is_validated_and_pruned(crd: Kube, namespace: str) -> None:

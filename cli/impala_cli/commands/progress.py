@@ -14,7 +14,7 @@ from typing import TextIO
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-from impala_api.snapshot import StatusSnapshot
+from impala_api.snapshot import StatusSnapshot, duration_text
 
 
 def describe(snap: StatusSnapshot) -> str:
@@ -68,6 +68,8 @@ class ProgressReporter:
         self._last_log = now
         line = f"[{self.job}] {snap.phase.lower()} {snap.wall_seconds:6.1f}s  {describe(snap)}"
         line += f"  progress {100 * snap.stop.progress:.0f}%"
+        if snap.stop.remaining_seconds is not None and snap.phase in ("Starting", "Running"):
+            line += f"  ETA {duration_text(snap.stop.remaining_seconds)}"
         print(line, file=self.stream, flush=True)
 
     def close(self) -> None:

@@ -7,6 +7,7 @@ import sys
 import time
 from typing import Any
 
+from impala_api.snapshot import duration_text
 from impala_trainer.sidecar.models import StatusResponse
 
 
@@ -63,6 +64,8 @@ def summary_rows(s: StatusResponse) -> list[tuple[str, str]]:
     if s.stop.policy:
         stop += f" (policy {s.stop.policy})"
     stop += f"; {s.stop.progress:.0%} done"
+    if s.stop.remaining_seconds is not None and s.phase in ("Starting", "Running"):
+        stop += f", ~{duration_text(s.stop.remaining_seconds)} left"
     if s.stop.stopped_by:
         stop += f"; stopped by {s.stop.stopped_by}"
     rows = [

@@ -14,7 +14,7 @@ from typing import Any
 
 from impala_api import names
 from impala_api.roles import STATUS_PORT
-from impala_api.snapshot import StatusSnapshot
+from impala_api.snapshot import StatusSnapshot, duration_text
 from impala_operator.lifecycle.conditions import (
     parse_time,
     rfc3339,
@@ -190,11 +190,24 @@ def progress(snapshot: StatusSnapshot) -> dict[str, Any]:
         **evaluation,
         **({"policies": policies} if policies else {}),
         "stopProgress": round(snapshot.stop.progress, 4),
+        **_completion(snapshot),
         "envStepsPerSecond": round(snapshot.throughput.env_steps_per_s, 3),
         "learnerQueueFill": round(snapshot.learner_queue.fill, 4),
         "policyVersion": snapshot.counters.policy_version,
         "updatedAt": rfc3339(snapshot.updated_at),
     }
+
+
+def _completion(snapshot: StatusSnapshot) -> dict[str, Any]:
+    """Percent done and the time left, where the stop criteria let them be known (timesteps,
+    timeLimitSeconds); the time left only while the run goes on."""
+    stop, out = snapshot.stop, dict[str, Any]()
+    if stop.foreseeable is not None:
+        out["percentComplete"] = int(100 * stop.foreseeable)
+    if stop.remaining_seconds is not None and snapshot.phase in ("Starting", "Running"):
+        out["remainingSeconds"] = round(stop.remaining_seconds)
+        out["eta"] = duration_text(stop.remaining_seconds)
+    return out
 
 
 def return_regressed(

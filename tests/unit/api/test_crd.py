@@ -135,7 +135,9 @@ def _at(schema: dict[str, Any], json_path: str) -> dict[str, Any]:
 
 def test_printer_columns_point_at_schema_fields() -> None:
     columns = {c["name"]: c for c in VERSION["additionalPrinterColumns"]}
-    assert list(columns)[:6] == ["Phase", "Learners", "Rollouts", "Steps", "Return", "Age"]
+    assert list(columns)[:8] == [
+        "Phase", "Learners", "Rollouts", "Steps", "Return", "Done%", "ETA", "Age"
+    ]  # fmt: skip
     for column in columns.values():
         if column["jsonPath"].startswith(".status"):
             node = _at(ROOT_SCHEMA, column["jsonPath"])

@@ -261,6 +261,25 @@ def test_a_multi_agent_jobs_progress_is_per_policy_and_fits_the_schema() -> None
     assert set(progress["policies"]["main"]) <= set(per_policy)
 
 
+def test_percent_done_and_time_left_come_where_the_criteria_let_them_be_known() -> None:
+    """As Kubeflow Trainer's TrainJob progress: percent and time left, in the status and the
+    printer columns, for the steps and time criteria; nothing for a return criterion alone, and
+    no time left once the run has ended."""
+    stop = StopProgress(criteria={"timesteps": 40_000}, progress=0.3, foreseeable=0.3,
+                        remaining_seconds=200.4)  # fmt: skip
+    progress = _compute(snapshot=_snapshot(stop=stop))["progress"]
+    assert (progress["percentComplete"], progress["remainingSeconds"]) == (30, 200)
+    assert progress["eta"] == "3m20s"
+    assert {"percentComplete", "remainingSeconds", "eta"} <= set(
+        status_schema()["properties"]["progress"]["properties"]
+    )
+    ended = _compute(snapshot=_snapshot(phase="Succeeded", stop=stop))["progress"]
+    assert ended["percentComplete"] == 30 and "eta" not in ended and "remainingSeconds" not in ended
+    by_return = StopProgress(criteria={"episodeReturnMean": 450}, progress=0.5)
+    alone = _compute(snapshot=_snapshot(stop=by_return))["progress"]
+    assert not {"percentComplete", "remainingSeconds", "eta"} & set(alone)
+
+
 def test_progress_is_kept_while_the_sidecar_is_away() -> None:
     first = _compute()
     again = _compute(snapshot=None, previous=first)

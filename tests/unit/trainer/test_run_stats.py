@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from impala_api.snapshot import Counters, Membership
+from impala_api.snapshot import Counters, Membership, Throughput, duration_text
 from impala_api.spec import StopSpec
 from impala_cli.commands.progress import ProgressReporter
 from impala_trainer.learning.learner_thread import WindowStat
@@ -21,6 +21,40 @@ def test_timesteps_criterion() -> None:
     assert stats.progress() == pytest.approx(0.999)
     stats.counters.num_env_steps_sampled = 1000
     assert stats.stop_reason() == "timesteps"
+
+
+def test_the_time_left_is_the_sooner_of_the_steps_at_the_recent_rate_and_the_time_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stats = RunStats("j", StopSpec(timesteps=10_000, time_limit_seconds=600))
+    monkeypatch.setattr(stats, "wall_seconds", lambda: 120.0)
+    stats.counters.num_env_steps_sampled = 4_000
+    assert stats.remaining_seconds() == pytest.approx(480)  # nothing sampled lately: the limit
+    stats.throughput = Throughput(env_steps_per_s=100.0)
+    assert stats.remaining_seconds() == pytest.approx(60)  # 6,000 steps at 100/s
+    assert stats.foreseeable_progress() == pytest.approx(0.4)
+    stats.throughput = Throughput(env_steps_per_s=1.0)
+    assert stats.remaining_seconds() == pytest.approx(480)
+    stop = stats.snapshot("Running", Membership()).stop
+    assert (stop.foreseeable, stop.remaining_seconds) == (pytest.approx(0.4), pytest.approx(480))
+
+
+def test_a_return_criterion_alone_has_no_foreseeable_end() -> None:
+    """Nobody knows when a return will be reached: no percent, no time left (the progress
+    toward the return stays what the bar shows)."""
+    stats = RunStats("j", StopSpec(episode_return_mean=450, time_limit_seconds=None))
+    stats.throughput = Throughput(env_steps_per_s=100.0)
+    stop = stats.snapshot("Running", Membership()).stop
+    assert stop.foreseeable is None and stop.remaining_seconds is None
+    assert RunStats("j", StopSpec(timesteps=10)).remaining_seconds() is None  # no rate yet
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0s"), (44.6, "45s"), (200, "3m20s"), (3900, "1h05m"), (3 * 86400 + 7300, "3d2h")],
+)
+def test_durations_read_as_kubectl_prints_them(seconds: float, text: str) -> None:
+    assert duration_text(seconds) == text
 
 
 def test_return_criterion_needs_a_full_window_of_the_newest_episodes() -> None:
@@ -160,5 +194,20 @@ def test_plain_progress_lines_when_not_a_tty() -> None:
     lines = out.getvalue().splitlines()
     assert len(lines) == 2
     assert "steps 250" in lines[0] and "progress 25%" in lines[0]
+    assert "ETA" not in lines[0], "no rate yet: no time left to tell"
     assert "\x1b" not in out.getvalue()
     assert lines[1].startswith("[cartpole] succeeded")
+
+
+def test_a_progress_line_tells_the_time_left_while_the_run_goes_on() -> None:
+    out = io.StringIO()
+    reporter = ProgressReporter("cartpole", stream=out, tty=False, log_interval=0)
+    stats = RunStats("cartpole", StopSpec(timesteps=1000))
+    stats.counters.num_env_steps_sampled = 250
+    stats.throughput = Throughput(env_steps_per_s=50.0)
+    reporter.update(stats.snapshot("Running", Membership()))
+    stats.counters.num_env_steps_sampled = 1000
+    reporter.update(stats.snapshot("Succeeded", Membership()))
+    running, done = out.getvalue().splitlines()
+    assert running.endswith("progress 25%  ETA 15s")
+    assert "ETA" not in done

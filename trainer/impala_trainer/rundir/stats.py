@@ -223,6 +223,28 @@ class RunStats:
             fractions.append(self.wall_seconds() / s.time_limit_seconds)
         return max(0.0, min(1.0, max(fractions)))
 
+    def foreseeable_progress(self) -> float | None:
+        """Progress toward the nearer of timesteps and timeLimitSeconds; None without either."""
+        s = self.stop
+        fractions = []
+        if s.timesteps:
+            fractions.append(self.counters.num_env_steps_sampled / s.timesteps)
+        if s.time_limit_seconds:
+            fractions.append(self.wall_seconds() / s.time_limit_seconds)
+        return max(0.0, min(1.0, max(fractions))) if fractions else None
+
+    def remaining_seconds(self) -> float | None:
+        """Until timesteps (at the recent rate) or timeLimitSeconds, whichever is sooner; None
+        when neither is set, or only timesteps and nothing has been sampled recently."""
+        s = self.stop
+        left = []
+        rate = self.throughput.env_steps_per_s
+        if s.timesteps and rate > 0:
+            left.append((s.timesteps - self.counters.num_env_steps_sampled) / rate)
+        if s.time_limit_seconds:
+            left.append(s.time_limit_seconds - self.wall_seconds())
+        return max(0.0, min(left)) if left else None
+
     @property
     def evaluation_return_mean(self) -> float | None:
         return self.evaluation.episode_return_mean if self.evaluation else None
@@ -265,7 +287,8 @@ class RunStats:
             evaluation=self.evaluation,
             stop=StopProgress(
                 criteria=self.criteria(), progress=self.progress(), stopped_by=stopped_by,
-                policy=self.stop.policy,
+                policy=self.stop.policy, foreseeable=self.foreseeable_progress(),
+                remaining_seconds=self.remaining_seconds(),
             ),
             return_trend=self.trend,
             policy_lag_mean=self.policy_lag_mean,
