@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Collection
 
-from impala_cli.commands import CommandError
+from impala_cli.commands import CommandError, cluster
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, str] = {
@@ -41,11 +42,13 @@ def command_module(name: str) -> str:
     return "impala_cli.commands." + _MODULES.get(name, name.replace("-", "_"))
 
 
-def build_parser(registered: Collection[str] = ()) -> argparse.ArgumentParser:
+def build_parser(
+    registered: Collection[str] = (), prog: str = "impalajob"
+) -> argparse.ArgumentParser:
     """The `impalajob` parser: every subcommand by name and help, and the arguments of those in
     `registered` (each imports its module: `main` registers only the one chosen, the reference
     pages all of them)."""
-    parser = argparse.ArgumentParser(prog="impalajob", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help_text in COMMANDS.items():
         # Flags are written whole: no prefix of one is read as another (`--token SECRET` would
@@ -62,8 +65,14 @@ def main(argv: list[str] | None = None) -> int:
         faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser([chosen] if chosen is not None else [])
+    # Installed as `kubectl-impalajob` too: kubectl runs it for `kubectl impalajob ...`.
+    plugin = os.path.basename(sys.argv[0]).startswith("kubectl-")
+    parser = build_parser(
+        [chosen] if chosen is not None else [], "kubectl impalajob" if plugin else "impalajob"
+    )
     args = parser.parse_args(argv)
+    if hasattr(args, "context"):  # a command that looks jobs up: kubectl's flags pick the cluster
+        cluster.use(cluster.Target(args.kubeconfig, args.context))
     mod = importlib.import_module(command_module(args.command))
     try:
         return int(mod.run(args) or 0)

@@ -17,6 +17,7 @@ from impala_api.manifest import load_manifest, parse_manifest
 from impala_api.spec import ImpalaJobSpec
 from tests.support.crd import install_crd
 from tests.support.crd_cases import INVALID, VALID, Invalid, base_job, job_with
+from tests.support.plugin import kubectl_impalajob
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -134,7 +135,7 @@ def test_scale_subresource_and_printer_columns(crd: Kube, namespace: str) -> Non
         "progress": {
             "timesteps": 12345, "episodeReturnMean": 87.5, "percentComplete": 41,
             "remainingSeconds": 200, "eta": "3m20s",
-        },  # fmt: skip
+        },
     }
     crd.kubectl(
         "patch",
@@ -201,3 +202,21 @@ def test_status_is_validated_and_pruned(crd: Kube, namespace: str) -> None:
         json.dumps({"status": {"phase": "Failed"}}),
     )
     assert crd.get("ij", "statusy", "-n", namespace)["status"]["phase"] == "Pending"
+
+
+def test_kubectl_runs_the_plugin_on_the_context_and_namespace_named(
+    crd: Kube, namespace: str
+) -> None:
+    """`kubectl impalajob status NAME -n NS --context C --kubeconfig F` through the real kubectl:
+    a finished job's status, read from its CR."""
+    _apply(crd, namespace, base_job("done"))
+    progress = {"timesteps": 5000, "episodes": 40, "episodeReturnMean": 480.5,
+                "percentComplete": 100}  # fmt: skip
+    status = {"phase": "Succeeded", "message": "stop criterion timesteps met", "progress": progress}
+    crd.kubectl("patch", "ij", "done", "-n", namespace, "--subresource=status", "--type=merge",
+                "-p", json.dumps({"status": status}))  # fmt: skip
+    table = kubectl_impalajob(crd, "status", "done", "-n", namespace)
+    assert "Succeeded (stop criterion timesteps met)" in table and "5,000" in table, table
+    final = json.loads(kubectl_impalajob(crd, "status", "done", "-n", namespace, "--json"))
+    assert (final["namespace"], final["phase"]) == (namespace, "Succeeded")
+    assert kubectl_impalajob(crd, "--help").startswith("usage: kubectl impalajob")

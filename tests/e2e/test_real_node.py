@@ -31,6 +31,7 @@ from harness.cluster.s3 import S3Server
 from impala_api.names import STATUS_ACCESS_LABEL
 from impala_api.roles import STATUS_PORT, RayPorts
 from tests.support.jobs import EXAMPLES, example_documents, example_manifest, static_volume
+from tests.support.plugin import kubectl_impalajob
 
 from .conftest import REAL_NODE_REPORT
 
@@ -633,8 +634,8 @@ def test_progress_rises_and_reads_live(
 
     wait_for(rising, timeout=120, interval=2, what="three distinct progress values")
     assert seen == sorted(seen), seen
-    live = impalajob_status(kube, ns, FAULT_JOB)
-    log(f"impalajob status {FAULT_JOB} (mid-run): {live['counters']}")
+    live = json.loads(kubectl_impalajob(kube, "status", FAULT_JOB, "-n", ns, "--json"))
+    log(f"kubectl impalajob status {FAULT_JOB} (mid-run): {live['counters']}")
     assert live["phase"] == "Running"
     assert live["counters"]["num_env_steps_sampled"] >= seen[-1]
     # Security is on: the operator made the job's Secret, and a wrong token gets nothing.

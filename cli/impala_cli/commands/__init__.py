@@ -114,3 +114,17 @@ def mirror_run(
     except StorageError as err:
         raise CommandError(str(err), EXIT_USAGE if err.config else EXIT_FAILED) from None
     return Mirror(remote, run_dir.path, job.spec.checkpoint.keep)
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser, namespace_help: str) -> None:
+    """`-n/--namespace`, `--context` and `--kubeconfig`, as kubectl reads them: every command
+    that looks a job up on the cluster (`kubectl impalajob status NAME -n NS --context C`)."""
+    parser.add_argument("-n", "--namespace", help=namespace_help)
+    parser.add_argument(
+        "--context", help="the kubeconfig context to use (default: its current context)"
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        help="the kubeconfig file to use (default: $KUBECONFIG, else ~/.kube/config, else the "
+        "pod's in-cluster identity)",
+    )

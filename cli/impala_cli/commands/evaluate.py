@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from impala_cli.commands import CommandError
+from impala_cli.commands import CommandError, add_cluster_arguments
 
 if TYPE_CHECKING:
     from impala_trainer.policy.loaded import LoadedPolicy
@@ -31,7 +31,7 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
         "job", nargs="?", metavar="NAME", help="an ImpalaJob on the cluster (instead of --run-dir)"
     )
     parser.add_argument("--run-dir", type=Path, help="the run directory")
-    parser.add_argument("-n", "--namespace", help="the job's namespace (default: the context's)")
+    add_cluster_arguments(parser, "the job's namespace (default: the context's)")
     parser.add_argument(
         "--checkpoint",
         metavar="CKPT",

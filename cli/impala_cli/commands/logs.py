@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from impala_api import names
-from impala_cli.commands import EXIT_FAILED, CommandError
+from impala_cli.commands import EXIT_FAILED, CommandError, add_cluster_arguments
 from impala_cli.commands.cluster import NoClusterError, connect
 
 _CONTAINERS: dict[str, tuple[names.Component, str]] = {
@@ -33,7 +33,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--role", choices=list(_CONTAINERS), default="learner", help="whose logs (default learner)"
     )
-    parser.add_argument("-n", "--namespace", help="the job's namespace (default: the context's)")
+    add_cluster_arguments(parser, "the job's namespace (default: the context's)")
     parser.add_argument("--follow", action="store_true", help="stream new lines (one pod)")
     parser.add_argument("--tail", type=int, default=None, help="last N lines of each pod")
     parser.add_argument(

@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from impala_cli.commands import EXIT_FAILED, CommandError
+from impala_cli.commands import EXIT_FAILED, CommandError, add_cluster_arguments
 from impala_cli.commands.status_render import final_rows, print_rows, print_table
 from impala_cli.commands.status_transport import (
     FinishedJob,
@@ -38,12 +38,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="send the bearer token in this file (or set IMPALA_STATUS_TOKEN; default for a job "
         "name: its Secret)",
     )
-    parser.add_argument(
-        "-n",
-        "--namespace",
-        default=None,
-        help="namespace of the ImpalaJob (default: the kubeconfig context's)",
-    )
+    add_cluster_arguments(parser, "the job's namespace (default: the context's)")
     parser.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout in seconds")
 
 

@@ -30,3 +30,12 @@ def test_a_multi_agent_jobs_rows_name_each_policy_and_the_games() -> None:
         "main against random: won 88, drawn 4, lost 8 (win rate 88.0%)"
     )
     assert rows["Stop"] == "episodeReturnMean 0.5 (policy main); 50% done"
+
+
+def test_the_stop_row_tells_the_time_left_while_the_job_runs() -> None:
+    stop = StopProgress(criteria={"timesteps": 1e6}, progress=0.25, foreseeable=0.25,
+                        remaining_seconds=3900)  # fmt: skip
+    running = StatusResponse(job="cp", phase="Running", stop=stop)
+    assert dict(summary_rows(running))["Stop"] == "timesteps 1e+06; 25% done, ~1h05m left"
+    ended = StatusResponse(job="cp", phase="Stopped", stop=stop)
+    assert dict(summary_rows(ended))["Stop"] == "timesteps 1e+06; 25% done"
