@@ -6,9 +6,9 @@ the tests exercise is what the pods run. Torch/Ray-free: the operator imports it
 
 Ports (defaults, the pods use them unchanged): Ray GCS 6379, node manager 6380, object manager
 6381, Ray worker ports 10002-10101, dashboard agent 52365/52366, runtime-env agent 52367, metrics
-export 52368, status sidecar 8080. Ray's agents default to random ports; pinning them makes every
-port a pod listens on known (NetworkPolicy, firewalls) and lets several nodes share one host in
-the local tests without collisions.
+export 52368, status sidecar 8080 (its metrics 9080). Ray's agents default to random ports;
+pinning them makes every port a pod listens on known (NetworkPolicy, firewalls) and lets several
+nodes share one host in the local tests without collisions.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ ROLES: tuple[Role, ...] = ("learner", "learner-peer", "rollout", "aggregator", "
 
 STATUS_PORT = 8080
 """Port of the status sidecar (`/status`, `/metrics`, `/healthz`, `/readyz`)."""
+METRICS_PORT = 9080
+"""The status sidecar's metrics port: `/metrics` and the probes without the token, for
+Prometheus (the job's NetworkPolicy admits the monitoring namespace to it and nothing else)."""
 
 # Role -> `impalajob` subcommand (impala_cli.main.COMMANDS).
 SUBCOMMAND: dict[Role, str] = {
@@ -155,14 +158,17 @@ def status_command(
     run_dir: str,
     *,
     status_port: int = STATUS_PORT,
+    metrics_port: int | None = None,
     host: str | None = None,
     executable: Sequence[str] = ("impalajob",),
 ) -> list[str]:
     """The status sidecar's argv, `impalajob status-server --run-dir DIR --status-port PORT
-    [--host HOST]`: it needs no job, so `impalajob train`, the tests and the benchmarks serve a
-    run directory with it too."""
+    [--metrics-port PORT] [--host HOST]`: it needs no job, so `impalajob train`, the tests and
+    the benchmarks serve a run directory with it too."""
     argv = [*executable, SUBCOMMAND["status"], f"--run-dir={run_dir}"]
     argv.append(f"--status-port={status_port}")
+    if metrics_port is not None:
+        argv.append(f"--metrics-port={metrics_port}")
     if host:
         argv.append(f"--host={host}")
     return argv

@@ -46,6 +46,10 @@ class Settings(BaseSettings):
     health_port: int = Field(default=8081, ge=0, le=65535)
     """Port of kopf's liveness endpoint (/healthz); 0 disables it."""
 
+    monitoring_namespace: str | None = None
+    """Namespace whose pods (Prometheus) every job's NetworkPolicy admits to the status
+    sidecar's metrics port; unset, none but the job's own pods reach it."""
+
     api_concurrency: int = Field(default=32, ge=1, le=256)
     """Kubernetes API calls in flight at once (worker threads and pooled connections): with
     many jobs starting together, the operator waits on API latency, not on CPU."""

@@ -182,3 +182,22 @@ def test_no_token_configured_means_open(serve: Serve) -> None:
     client = serve(Settings(token=""))  # an empty env var / Secret key is "no token"
     for path in GUARDED:
         assert client.get(path).status_code == 200, path
+
+
+def test_the_metrics_port_serves_metrics_alone_and_without_the_token(
+    cli_server: Callable[..., str],
+) -> None:
+    """The sidecar as its container runs it: the token guards everything on the status port,
+    /metrics included; the metrics port (what Prometheus scrapes, which holds no job's token)
+    serves /metrics and the probes without it, and nothing else."""
+    metrics_port = free_port()
+    url = cli_server(f"--metrics-port={metrics_port}", env={"IMPALA_STATUS_TOKEN": "s3cret"})
+    status = httpx.Client(base_url=url, timeout=10)
+    _assert_guarded(status, "s3cret")
+    metrics = httpx.Client(base_url=f"http://127.0.0.1:{metrics_port}", timeout=10)
+    scraped = metrics.get("/metrics")
+    assert scraped.status_code == 200 and "impala_env_steps_per_second{" in scraped.text
+    assert scraped.text == status.get("/metrics", headers=_bearer("s3cret")).text
+    assert metrics.get("/healthz").status_code == 200
+    for path in ("/status", "/history", "/", "/openapi.json", "/static/dashboard.js"):
+        assert metrics.get(path).status_code == 404, path

@@ -4,14 +4,16 @@ and `impalajob train --dashboard`'s child process)."""
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from pathlib import Path
+from typing import cast
 
 import uvicorn
 
 from impala_api.roles import STATUS_PORT
 from impala_cli.commands import LOG_LEVELS
-from impala_trainer.sidecar.app import create_app
+from impala_trainer.sidecar.app import ASGIApp, by_port, create_app, create_metrics_app
 from impala_trainer.sidecar.settings import Settings
 
 
@@ -26,6 +28,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
     parser.add_argument(
         "--status-port", type=int, default=STATUS_PORT, help=f"port (default {STATUS_PORT})"
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="also serve /metrics and the probes on this port, without the token (what "
+        "Prometheus scrapes; the job's NetworkPolicy admits only the monitoring namespace)",
     )
     parser.add_argument(
         "--job",
@@ -74,13 +83,29 @@ def run(args: argparse.Namespace) -> int:
     auth = "token required" if settings.auth_enabled else "no token"
     url = f"http://{args.host}:{args.status_port}"
     print(f"serving {settings.run_dir} on {url} ({auth})", flush=True)
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.status_port,
+    ports, served = [args.status_port], cast("ASGIApp", app)
+    if args.metrics_port is not None:
+        ports.append(args.metrics_port)
+        served = by_port(app, create_metrics_app(app), args.metrics_port)
+        print(f"serving /metrics on http://{args.host}:{args.metrics_port} (no token)", flush=True)
+    config = uvicorn.Config(
+        served,
         log_level=args.log_level,
         access_log=args.access_log,
         server_header=False,
         proxy_headers=False,
     )
+    sockets = [_listen(args.host, port) for port in ports]
+    uvicorn.Server(config).run(sockets=sockets)
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A bound, listening socket: one server serves the status and metrics ports together."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock

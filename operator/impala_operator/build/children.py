@@ -19,7 +19,14 @@ from typing import Any, Literal
 import yaml
 
 from impala_api import names
-from impala_api.roles import DEFAULT_PORTS, POD_IP, STATUS_PORT, role_command, status_command
+from impala_api.roles import (
+    DEFAULT_PORTS,
+    METRICS_PORT,
+    POD_IP,
+    STATUS_PORT,
+    role_command,
+    status_command,
+)
 from impala_api.spec import API_GROUP, API_VERSION, KIND, ImpalaJob
 from impala_operator.build import pod_template
 from impala_operator.build.tokens import JobTokens
@@ -232,13 +239,13 @@ def _status_sidecar(job: ImpalaJob) -> dict[str, Any]:
     sidecar = pod_template.container(
         "status",
         job,
-        status_command(RUN_DIR, host="0.0.0.0"),
+        status_command(RUN_DIR, metrics_port=METRICS_PORT, host="0.0.0.0"),
         resources=pod_template.SIDECAR_RESOURCES,
         mounts=[
             {"name": "run", "mountPath": RUN_DIR, "readOnly": True},
             {"name": "auth", "mountPath": AUTH_DIR, "readOnly": True},
         ],
-        ports=[("http", STATUS_PORT)],
+        ports=[("http", STATUS_PORT), ("metrics", METRICS_PORT)],
         extra_env=[
             {"name": "IMPALA_STATUS_JOB_NAME", "value": job.name},
             # Every endpoint but /healthz and /readyz wants the bearer token.
@@ -362,12 +369,36 @@ def build_learner_disruption_budget(job: ImpalaJob, uid: str) -> Manifest:
     }
 
 
-def build_network_policy(job: ImpalaJob, uid: str, operator_namespace: str) -> Manifest:
+def build_network_policy(
+    job: ImpalaJob, uid: str, operator_namespace: str, monitoring_namespace: str | None = None
+) -> Manifest:
     """NetworkPolicy `<job>-network`: the job's pods accept Ray traffic (any port) only from the
     job's own pods, and the status port only from pods labelled `impala.dev/status-access:
     "true"` in the job's namespace or the operator's (the operator's own pods carry it). What
-    gets through still needs the status token."""
+    gets through still needs the status token. The sidecar's metrics port, which needs none,
+    admits `monitoring_namespace`'s pods (Prometheus) when the operator names one."""
     access = {names.STATUS_ACCESS_LABEL: "true"}
+    ingress: list[dict[str, Any]] = [
+        {"from": [{"podSelector": {"matchLabels": names.selector_labels(job.name)}}]},
+        {
+            "from": [
+                {"podSelector": {"matchLabels": access}},
+                {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": operator_namespace}
+                    },
+                    "podSelector": {"matchLabels": access},
+                },
+            ],
+            "ports": [{"protocol": "TCP", "port": STATUS_PORT}],
+        },
+    ]
+    if monitoring_namespace is not None:
+        monitoring = {"kubernetes.io/metadata.name": monitoring_namespace}
+        ingress.append({
+            "from": [{"namespaceSelector": {"matchLabels": monitoring}}],
+            "ports": [{"protocol": "TCP", "port": METRICS_PORT}],
+        })  # fmt: skip
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -375,20 +406,6 @@ def build_network_policy(job: ImpalaJob, uid: str, operator_namespace: str) -> M
         "spec": {
             "podSelector": {"matchLabels": names.selector_labels(job.name)},
             "policyTypes": ["Ingress"],
-            "ingress": [
-                {"from": [{"podSelector": {"matchLabels": names.selector_labels(job.name)}}]},
-                {
-                    "from": [
-                        {"podSelector": {"matchLabels": access}},
-                        {
-                            "namespaceSelector": {
-                                "matchLabels": {"kubernetes.io/metadata.name": operator_namespace}
-                            },
-                            "podSelector": {"matchLabels": access},
-                        },
-                    ],
-                    "ports": [{"protocol": "TCP", "port": STATUS_PORT}],
-                },
-            ],
+            "ingress": ingress,
         },
     }

@@ -117,6 +117,7 @@ def plan_children(
     *,
     tokens: JobTokens,
     operator_namespace: str,
+    monitoring_namespace: str | None = None,
     admitted: Admission | None = None,
 ) -> list[Manifest]:
     """Children that follow the spec (auth Secret, config, Services, NetworkPolicy,
@@ -134,7 +135,7 @@ def plan_children(
         children.build_config_map(job, uid),
         children.build_learner_service(job, uid),
         children.build_status_service(job, uid),
-        children.build_network_policy(job, uid, operator_namespace),
+        children.build_network_policy(job, uid, operator_namespace, monitoring_namespace),
     ]
     if job.spec.run_policy.learner_disruption_budget:
         manifests.append(children.build_learner_disruption_budget(job, uid))

@@ -366,6 +366,7 @@ async def apply_children(
         _deployment_views(node_deployments, uid),
         tokens=job_tokens(memo.token_key, uid),
         operator_namespace=memo.operator_namespace,
+        monitoring_namespace=memo.settings.monitoring_namespace,
         admitted=admitted,
     )
     namespace = job.metadata.namespace or ""

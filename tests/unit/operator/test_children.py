@@ -11,7 +11,7 @@ import yaml
 
 from impala_api import names
 from impala_api.manifest import ManifestError, parse_manifest
-from impala_api.roles import DEFAULT_PORTS, POD_IP, SUBCOMMAND, RayPorts, role_command
+from impala_api.roles import DEFAULT_PORTS, METRICS_PORT, POD_IP, SUBCOMMAND, RayPorts, role_command
 from impala_api.spec import ImpalaJob
 from impala_operator.build import children
 from impala_operator.lifecycle import plan
@@ -563,6 +563,24 @@ def test_network_policy_admits_the_status_port_only_from_labelled_pods() -> None
             "podSelector": access,
         },  # the operator's
     ]
+
+
+def test_the_monitoring_namespace_reaches_the_metrics_port_and_nothing_else() -> None:
+    """The sidecar serves /metrics without the token on its metrics port, which only the
+    operator's monitoring namespace (Prometheus) may reach; without one, only the job's pods."""
+    job = _job()
+    policy = children.build_network_policy(job, "uid-1", "impala-system", "monitoring")
+    *_, metrics = policy["spec"]["ingress"]
+    assert metrics == {
+        "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name":
+                                                        "monitoring"}}}],
+        "ports": [{"protocol": "TCP", "port": METRICS_PORT}],
+    }  # fmt: skip
+    assert len(children.build_network_policy(job, "uid-1", "impala-system")["spec"]["ingress"]) == 2
+    learner = children.build_learner_pod(job, "uid-1")
+    sidecar = next(c for c in learner["spec"]["initContainers"] if c["name"] == "status")
+    assert f"--metrics-port={METRICS_PORT}" in sidecar["command"] + sidecar.get("args", [])
+    assert {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"} in sidecar["ports"]
 
 
 def test_rollout_nodes_take_workers_per_pod_from_the_spec_field() -> None:

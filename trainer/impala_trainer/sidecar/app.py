@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -111,4 +112,43 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_methods=["GET"],
             allow_headers=["Authorization"],
         )
+    return app
+
+
+ASGIApp = Callable[
+    [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
+    Awaitable[None],
+]
+
+
+def create_metrics_app(status_app: FastAPI) -> FastAPI:
+    """The metrics port's app: /metrics and the probes of `status_app`'s run directory, with no
+    token. Prometheus scrapes every job's sidecar with one configuration, which can hold no
+    job's Secret; the job's NetworkPolicy admits only the monitoring namespace to this port, and
+    /status, /history and the dashboard stay behind the token on the status port."""
+    app = FastAPI(
+        title="ImpalaJob metrics", openapi_url=None, docs_url=None, redoc_url=None
+    )  # fmt: skip
+    app.state.sidecar = status_app.state.sidecar  # one reader: the same cached snapshot
+    app.include_router(health.open_router)
+    app.include_router(metrics.router)
+    _install_error_handlers(app)
+    return app
+
+
+def by_port(status_app: ASGIApp, metrics_app: ASGIApp, metrics_port: int) -> ASGIApp:
+    """One ASGI app for a server listening on both ports: a connection to `metrics_port` (the
+    socket's own address, `scope["server"]`) reaches `metrics_app`, any other `status_app`."""
+
+    async def app(
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[Any]],
+        send: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        server = scope.get("server")
+        if scope["type"] == "http" and server is not None and server[1] == metrics_port:
+            await metrics_app(scope, receive, send)
+        else:
+            await status_app(scope, receive, send)
+
     return app
