@@ -3,14 +3,16 @@
 # plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), kubectl, kwok and helm,
 # the real node's own parts (kubelet, kube-proxy, CoreDNS, kube-router's NetworkPolicy
 # controller, the pod sandbox's `pause`, the local-path volume provisioner), and Kueue (its
-# manager, and its Helm chart rendered to kueue-<version>.yaml: CRDs, webhooks, Service).
+# manager, and its Helm chart rendered to kueue-<version>.yaml: CRDs, webhooks, Service), and
+# for the chart's monitoring: Prometheus's promtool and the Prometheus Operator's CRDs of
+# ServiceMonitor, PodMonitor and PrometheusRule (prometheus-operator-crds-<version>.yaml).
 #
 # Everything is compiled from Go modules (no Docker, no GitHub release downloads) into
 #   ${IMPALA_TEST_CACHE:-$HOME/.cache/impalajob}/k8s-<k8s version>-<go version>/bin
 # Idempotent: a binary that is already cached is skipped. Prints the bin dir on the last line.
 #
 # Knobs (environment): K8S_VERSION, KWOK_VERSION, HELM_VERSION, COREDNS_VERSION, KUBE_ROUTER_VERSION,
-# KUEUE_VERSION, LOCAL_PATH_VERSION,
+# KUEUE_VERSION, LOCAL_PATH_VERSION, PROMETHEUS_VERSION, PROMETHEUS_OPERATOR_VERSION,
 # IMPALA_TEST_CACHE, BUILD_PARALLELISM (go build -p, default 2: the CI machines are small and shared).
 set -euo pipefail
 
@@ -21,6 +23,9 @@ COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
 KUBE_ROUTER_VERSION="${KUBE_ROUTER_VERSION:-v2.1.0}"
 KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
 LOCAL_PATH_VERSION="${LOCAL_PATH_VERSION:-v0.0.30}"
+# Prometheus's Go module tags its 3.Y.Z releases v0.3YY.Z.
+PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
+PROMETHEUS_OPERATOR_VERSION="${PROMETHEUS_OPERATOR_VERSION:-v0.94.0}"
 BUILD_PARALLELISM="${BUILD_PARALLELISM:-2}"
 
 # Never reach for a newer toolchain: the cache key is the local Go version.
@@ -43,10 +48,12 @@ fi
 
 need=()
 for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm \
-         kubelet kube-proxy coredns kube-router pause kueue local-path-provisioner; do
+         kubelet kube-proxy coredns kube-router pause kueue local-path-provisioner promtool; do
   [[ -x "$BIN/$b" ]] || need+=("$b")
 done
 [[ -f "$ROOT/kueue-$KUEUE_VERSION.yaml" ]] || need+=(kueue-manifests)
+[[ -f "$ROOT/prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION.yaml" ]] \
+  || need+=(prometheus-operator-crds)
 if [[ ${#need[@]} -eq 0 ]]; then
   log "all binaries cached in $BIN"
   echo "$BIN"
@@ -134,13 +141,13 @@ if has kube-apiserver || has kube-controller-manager || has kube-scheduler || ha
 fi
 
 # --- standalone tools: plain `go install module/cmd@tag` --------------------------------------
-install_tool() { # name package version [extra ldflags]
-  local name="$1" pkg="$2" version="$3" extra="${4:-}" tmp
+install_tool() { # name package version [extra ldflags [build tags]]
+  local name="$1" pkg="$2" version="$3" extra="${4:-}" tags="${5:-}" tmp
   log "installing $name $version"
   tmp="$(mktemp -d "$ROOT/out.XXXXXX")"
   # GOFLAGS=-mod=mod is rejected by `go install pkg@version`, so it is cleared here.
   GOFLAGS= GOBIN="$tmp" go install -p "$BUILD_PARALLELISM" -trimpath -ldflags "-s -w $extra" \
-    "$pkg@$version"
+    -tags "$tags" "$pkg@$version"
   mv "$tmp/$name" "$BIN/$name"
   rm -rf "$tmp"
 }
@@ -203,6 +210,28 @@ if has kueue-manifests; then
     > "$ROOT/kueue-$KUEUE_VERSION.yaml.tmp"
   mv "$ROOT/kueue-$KUEUE_VERSION.yaml.tmp" "$ROOT/kueue-$KUEUE_VERSION.yaml"
 fi
+# promtool checks and unit-tests the chart's alerting rules. Without its service-discovery
+# plugins (Prometheus's `remove_all_sd` tag; rules need none of them) it builds in ~2.5 min
+# instead of compiling every cloud provider's SDK.
+has promtool && install_tool promtool github.com/prometheus/prometheus/cmd/promtool \
+  "$PROMETHEUS_VERSION" "-X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION" \
+  remove_all_sd
+# The Prometheus Operator's CRDs, as its module ships them: the API server validates the chart's
+# ServiceMonitor, PodMonitor and PrometheusRule against their real schemas.
+if has prometheus-operator-crds; then
+  log "reading the Prometheus Operator $PROMETHEUS_OPERATOR_VERSION CRDs"
+  po_dir="$(cd "$WRAP" && GOFLAGS= go mod download -json \
+      "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" \
+      | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
+  crds="$po_dir/example/prometheus-operator-crd"
+  out="$ROOT/prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION.yaml"
+  for kind in servicemonitors podmonitors prometheusrules; do
+    [[ -f "$crds/monitoring.coreos.com_$kind.yaml" ]] || { log "no $kind CRD in $crds"; exit 1; }
+    echo "---"
+    cat "$crds/monitoring.coreos.com_$kind.yaml"
+  done > "$out.tmp"
+  mv "$out.tmp" "$out"
+fi
 # The pod sandbox process: static, so it runs in an image with nothing else in it.
 if has pause; then
   log "compiling pause"
@@ -219,6 +248,8 @@ COREDNS_VERSION=$COREDNS_VERSION
 KUBE_ROUTER_VERSION=$KUBE_ROUTER_VERSION
 KUEUE_VERSION=$KUEUE_VERSION
 LOCAL_PATH_VERSION=$LOCAL_PATH_VERSION
+PROMETHEUS_VERSION=$PROMETHEUS_VERSION
+PROMETHEUS_OPERATOR_VERSION=$PROMETHEUS_OPERATOR_VERSION
 GO_VERSION=$GO_VERSION
 VERS
 log "done: $(ls "$BIN" | tr '\n' ' ')"

@@ -328,12 +328,15 @@ INDEXES = (
 )
 
 
-def track_phase(event: kopf.RawEvent, uid: str, status: kopf.Status, **_: Any) -> None:
-    """Keep the jobs-per-phase gauge current."""
+def track_phase(
+    event: kopf.RawEvent, uid: str, status: kopf.Status, namespace: str = "", name: str = "",
+    **_: Any,
+) -> None:  # fmt: skip
+    """Keep the jobs-per-phase gauges current."""
     if event["type"] == "DELETED":
         metrics.JOBS.forget(uid)
     else:
-        metrics.JOBS.record(uid, status.get("phase"))
+        metrics.JOBS.record(uid, status.get("phase"), namespace or "", name or "")
 
 
 async def apply_children(

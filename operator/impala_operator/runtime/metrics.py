@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     ProcessCollector,
     disable_created_metrics,
@@ -51,6 +52,12 @@ TRANSITIONS = Counter(
     ["reason"],
     registry=REGISTRY,
 )
+LEADER = Gauge(
+    "impala_operator_leader",
+    "1 while this replica reconciles (it holds the Lease, or runs without election), 0 while it "
+    "stands by: summed over the replicas, 0 means no one reconciles.",
+    registry=REGISTRY,
+)
 TICK_SECONDS = Histogram(
     "impala_operator_reconcile_seconds",
     "Wall time of one timer reconcile of one job (sidecar read and API writes included).",
@@ -60,18 +67,25 @@ TICK_SECONDS = Histogram(
 
 
 class PhaseCollector(Collector):
-    """`impala_operator_jobs{phase}`: jobs per phase, from the last phase seen of each job."""
+    """`impala_operator_jobs{phase}`: jobs per phase, from the last phase seen of each job; and
+    `impala_operator_job_phase{namespace,job,phase}`, 1 for each job's phase and 0 for the others
+    (as kube-state-metrics' pod phase): what a job-failed alert or a fleet panel reads, also once
+    the job's pods, and with them its sidecar's metrics, are gone."""
 
     def __init__(self) -> None:
         self.phases: dict[str, str] = {}
+        self.names: dict[str, tuple[str, str]] = {}
+        """key -> (namespace, name)."""
 
-    def record(self, key: str, phase: str | None) -> None:
+    def record(self, key: str, phase: str | None, namespace: str = "", name: str = "") -> None:
         """Remember `key`'s phase (None: not yet reconciled, counted as Pending)."""
         self.phases[key] = phase or "Pending"
+        self.names[key] = (namespace, name or key)
 
     def forget(self, key: str) -> None:
         """The job is gone."""
         self.phases.pop(key, None)
+        self.names.pop(key, None)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
@@ -81,6 +95,15 @@ class PhaseCollector(Collector):
         for phase in PHASES:
             family.add_metric([phase], sum(1 for p in self.phases.values() if p == phase))
         yield family
+        per_job = GaugeMetricFamily(
+            "impala_operator_job_phase", "1 for each ImpalaJob's current phase, 0 for the others.",
+            labels=["namespace", "job", "phase"],
+        )  # fmt: skip
+        for key, current in sorted(self.phases.items()):
+            namespace, name = self.names[key]
+            for phase in PHASES:
+                per_job.add_metric([namespace, name, phase], float(phase == current))
+        yield per_job
 
 
 JOBS = PhaseCollector()

@@ -148,6 +148,7 @@ def serve(config: Settings, *, log_level: str = "info") -> None:
     election = None
     if config.leader_elect:
         election = _lead(config, api_client)
+    metrics.LEADER.set(1)  # a standby's scrapes read 0 until here
     own_namespace = current_namespace(config.kubeconfig)
     memo = kopf.Memo(
         settings=config,

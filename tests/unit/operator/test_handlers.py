@@ -443,11 +443,19 @@ def test_indexes_key_children_by_their_controlling_job() -> None:
 
 
 def test_track_phase_counts_jobs_until_deleted() -> None:
-    status = {"phase": "Running"}
-    handlers.track_phase(event={"type": "MODIFIED"}, uid="job-x", status=status)
-    assert metrics.JOBS.phases["job-x"] == "Running"
+    status = {"phase": "Failed"}
+    handlers.track_phase(
+        event={"type": "MODIFIED"}, uid="job-x", status=status, namespace="team-a", name="cp"
+    )
+    assert metrics.JOBS.phases["job-x"] == "Failed"
+    families = {f.name: f for f in metrics.JOBS.collect()}
+    samples = {(s.labels["namespace"], s.labels["job"], s.labels["phase"]): s.value
+               for s in families["impala_operator_job_phase"].samples}  # fmt: skip
+    assert samples[("team-a", "cp", "Failed")] == 1.0
+    assert samples[("team-a", "cp", "Running")] == 0.0
     handlers.track_phase(event={"type": "DELETED"}, uid="job-x", status=status)
     assert "job-x" not in metrics.JOBS.phases
+    assert not list(metrics.JOBS.collect())[1].samples
 
 
 def test_register_attaches_every_handler_with_the_timer_interval() -> None:
