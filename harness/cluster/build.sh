@@ -4,8 +4,9 @@
 # the real node's own parts (kubelet, kube-proxy, CoreDNS, kube-router's NetworkPolicy
 # controller, the pod sandbox's `pause`, the local-path volume provisioner), and Kueue (its
 # manager, and its Helm chart rendered to kueue-<version>.yaml: CRDs, webhooks, Service), and
-# for the chart's monitoring: Prometheus's promtool and the Prometheus Operator's CRDs of
-# ServiceMonitor, PodMonitor and PrometheusRule (prometheus-operator-crds-<version>.yaml).
+# for the chart's monitoring: Prometheus (its server and promtool) and the Prometheus
+# Operator's CRDs of ServiceMonitor, PodMonitor and PrometheusRule
+# (prometheus-operator-crds-<version>.yaml).
 #
 # Everything is compiled from Go modules (no Docker, no GitHub release downloads) into
 #   ${IMPALA_TEST_CACHE:-$HOME/.cache/impalajob}/k8s-<k8s version>-<go version>/bin
@@ -48,7 +49,8 @@ fi
 
 need=()
 for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm \
-         kubelet kube-proxy coredns kube-router pause kueue local-path-provisioner promtool; do
+         kubelet kube-proxy coredns kube-router pause kueue local-path-provisioner promtool \
+         prometheus; do
   [[ -x "$BIN/$b" ]] || need+=("$b")
 done
 [[ -f "$ROOT/kueue-$KUEUE_VERSION.yaml" ]] || need+=(kueue-manifests)
@@ -216,6 +218,11 @@ fi
 has promtool && install_tool promtool github.com/prometheus/prometheus/cmd/promtool \
   "$PROMETHEUS_VERSION" "-X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION" \
   remove_all_sd
+# The Prometheus server that scrapes the real node (tests/e2e/test_real_node.py), with the one
+# service discovery the Prometheus Operator's scrape jobs use, Kubernetes'.
+has prometheus && install_tool prometheus github.com/prometheus/prometheus/cmd/prometheus \
+  "$PROMETHEUS_VERSION" "-X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION" \
+  remove_all_sd,enable_kubernetes_sd
 # The Prometheus Operator's CRDs, as its module ships them: the API server validates the chart's
 # ServiceMonitor, PodMonitor and PrometheusRule against their real schemas.
 if has prometheus-operator-crds; then

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,13 @@ from typing import Any
 import pytest
 
 from harness import queues
-from harness.cluster import Kube, build_binaries, wait_for
+from harness.cluster import Kube, build_binaries, monitoring, wait_for
 from harness.cluster import kueue as kueue_harness
 from harness.cluster.controlplane import SERVICE_CIDR
 from harness.cluster.node import HOST_IP, NODE_NAME, RealNode
 from harness.cluster.s3 import S3Server
 from impala_api.names import STATUS_ACCESS_LABEL
-from impala_api.roles import STATUS_PORT, RayPorts
+from impala_api.roles import METRICS_PORT, STATUS_PORT, RayPorts
 from tests.support.jobs import EXAMPLES, example_documents, example_manifest, static_volume
 from tests.support.plugin import kubectl_impalajob
 
@@ -134,12 +135,24 @@ def operator_leader(kube: Kube) -> str:
     return str(json.loads(proc.stdout)["spec"].get("holderIdentity") or "")
 
 
+MONITORING_NS = "monitoring"
+
+
 @pytest.fixture(scope="module")
 def operator(real_kube: Kube) -> Iterator[None]:
-    """The chart installed into `impala-system`, its operator pod Running on the real node."""
+    """The chart installed into `impala-system` with its monitoring on (under the Prometheus
+    Operator's CRDs, scraped every 5 s by the Prometheus of `monitoring`), its operator pod
+    Running on the real node."""
+    monitoring.install_crds(real_kube, real_kube.bin_dir or build_binaries(quiet=True))
     real_kube.helm(
         "install", "impala", str(CHART), "-n", OPERATOR_NS, "--create-namespace",
-        "--set", "reconcileInterval=2", "--wait", "--timeout", "5m", timeout=360,
+        "--set", "reconcileInterval=2",
+        "--set", f"monitoring.namespace={MONITORING_NS}",
+        "--set", "monitoring.serviceMonitor.enabled=true",
+        "--set", "monitoring.serviceMonitor.interval=5s",
+        "--set", "monitoring.podMonitor.enabled=true", "--set", "monitoring.podMonitor.interval=5s",
+        "--set", "monitoring.rules.enabled=true", "--set", "monitoring.dashboards.enabled=true",
+        "--wait", "--timeout", "5m", timeout=360,
     )  # fmt: skip
     pods = real_kube.pods(OPERATOR_NS)
     # The chart's two replicas, one leading on the Lease.
@@ -512,7 +525,7 @@ STORE_DOWN_SECONDS = 60
 
 FAULT_JOB = "faulty"
 CHECKPOINT_SECONDS = 5
-FAULT_JOB_SECONDS = 450
+FAULT_JOB_SECONDS = 540
 FAULT_VOLUME = "64Mi"
 """The fault job's claim: a tmpfs of this size, so that a test can fill it."""
 LEARNER_MEMORY = "3Gi"
@@ -555,8 +568,9 @@ def newest_checkpoint(path: Path) -> tuple[int, float]:
 
 @pytest.fixture(scope="module")
 def faulty_job(real_kube: Kube, operator: None) -> Iterator[tuple[str, Path]]:
-    """A CartPole job that trains for a fixed 450 s of training time (faults do not shorten it;
-    in CI, under the three small jobs, the faults before the OOM kill took ~380 s of it),
+    """A CartPole job that trains for a fixed 540 s of training time (faults do not shorten it;
+    in CI, under the three small jobs, the faults before the OOM kill took ~380 s of it, and the
+    Prometheus scrape ~90 s),
     checkpointing every 5 s to a claim on a 64 MiB filesystem of its own, with exactly two
     rollout pods and a learner memory limit."""
     kube = real_kube
@@ -758,6 +772,102 @@ def test_network_policy_admits_the_status_port_only_to_labelled_pods(
     # Stopped and its rules cleaned up, the node enforces nothing again.
     assert agent.returncode is not None and reaches(ray_port)
     kube.kubectl("delete", "pod", "client", "-n", ns, "--wait=false")
+
+
+# Dashboard series a job has only with what this one lacks: an evaluation (spec.evaluation),
+# policies (a PettingZoo env), a failed reconcile.
+NEEDS_MORE = {
+    "impala_evaluation_return_mean", "impala_evaluation_win_rate",
+    "impala_policy_episode_return_mean", "impala_operator_reconcile_errors_total",
+}  # fmt: skip
+DASHBOARD = CHART / "dashboards" / "impalajob.json"
+
+
+def test_prometheus_scrapes_the_job_through_its_network_policy_and_fills_the_dashboard(
+    real_kube: Kube, faulty_job: tuple[str, Path]
+) -> None:
+    """A Prometheus in `monitoring`, configured as the Prometheus Operator renders the chart's
+    ServiceMonitor and PodMonitor, scrapes the operator and the job's sidecar on its metrics
+    port while the job's NetworkPolicy is enforced (the port is admitted; the status port is
+    not); every dashboard query returns series for this job."""
+    kube, (ns, _) = real_kube, faulty_job
+    bin_dir = kube.bin_dir or build_binaries(quiet=True)
+    learner = running_pods(kube, ns, "learner")[0]
+    ip, image = learner["status"]["podIP"], learner["spec"]["containers"][0]["image"]
+    config = {
+        "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
+        "scrape_configs": [
+            *(monitoring.service_monitor_scrape(m)
+              for m in kube.get("servicemonitor", "-n", OPERATOR_NS)["items"]),
+            *(monitoring.pod_monitor_scrape(m)
+              for m in kube.get("podmonitor", "-n", OPERATOR_NS)["items"]),
+        ],
+    }  # fmt: skip
+    kube.kubectl("create", "namespace", MONITORING_NS)
+    try:
+        for obj in monitoring.prometheus_objects(MONITORING_NS, image, bin_dir, config):
+            kube.apply(obj)
+        wait_for(lambda: kube.get("pod", "prometheus", "-n", MONITORING_NS)["status"]
+                 .get("phase") == "Running", timeout=120, what="the Prometheus pod")  # fmt: skip
+        _scraped_through_the_policy(kube, ns, ip)
+        _dashboard_has_series(kube, ns)
+    finally:
+        kube.kubectl("delete", "namespace", MONITORING_NS, "--wait=false", check=False)
+        kube.kubectl("delete", "clusterrole,clusterrolebinding", f"{MONITORING_NS}-prometheus",
+                     check=False)  # fmt: skip
+
+
+def prometheus_query(kube: Kube, query: str) -> list[dict[str, Any]]:
+    """An instant query, through the API server's proxy to the Prometheus pod."""
+    path = (f"/api/v1/namespaces/{MONITORING_NS}/pods/prometheus:9090/proxy/api/v1/query?"
+            + urllib.parse.urlencode({"query": query}))  # fmt: skip
+    proc = kube.kubectl("get", "--raw", path, check=False, timeout=30)
+    return list(json.loads(proc.stdout)["data"]["result"]) if proc.returncode == 0 else []
+
+
+def _scraped_through_the_policy(kube: Kube, ns: str, ip: str) -> None:
+    job = f'namespace="{ns}", job="{FAULT_JOB}"'
+    wait_for(lambda: prometheus_query(kube, f"impala_env_steps_sampled_total{{{job}}}"),
+             timeout=90, what="the first scrape of the job's sidecar")  # fmt: skip
+    node = RealNode(kube.bin_dir or Path(), kube.workdir)
+    with node.network_policies_enforced(network_policy_agent_kubeconfig(kube), SERVICE_CIDR):
+
+        def reaches(port: int) -> bool:
+            connect = f"import socket; socket.create_connection(('{ip}', {port}), timeout=3)"
+            proc = kube.kubectl("exec", "-n", MONITORING_NS, "prometheus", "--", "python3", "-c",
+                                connect, check=False, timeout=60)  # fmt: skip
+            return proc.returncode == 0
+
+        wait_for(lambda: not reaches(STATUS_PORT), timeout=120,
+                 what="the agent to enforce the job's NetworkPolicy")  # fmt: skip
+        assert reaches(METRICS_PORT), "the monitoring namespace is admitted to the metrics port"
+        enforced = time.time()
+        fresh = f"timestamp(impala_env_steps_sampled_total{{{job}}}) > {enforced}"
+        wait_for(lambda: prometheus_query(kube, fresh), timeout=60,
+                 what="a scrape of the sidecar under the enforced policy")  # fmt: skip
+    (sample,) = prometheus_query(kube, f"impala_env_steps_sampled_total{{{job}}}")
+    log(f"Prometheus scraped {sample['metric']['pod']} through the NetworkPolicy: "
+        f"{int(float(sample['value'][1]))} env steps")  # fmt: skip
+    series = prometheus_query(kube, f"count({{{job}}})")
+    log(f"Prometheus: {series[0]['value'][1]} series of job {ns}/{FAULT_JOB}")
+    (phase,) = prometheus_query(kube, f'impala_operator_job_phase{{{job}, phase="Running"}}')
+    assert phase["value"][1] == "1", phase
+    assert prometheus_query(kube, "sum(impala_operator_leader)")[0]["value"][1] == "1"
+
+
+def _dashboard_has_series(kube: Kube, ns: str) -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    empty = []
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"].replace("$namespace", ns).replace("$job", FAULT_JOB)
+            expr = expr.replace('namespace=~"' + ns + '"', f'namespace="{ns}"')
+            if any(name in expr for name in NEEDS_MORE):
+                continue
+            if not prometheus_query(kube, expr):
+                empty.append(f"{panel['title']}: {expr}")
+    assert not empty, f"panels without series for {ns}/{FAULT_JOB}: {empty}"
+    log(f"every dashboard query of {ns}/{FAULT_JOB} returns series")
 
 
 def _pins(lines: list[str]) -> dict[str, str]:
