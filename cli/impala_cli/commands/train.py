@@ -180,13 +180,17 @@ def _open_run_dir(
 
 
 STOP_GRACE_SECONDS = 60.0
-"""How long a signalled local run may take for its final checkpoint and summary."""
+"""How long a signalled local run may take for its final checkpoint and summary; with a
+storageUri, as long again as the last upload may take (`Mirror.close`)."""
 
 
 def run(args: argparse.Namespace) -> int:
     job, chosen = load_job(args)
     # From here on a signal stops the run, also while Ray and the actors are still starting.
-    stopping.install(STOP_GRACE_SECONDS)
+    upload = 0.0
+    if job.spec.checkpoint.storage_uri:
+        from impala_trainer.rundir.remote import CLOSE_TIMEOUT_SECONDS as upload
+    stopping.install(STOP_GRACE_SECONDS + upload)
     try:
         return _run(job, chosen, args)
     except KeyboardInterrupt:  # before the driver took over: nothing to checkpoint yet

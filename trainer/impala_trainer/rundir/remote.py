@@ -46,6 +46,9 @@ LOG_FILE = "trainer.log"  # writer.LOG_FILE (importing writer would import the j
 RUN_FILES = (SUMMARY_FILE, HISTORY_FILE, CONFIG_FILE, LOG_FILE)
 """Files of the run directory mirrored after each checkpoint (status.json is live-only)."""
 
+CLOSE_TIMEOUT_SECONDS = 300.0
+"""Longest the run's end waits for its last upload to the store."""
+
 
 class StorageError(Exception):
     """The storage location cannot be used as asked; the message names the field and the fix.
@@ -355,7 +358,7 @@ class Mirror:
             self._pending = True
             self._wake.notify()
 
-    def close(self, timeout: float = 300.0) -> bool:
+    def close(self, timeout: float = CLOSE_TIMEOUT_SECONDS) -> bool:
         """Push once more, wait for it, stop; False when it failed or timed out."""
         with self._wake:
             self._pending = True
