@@ -18,6 +18,7 @@ from impala_api.snapshot import (
     PolicyStatus,
     ReturnTrend,
     StatusSnapshot,
+    StopProgress,
 )
 from impala_operator.runtime import metrics as operator_metrics
 from impala_trainer.sidecar.collector import snapshot_metrics
@@ -37,6 +38,8 @@ def _full_snapshot() -> StatusSnapshot:
         "policies": {"main": PolicyStatus(episode_return_mean=0.5, episodes=3,
                                           self_play_score=0.5)},
         "return_trend": ReturnTrend(first_return_mean=0.0, best_return_mean=1.0),
+        "stop": StopProgress(criteria={"timesteps": 100.0}, progress=0.5, foreseeable=0.5,
+                             remaining_seconds=60.0),
     })  # fmt: skip
 
 

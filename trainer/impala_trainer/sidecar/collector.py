@@ -141,6 +141,11 @@ _GAUGES = (
     ),
     ("impala_policy_lag_mean", "Mean policy-version lag of trained batches.", "policy_lag_mean"),
     ("impala_stop_progress", "Progress toward the nearest stop criterion (0..1).", "stop.progress"),
+    (
+        "impala_stop_remaining_seconds",
+        "Estimated seconds until stop.timesteps or stop.timeLimitSeconds (absent without both).",
+        "stop.remaining_seconds",
+    ),
     ("impala_training_seconds", "Training wall time, accumulated across resumes.", "wall_seconds"),
     ("impala_start_timestamp_seconds", "Unix time training started.", "started_at"),
     # A timestamp, not an age (alert on `time() - impala_snapshot_timestamp_seconds`): the
