@@ -525,7 +525,7 @@ STORE_DOWN_SECONDS = 60
 
 FAULT_JOB = "faulty"
 CHECKPOINT_SECONDS = 5
-FAULT_JOB_SECONDS = 540
+FAULT_JOB_SECONDS = 510
 FAULT_VOLUME = "64Mi"
 """The fault job's claim: a tmpfs of this size, so that a test can fill it."""
 LEARNER_MEMORY = "3Gi"
@@ -568,9 +568,9 @@ def newest_checkpoint(path: Path) -> tuple[int, float]:
 
 @pytest.fixture(scope="module")
 def faulty_job(real_kube: Kube, operator: None) -> Iterator[tuple[str, Path]]:
-    """A CartPole job that trains for a fixed 540 s of training time (faults do not shorten it;
+    """A CartPole job that trains for a fixed 510 s of training time (faults do not shorten it;
     in CI, under the three small jobs, the faults before the OOM kill took ~380 s of it, and the
-    Prometheus scrape ~90 s),
+    Prometheus scrape ~40 s),
     checkpointing every 5 s to a claim on a 64 MiB filesystem of its own, with exactly two
     rollout pods and a learner memory limit."""
     kube = real_kube
