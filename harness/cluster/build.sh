@@ -6,14 +6,14 @@
 # manager, and its Helm chart rendered to kueue-<version>.yaml: CRDs, webhooks, Service), and
 # for the chart's monitoring: Prometheus (its server and promtool) and the Prometheus
 # Operator's CRDs of ServiceMonitor, PodMonitor and PrometheusRule
-# (prometheus-operator-crds-<version>.yaml).
+# (prometheus-operator-crds-<version>.yaml); krew, for the kubectl plugin's manifest.
 #
 # Everything is compiled from Go modules (no Docker, no GitHub release downloads) into
 #   ${IMPALA_TEST_CACHE:-$HOME/.cache/impalajob}/k8s-<k8s version>-<go version>/bin
 # Idempotent: a binary that is already cached is skipped. Prints the bin dir on the last line.
 #
 # Knobs (environment): K8S_VERSION, KWOK_VERSION, HELM_VERSION, COREDNS_VERSION, KUBE_ROUTER_VERSION,
-# KUEUE_VERSION, LOCAL_PATH_VERSION, PROMETHEUS_VERSION, PROMETHEUS_OPERATOR_VERSION,
+# KUEUE_VERSION, LOCAL_PATH_VERSION, PROMETHEUS_VERSION, PROMETHEUS_OPERATOR_VERSION, KREW_VERSION,
 # IMPALA_TEST_CACHE, BUILD_PARALLELISM (go build -p, default 2: the CI machines are small and shared).
 set -euo pipefail
 
@@ -27,6 +27,7 @@ LOCAL_PATH_VERSION="${LOCAL_PATH_VERSION:-v0.0.30}"
 # Prometheus's Go module tags its 3.Y.Z releases v0.3YY.Z.
 PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
 PROMETHEUS_OPERATOR_VERSION="${PROMETHEUS_OPERATOR_VERSION:-v0.94.0}"
+KREW_VERSION="${KREW_VERSION:-v0.4.3}"
 BUILD_PARALLELISM="${BUILD_PARALLELISM:-2}"
 
 # Never reach for a newer toolchain: the cache key is the local Go version.
@@ -50,7 +51,7 @@ fi
 need=()
 for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm \
          kubelet kube-proxy coredns kube-router pause kueue local-path-provisioner promtool \
-         prometheus; do
+         prometheus krew; do
   [[ -x "$BIN/$b" ]] || need+=("$b")
 done
 [[ -f "$ROOT/kueue-$KUEUE_VERSION.yaml" ]] || need+=(kueue-manifests)
@@ -223,6 +224,8 @@ has promtool && install_tool promtool github.com/prometheus/prometheus/cmd/promt
 has prometheus && install_tool prometheus github.com/prometheus/prometheus/cmd/prometheus \
   "$PROMETHEUS_VERSION" "-X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION" \
   remove_all_sd,enable_kubernetes_sd
+# krew installs the kubectl plugin from the repository's manifest (plugins/krew/).
+has krew && install_tool krew sigs.k8s.io/krew/cmd/krew "$KREW_VERSION"
 # The Prometheus Operator's CRDs, as its module ships them: the API server validates the chart's
 # ServiceMonitor, PodMonitor and PrometheusRule against their real schemas.
 if has prometheus-operator-crds; then
@@ -257,6 +260,7 @@ KUEUE_VERSION=$KUEUE_VERSION
 LOCAL_PATH_VERSION=$LOCAL_PATH_VERSION
 PROMETHEUS_VERSION=$PROMETHEUS_VERSION
 PROMETHEUS_OPERATOR_VERSION=$PROMETHEUS_OPERATOR_VERSION
+KREW_VERSION=$KREW_VERSION
 GO_VERSION=$GO_VERSION
 VERS
 log "done: $(ls "$BIN" | tr '\n' ' ')"

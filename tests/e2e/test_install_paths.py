@@ -4,6 +4,9 @@ mode) and `kubectl apply -f manifests/`; RBAC is least-privilege and enough for 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -293,3 +296,28 @@ def test_crd_upgrade_path(kube: Kube, namespace: str, tmp_path: Path) -> None:
         kube.kubectl("delete", "ij", "upgraded", "-n", namespace, "--ignore-not-found")
         kube.helm("uninstall", release, "--namespace", namespace, check=False)
         install_crd(kube)  # the current CRD for the tests after this one
+
+
+def test_krew_installs_the_kubectl_plugin_from_the_repository(
+    kube: Kube, namespace: str, tmp_path: Path
+) -> None:
+    """plugins/krew/impalajob.yaml matches the archive hack/krew-plugin.sh packs, krew (from
+    its Go module) installs it from the checkout, and `kubectl impalajob` then reaches the
+    cluster through the launcher krew put on PATH."""
+    subprocess.run(["bash", str(ROOT / "hack" / "krew-plugin.sh"), "--check"], check=True,
+                   capture_output=True, timeout=60)  # fmt: skip
+    (archive,) = (ROOT / "dist").glob("kubectl-impalajob-v*.tar.gz")
+    krew_root = tmp_path / "krew"
+    env = {**kube.env, "KREW_ROOT": str(krew_root)}
+    kube.run("krew", "install", f"--manifest={ROOT / 'plugins' / 'krew' / 'impalajob.yaml'}",
+             f"--archive={archive}", env=env)  # fmt: skip
+    launcher = krew_root / "bin" / "kubectl-impalajob"
+    assert launcher.is_symlink() or launcher.exists()
+    env["PATH"] = f"{krew_root / 'bin'}{os.pathsep}{env['PATH']}"
+    env["IMPALAJOB_PYTHON"] = sys.executable
+    assert kube.kubectl("impalajob", "--help", env=env).stdout.startswith(
+        "usage: kubectl impalajob"
+    )
+    missing = kube.kubectl("impalajob", "status", "nosuch", "-n", namespace, env=env, check=False)
+    assert missing.returncode == 1, missing.stderr
+    assert f"ImpalaJob {namespace}/nosuch not found" in missing.stderr
