@@ -135,10 +135,14 @@ class OperatorTests(OperatorSuite):
         assert st["progress"]["envStepsPerSecond"] == 700.0
         assert st["progress"]["learnerQueueFill"] == 0.5
 
+        # 12,500 of the sidecar's 50,000 steps, 37,500 left at 700/s.
+        assert (st["progress"]["percentComplete"], st["progress"]["eta"]) == (25, "54s")
         table = kube.kubectl("get", "ij", "-n", ns).stdout.splitlines()
-        header = ["NAME", "PHASE", "LEARNERS", "ROLLOUTS", "STEPS", "RETURN", "AGE", "REGRESSED"]
+        header = ["NAME", "PHASE", "LEARNERS", "ROLLOUTS", "STEPS", "RETURN", "DONE%", "ETA", "AGE",
+                  "REGRESSED"]  # fmt: skip
         assert table[0].split() == header
-        assert table[1].split()[:6] == ["cartpole", "Running", "1/1", f"{n}/{n}", "12500", "125"]
+        row = ["cartpole", "Running", "1/1", f"{n}/{n}", "12500", "125", "25", "54s"]
+        assert table[1].split()[:8] == row
         assert "Created" in self.events(kube, ns, "cartpole")
         metrics = operator.metrics()
         assert 'impala_operator_jobs{phase="Running"}' in metrics

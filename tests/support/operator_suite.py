@@ -28,6 +28,7 @@ from impala_api.snapshot import (
     Counters,
     LearnerQueue,
     StatusSnapshot,
+    StopProgress,
     Throughput,
     write_json_atomic,
 )
@@ -154,6 +155,12 @@ class Sidecar:
                 episode_return_mean=round(self.steps / 100, 1),
                 throughput=Throughput(env_steps_per_s=700.0),
                 learner_queue=LearnerQueue(capacity=16, fill=fill, learner_idle_fraction=idle),
+                # As RunStats reports a stop at 50,000 steps: the share done, the time left.
+                stop=StopProgress(
+                    criteria={"timesteps": 50_000.0}, progress=self.steps / 50_000,
+                    foreseeable=self.steps / 50_000,
+                    remaining_seconds=(50_000 - self.steps) / 700.0,
+                ),
             ),
         )
 
