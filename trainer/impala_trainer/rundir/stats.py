@@ -206,10 +206,9 @@ class RunStats:
 
     def progress(self) -> float:
         """Progress toward the nearest criterion, in [0, 1]."""
-        fractions = [0.0]
+        foreseeable = self.foreseeable_progress()
+        fractions = [0.0] if foreseeable is None else [foreseeable]
         s = self.stop
-        if s.timesteps:
-            fractions.append(self.counters.num_env_steps_sampled / s.timesteps)
         window = self._stop_window()
         if s.episode_return_mean is not None and window:
             mean, target = sum(window) / len(window), s.episode_return_mean
@@ -219,8 +218,6 @@ class RunStats:
         if s.evaluation_return_mean is not None and evaluated is not None:
             target = s.evaluation_return_mean
             fractions.append(evaluated / target if target > 0 else float(evaluated >= target))
-        if s.time_limit_seconds:
-            fractions.append(self.wall_seconds() / s.time_limit_seconds)
         return max(0.0, min(1.0, max(fractions)))
 
     def foreseeable_progress(self) -> float | None:
