@@ -473,6 +473,7 @@ def rllib_config(
     env_runners: int | None = None,
     synthetic: tuple[tuple[int, ...], str, int] | None = None,
     num_sgd_iter: int | None = None,
+    algo: str = "impala",
 ) -> Any:
     """RLlib's IMPALAConfig pinned to the ImpalaJob spec ours runs (same env, sizes, lr, ...).
 
@@ -484,7 +485,10 @@ def rllib_config(
     The new stack has no separate value-function optimiser (separateVfOptimizer/lrVf): only the
     old stack gets those; the doc lists this as the one unmatched setting.
     `synthetic`: (obs_shape, dtype, actions) of a random-observation env for learner-only runs.
+    `algo="appo"`: RLlib's APPO (IMPALA with PPO's clipped surrogate, its continuous-control
+    algorithm) with `clip_param` = the spec's surrogateClip as it resolves for the env's space.
     """
+    from ray.rllib.algorithms.appo import APPOConfig
     from ray.rllib.algorithms.impala import IMPALAConfig
 
     register_bench_envs()
@@ -492,7 +496,7 @@ def rllib_config(
     workers = spec.rollouts.initial_replicas * spec.rollouts.workers_per_pod
     if env_runners is None:
         env_runners = workers
-    cfg = IMPALAConfig().framework("torch")
+    cfg = (APPOConfig() if algo == "appo" else IMPALAConfig()).framework("torch")
     if stack == "old":
         cfg = cfg.api_stack(
             enable_rl_module_and_learner=False, enable_env_runner_and_connector_v2=False
@@ -555,6 +559,9 @@ def rllib_config(
             **common_training,
         )
         cfg = cfg.rl_module(model_config=model)
+        if algo == "appo":
+            # APPO's own KL term is off by default too; the clip is the spec's.
+            cfg = cfg.training(clip_param=t.surrogate_clip, use_kl_loss=False)
         cfg = cfg.learners(
             num_learners=1 if env_runners > 0 else 0, num_gpus_per_learner=spec.learner.gpus
         )

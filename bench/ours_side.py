@@ -122,11 +122,13 @@ def train(
     seed: int,
     process_start: float,
     run_dir: Path,
+    timesteps: int | None = None,
 ) -> dict[str, Any]:
     """`impalajob train -f MANIFEST` in this process; the curve from its history.jsonl.
 
-    The stop criteria are replaced by ours: `seconds` of training (the driver's own clock) or the
-    return threshold. History lines come once a second, like RLlib's train() results here.
+    The stop criteria are replaced by ours: `seconds` of training (the driver's own clock), the
+    return threshold or `timesteps` env steps. History lines come once a second, like RLlib's
+    train() results here.
     """
     from impala_cli.main import main as cli_main
 
@@ -135,7 +137,7 @@ def train(
         f"training.seed={seed}",
         f"stop.timeLimitSeconds={seconds}",
         f"stop.episodeReturnMean={'null' if stop_return is None else stop_return}",
-        "stop.timesteps=null",
+        f"stop.timesteps={'null' if timesteps is None else timesteps}",
     ]
     argv = ["train", "-f", str(manifest), "--run-dir", str(run_dir), "--overwrite"]
     for s in sets:

@@ -48,6 +48,44 @@ def plot_return_curves(
     plt.close(fig)
 
 
+def plot_steps_and_time(
+    trials: dict[str, list[dict[str, Any]]],
+    labels: dict[str, str],
+    baseline: float | None,
+    path: Path,
+    title: str,
+) -> None:
+    """Trials' return curves against env steps (left) and seconds of training (right), a colour
+    per side; `baseline` (acting at random) dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110, sharey=True)
+    for side, runs in trials.items():
+        for i, run in enumerate(runs):
+            pts = [p for p in run.get("points", []) if p[4] is not None]
+            style = dict(color=COLOURS.get(side, "tab:gray"), alpha=0.85, linewidth=1.4,
+                         label=labels.get(side, side) if i == 0 else None)  # fmt: skip
+            by_steps.plot([p[2] / 1e6 for p in pts], [p[4] for p in pts], **style)
+            by_time.plot([p[1] / 60 for p in pts], [p[4] for p in pts], **style)
+    by_steps.set_xlabel("env steps (millions)")
+    by_steps.set_ylabel("mean return, last 100 episodes")
+    by_time.set_xlabel("training wall time (minutes)")
+    for ax in (by_steps, by_time):
+        if baseline is not None:
+            ax.axhline(baseline, color="black", linestyle="--", linewidth=0.8,
+                       label="random actions")  # fmt: skip
+        ax.grid(alpha=0.3)
+    by_time.legend(loc="best")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def plot_run_history(history: Path, threshold: float, path: Path, title: str) -> None:
     """One run's learning curve from its history.jsonl: 100-episode mean return against env
     steps (left) and against training wall time (right)."""

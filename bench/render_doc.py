@@ -58,6 +58,10 @@ def minutes(v: float) -> str:
     return f"{v:.1f} min"
 
 
+def signed(v: float) -> str:
+    return f"{v:+,.0f}"
+
+
 def milliseconds(v: float) -> str:
     return f"{v:.0f} ms"
 
@@ -114,6 +118,11 @@ TARGETS = (
            "<=", 30, minutes, "Pong to a return of 18 on two cores"),
     Target("Pong env steps to a 100-episode mean of 18", "pong_to_18", "env_steps", "<=",
            3_500_000, count, "Pong to a return of 18 on two cores"),
+    Target("HalfCheetah-v5 return at 1M env steps, ours − RLlib's best (APPO, IMPALA)",
+           "mujoco_halfcheetah", "ours_minus_best_rllib", ">=", 0, signed,
+           "MuJoCo beside RLlib"),
+    Target("Hopper-v5 return at 1M env steps, ours − RLlib's best (APPO, IMPALA)",
+           "mujoco_hopper", "ours_minus_best_rllib", ">=", 0, signed, "MuJoCo beside RLlib"),
     Target("Two learners' samples/s ÷ one's (Pong CNN, learner.replicas=2)", "learner_scaling",
            "ratio_two_vs_one_cnn", ">=", 1.8, times(2), "Learners beyond one"),
     Target("Evaluation during training: cost to env steps/s", "evaluation_overhead", "cost",
@@ -391,6 +400,26 @@ def multi_agent_spread(r: dict[str, Any]) -> Converted:
     return columns, rows, {}
 
 
+def mujoco(r: dict[str, Any]) -> Converted:
+    s = r["summary"]
+    marks = sorted(int(k.rpartition("_")[2]) for k in s["ours"] if k.startswith("return_at_"))
+    names = {"ours": "ours (bare manifest)", "appo": "RLlib APPO", "impala": "RLlib IMPALA"}
+    sides = [side for side in ("ours", "rllib", "rllib_old") if side in s]
+    rows = [[names[s[side]["algo"]], s[side]["steps_per_s"],
+             *(s[side][f"return_at_{m}"] for m in marks), s[side][f"seconds_at_{marks[-1]}"]]
+            for side in sides]  # fmt: skip
+    rows.append(["uniformly random actions", None, *(s["random_return"] for _ in marks), None])
+    columns = ["side", "env steps/s", *(f"return at {_steps(m)}" for m in marks),
+               f"s of training to {_steps(marks[-1])}"]  # fmt: skip
+    ours = s["ours"][f"return_at_{marks[-1]}"]
+    best_peer = max(s[side][f"return_at_{marks[-1]}"] for side in sides if side != "ours")
+    return columns, rows, {"ours_minus_best_rllib": ours - best_peer}
+
+
+def _steps(n: int) -> str:
+    return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n // 1000}K"
+
+
 CONVERTERS: dict[str, Callable[[dict[str, Any]], Converted]] = {
     "cartpole_throughput": throughput,
     "pong_throughput": throughput,
@@ -401,6 +430,8 @@ CONVERTERS: dict[str, Callable[[dict[str, Any]], Converted]] = {
     "cpu_budget_pong": cpu_budget,
     "learner_scaling": learner_scaling,
     "multi_agent_spread": multi_agent_spread,
+    "mujoco_halfcheetah": mujoco,
+    "mujoco_hopper": mujoco,
     "multipod_scaling": multipod,
     "multipod_pong": multipod,
     "sidecar_wrk": sidecar,

@@ -102,8 +102,11 @@ def train(
     stack: str = "new",
     sample_only: bool = False,
     process_start: float,
+    algo_name: str = "impala",
+    stop_steps: int | None = None,
 ) -> dict[str, Any]:
-    """Train (or only sample) for `seconds`, or until the return mean reaches `stop_return`.
+    """Train (or only sample) for `seconds`, until the return mean reaches `stop_return`, or
+    until `stop_steps` env steps are sampled. `algo_name`: "impala" or "appo" (rllib_config).
 
     Returns the curve as common.POINT_FIELDS rows; the training clock starts at the first
     `train()` call (Ray start-up and algorithm construction are build_s).
@@ -111,7 +114,7 @@ def train(
     workers = spec.rollouts.initial_replicas * spec.rollouts.workers_per_pod
     t_start = time.perf_counter()
     _init_ray(workers)
-    cfg = rllib_config(spec, stack=stack, seed=seed, sample_only=sample_only)
+    cfg = rllib_config(spec, stack=stack, seed=seed, sample_only=sample_only, algo=algo_name)
     if stack == "new":
         cfg = cfg.callbacks(_episode_returns_callback())
     algo = cfg.build_algo()
@@ -129,7 +132,7 @@ def train(
             if stop_return is not None and ret is not None and ret >= stop_return:
                 reached_at = t
                 break
-            if t >= seconds:
+            if t >= seconds or (stop_steps is not None and (points[-1][2] or 0) >= stop_steps):
                 break
     finally:
         algo.stop()
@@ -141,6 +144,7 @@ def train(
         "build_s": round(build_s, 2),
         "reached_s": reached_at,
         "stack": stack,
+        "algo": algo_name,
         "config": _config_summary(cfg),
     }
 
@@ -167,6 +171,8 @@ def _config_summary(cfg: Any) -> dict[str, Any]:
         "max_requests_in_flight_per_env_runner",
         "_separate_vf_optimizer",
         "_lr_vf",
+        "clip_param",
+        "use_kl_loss",
     )
     return {k: getattr(cfg, k, None) for k in keys}
 

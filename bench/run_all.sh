@@ -14,6 +14,10 @@ run bench/pong_throughput.py "$@"
 run bench/cpu_budget.py --seconds 90 "$@"
 run bench/cpu_budget.py --manifest pong --seconds 150 "$@"
 run bench/multi_agent_spread.py "$@"
+# Fixed lengths (1M env steps a side, ~12 min each): the marks are env steps, not seconds.
+run bench/mujoco_vs_rllib.py --env HalfCheetah-v5 --steps 1000000
+run bench/mujoco_vs_rllib.py --env Hopper-v5 --steps 1000000
 run bench/render_doc.py --publish cartpole_throughput rollout_ceiling cartpole_time_to_return \
-  learner_only pong_throughput cpu_budget_cartpole cpu_budget_pong multi_agent_spread
+  learner_only pong_throughput cpu_budget_cartpole cpu_budget_pong multi_agent_spread \
+  mujoco_halfcheetah mujoco_hopper
 echo "== $(date +%H:%M:%S) done (load: $(cut -d' ' -f1-3 /proc/loadavg))"

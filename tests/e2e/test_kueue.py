@@ -225,6 +225,30 @@ def test_rollouts_are_admitted_partially_and_autoscale_within_the_admitted_count
     assert ij(kube, ns, "partial")["status"]["rollouts"]["desired"] == 2
 
 
+def test_learners_beyond_what_the_queue_could_ever_hold_fail_naming_the_field(
+    kube: Kube, ns: str, operator: Operator
+) -> None:
+    """Two learner pods on a ClusterQueue sized for one job of one learner: Kueue's own verdict
+    ("> maximum capacity") fails the job at once, naming spec.learner.replicas, and its
+    Workload is Finished (out of the queue), instead of a job Pending forever."""
+    one = queued_job("too-many", "small")
+    make_queue(kube, ns, "small", queues.quota_for(one))
+    job = queued_job("too-many", "small", learner={**JOB["learner"], "replicas": 2})
+    OperatorSuite.create(kube, ns, job)
+    status = wait_status(
+        kube, ns, "too-many", lambda s: s.get("phase") == "Failed", "Failed by its queue"
+    )
+    assert condition(status, "Failed")["reason"] == "ExceedsQuota", status
+    assert "lower spec.learner.replicas or spec.learner.resources" in status["message"]
+    assert "maximum capacity" in status["message"]
+    assert learner_pods(kube, ns, "too-many") == []
+    wait_for(
+        lambda: condition(workload(kube, ns, "too-many")["status"], "Finished").get("status")
+        == "True", timeout=30, what="the Workload Finished",
+    )  # fmt: skip
+    assert any("ExceedsQuota" in e for e in OperatorSuite.events(kube, ns, "too-many"))
+
+
 def test_a_missing_priority_class_is_named_and_nothing_is_queued(
     kube: Kube, ns: str, operator: Operator
 ) -> None:

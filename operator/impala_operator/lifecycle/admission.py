@@ -6,7 +6,9 @@ its pods get the assigned flavors' node labels and tolerations and the rollouts 
 the admitted count; evicted (preempted, deactivated, queue stopped), it stops like a suspend (the
 learner checkpoints on SIGTERM, no failure counted) and, once its pods are gone, hands the quota
 back by clearing the admission, as jobframework does; readmitted, the same learner attempt
-resumes from its checkpoint. A job that ends marks its Workload Finished.
+resumes from its checkpoint. A job that ends marks its Workload Finished. A job that asks for
+more than its ClusterQueue could ever give (Kueue: "> maximum capacity", borrowing included)
+fails at once, naming the fields to lower, instead of waiting in the queue forever.
 
 Nothing here calls the API: `runtime.handlers` reads the Workload and the ResourceFlavors and
 executes what this module and `plan` decide.
@@ -23,7 +25,19 @@ from impala_operator.lifecycle.conditions import set_condition
 
 ADMITTED_CONDITION = "Admitted"
 
-State = Literal["queued", "admitted", "evicted", "finished"]
+State = Literal["queued", "admitted", "evicted", "finished", "inadmissible"]
+
+NEVER_FITS = "> maximum capacity"
+"""Kueue's words (its flavor assigner) for a pod set's request above all the quota the
+ClusterQueue could ever have, what it may borrow from its cohort included."""
+WAITING_HELPS = "insufficient unused quota"
+"""Kueue's words for a flavor where waiting (or preempting) frees enough quota."""
+POD_SET_FIELDS = {
+    "learner": "spec.learner.replicas or spec.learner.resources",
+    "rollout": "spec.rollouts.minReplicas or spec.rollouts.resources",
+    "aggregator": "spec.aggregators.replicas or spec.aggregators.resources",
+}
+"""What sizes each pod set of the Workload (build.kueue_workload)."""
 
 
 @dataclass(frozen=True)
@@ -230,10 +244,32 @@ def read(
     detail = str(pending.get("message", "")).strip() if pending else ""
     if reserved:
         detail = "quota reserved; waiting for its admission checks"
+    elif sets := never_fits(detail):
+        lower = "; ".join(f"lower {POD_SET_FIELDS.get(s, f'pod set {s}')}" for s in sets)
+        message = (
+            f"the ClusterQueue of LocalQueue {queue} can never admit it: {detail}. To run it, "
+            f"{lower}, or raise the ClusterQueue's quota, and create the job again"
+        )
+        return Admission("inadmissible", queue, reason="ExceedsQuota", message=message)
     message = (
         f"waiting for Kueue to admit it in LocalQueue {queue}{': ' + detail if detail else ''}"
     )
     return Admission("queued", queue, reason="Queued", message=message, reserved=reserved)
+
+
+def never_fits(message: str) -> list[str]:
+    """The pod sets of a pending Workload's message that no quota of the ClusterQueue could ever
+    hold: Kueue writes a clause `couldn't assign flavors to pod set NAME: REASONS` per pod set
+    that does not fit, REASONS over every flavor; it never fits when one is over the maximum
+    capacity and none would fit by waiting (the others: taints, affinity, also lasting)."""
+    prefix = "couldn't assign flavors to pod set "
+    sets = []
+    for clause in message.split("; "):
+        head, sep, reasons = clause.partition(": ")
+        never = NEVER_FITS in reasons and WAITING_HELPS not in reasons
+        if sep and head.startswith(prefix) and never:
+            sets.append(head.removeprefix(prefix))
+    return sets
 
 
 def released(workload: Mapping[str, Any], now: float) -> dict[str, Any]:

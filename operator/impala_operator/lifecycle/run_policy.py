@@ -289,10 +289,12 @@ def _suspend(
 @dataclass(frozen=True)
 class Hold:
     """Why a job that is neither suspended nor finished may not run now: Kueue has not admitted
-    it, or evicted it (`lifecycle.admission`)."""
+    it, or evicted it (`lifecycle.admission`); `fails`: nor ever will (it asks for more than the
+    queue's quota could hold), so the job fails with this reason."""
 
     reason: str
     message: str
+    fails: bool = False
 
 
 def _hold(
@@ -532,6 +534,8 @@ def step(
         return _finish(state, pods, policy, now, events)
     if policy.suspend:
         return _suspend(state, pods, now, events)
+    if hold is not None and hold.fails:
+        return _end(state, _End("Failed", hold.reason, hold.message), pods, policy, now, events)
     if hold is not None:
         return _hold(state, hold, pods, now, events)
     state = _resume(state, now, events)

@@ -167,6 +167,42 @@ def test_pending_carries_kueues_reason_and_the_queue() -> None:
     assert admission.read(None, QUEUE).state == "queued"
 
 
+NEVER = (
+    "couldn't assign flavors to pod set learner: insufficient quota for cpu in flavor default, "
+    "previously considered podsets requests (0) + current podset request (4) > maximum "
+    "capacity (2)"
+)
+"""Kueue 0.17's message for a learner pod set no quota of the ClusterQueue could hold."""
+
+
+def test_a_request_over_the_queues_maximum_capacity_can_never_be_admitted() -> None:
+    job = _job(learner={"replicas": 2})
+    got = admission.read(_workload(job, _cond("QuotaReserved", "False", "Pending", NEVER)), QUEUE)
+    assert (got.state, got.reason, got.runs) == ("inadmissible", "ExceedsQuota", False)
+    assert "lower spec.learner.replicas or spec.learner.resources" in got.message
+    assert "> maximum capacity (2)" in got.message
+    # Another flavor that would fit once quota is free, or a pod set that only waits: queued.
+    waits = NEVER + ", insufficient unused quota for cpu in flavor spot, 2 more needed"
+    assert admission.never_fits(waits) == []
+    both = "; ".join([NEVER, NEVER.replace("pod set learner", "pod set rollout")])
+    assert admission.never_fits(both) == ["learner", "rollout"]
+    assert admission.never_fits("insufficient unused quota for cpu in flavor x, 1 more") == []
+
+
+def test_a_job_no_quota_could_hold_fails_naming_the_field_and_finishes_its_workload() -> None:
+    job = _job(learner={"replicas": 2})
+    wl = _workload(job, _cond("QuotaReserved", "False", "Pending", NEVER))
+    plan = _plan(job, Queueing(wl), status=_held_status())
+    assert plan.status["phase"] == "Failed"
+    failed = next(c for c in plan.status["conditions"] if c["type"] == "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "ExceedsQuota")
+    assert "spec.learner.replicas" in plan.status["message"]
+    assert plan.create == [] and all(m["spec"]["replicas"] == 0 for m in plan.apply)
+    warnings = [e for e in plan.events if e.type == "Warning"]
+    assert {e.reason for e in warnings} == {"ExceedsQuota"}
+    assert plan.workload is not None and plan.workload.action == "status"  # Finished: released
+
+
 def test_admission_places_pods_by_flavor_and_admission_check_updates() -> None:
     job = _job()
     wl = _admitted(job)
