@@ -555,7 +555,7 @@ def rllib_config(
         cfg = cfg.training(
             train_batch_size_per_learner=t.train_batch_size,
             lr=lr_points or t.lr,
-            entropy_coeff=entropy_points or t.entropy_coeff,
+            entropy_coeff=entropy_points or t.entropy_coeff_or_default,
             **common_training,
         )
         cfg = cfg.rl_module(model_config=model)
@@ -577,7 +577,7 @@ def rllib_config(
             _lr_vf=t.lr_vf,
             lr=t.lr,
             lr_schedule=lr_points,
-            entropy_coeff=t.entropy_coeff,
+            entropy_coeff=t.entropy_coeff_or_default,
             entropy_coeff_schedule=entropy_points,
             **common_training,
         )

@@ -79,7 +79,7 @@ def _rllib_config(spec: Any, seed: int) -> Any:
         .training(
             train_batch_size=t.train_batch_size,
             lr=t.lr,
-            entropy_coeff=t.entropy_coeff,
+            entropy_coeff=t.entropy_coeff_or_default,
             gamma=t.gamma,
             vf_loss_coeff=t.vf_loss_coeff,
             grad_clip=t.grad_clip,

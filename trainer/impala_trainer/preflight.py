@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from impala_api.spec import RANDOM_OPPONENT, EnvSpec, ImpalaJobSpec
+from impala_api.spec import ENTROPY_COEFF, RANDOM_OPPONENT, EnvSpec, ImpalaJobSpec
 from impala_trainer.rollouts.envs import env_problem, make_vector_env
 
 
@@ -170,6 +170,10 @@ def _agent_spaces(spec_json: str) -> dict[str, Any]:
 
 BOX_SURROGATE_CLIP = 0.3
 """training.surrogateClip for Box actions when the manifest omits it (PPO's usual clip)."""
+BOX_ENTROPY_COEFF = 0.001
+"""training.entropyCoeff for Box actions with PopArt by default (a tenth of IMPALA's 0.01: the
+advantages it weighs against are of unit scale; HalfCheetah 464 at 1M env steps with 0.01,
+1,084 with 0.001, docs/benchmarks.md)."""
 
 
 class SpaceDefault(NamedTuple):
@@ -193,7 +197,20 @@ def space_defaults(spec: ImpalaJobSpec) -> tuple[ImpalaJobSpec, list[SpaceDefaul
     A learner a few updates ahead of its actors (the policy lag IMPALA runs with) kept pushing a
     Gaussian past what the acting policy did, under V-trace's truncated weights, until its actions
     saturated at a bound and the policy walked away from every target (docs/models.md, "Box
-    actions"); the clip stops that push. Discrete actions keep IMPALA's own policy gradient."""
+    actions"); the clip stops that push. And PopArt with a tenth of the entropy bonus: advantages
+    in the return's units outweighed the bonus, and the Gaussian turned deterministic before the
+    policy learned (Hopper). Discrete actions keep IMPALA's own policy gradient and bonus.
+    Whatever is still omitted then takes its plain default (popart false, entropyCoeff 0.01)."""
+    chosen_spec, chosen = _space_defaults(spec)
+    model, training = chosen_spec.model, chosen_spec.training
+    if model.popart is None:
+        model = model.model_copy(update={"popart": False})
+    if training.entropy_coeff is None:
+        training = training.model_copy(update={"entropy_coeff": ENTROPY_COEFF})
+    return chosen_spec.model_copy(update={"model": model, "training": training}), chosen
+
+
+def _space_defaults(spec: ImpalaJobSpec) -> tuple[ImpalaJobSpec, list[SpaceDefault]]:
     if spec.env.is_atari:  # ALE's actions are Discrete: nothing depends on the space
         return spec, []
     if spec.env.multi_agent:
@@ -216,6 +233,15 @@ def space_defaults(spec: ImpalaJobSpec) -> tuple[ImpalaJobSpec, list[SpaceDefaul
         why = "Box actions: APPO's clipped surrogate holds a Gaussian policy under policy lag"
         chosen.append(SpaceDefault("training.surrogateClip", BOX_SURROGATE_CLIP, why))
         training = training.model_copy(update={"surrogate_clip": BOX_SURROGATE_CLIP})
+    # PopArt needs a built-in value head and V-trace's targets (job.py refuses it otherwise).
+    if model.popart is None and model.type != "custom" and training.mode == "vtrace":
+        why = "Box actions: advantages in units of the return's scale, so the entropy bonus holds"
+        chosen.append(SpaceDefault("model.popart", True, why))
+        model = model.model_copy(update={"popart": True})
+        if training.entropy_coeff is None and training.entropy_coeff_schedule is None:
+            why = "Box actions with PopArt: the bonus against advantages of unit scale"
+            chosen.append(SpaceDefault("training.entropyCoeff", BOX_ENTROPY_COEFF, why))
+            training = training.model_copy(update={"entropy_coeff": BOX_ENTROPY_COEFF})
     return spec.model_copy(update={"model": model, "training": training}), chosen
 
 

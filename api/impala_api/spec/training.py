@@ -44,6 +44,11 @@ DEFAULTS_APART_FROM_RLLIB: dict[str, tuple[object, str]] = {
         "with, as the paper's learner does, and chunks it only when maxSeqLen is set (which must "
         "divide rolloutFragmentLength: nothing is padded, where RLlib pads to 20)",
     ),
+    "training.entropyCoeff": (
+        0.01,
+        "by the action space: 0.01 as RLlib's, and 0.001 for Box actions, whose default is PopArt "
+        "(advantages of unit scale); the trainer sets it and `impalajob validate` says which",
+    ),
     "training.maxRequestsInFlightPerWorker": (
         1,
         "2, the old stack's max_requests_in_flight_per_sampler_worker: a worker samples its next "
@@ -60,6 +65,8 @@ IMPORT_PATH_PATTERN = rf"^{_NAME}(\.{_NAME})*[:.]{_NAME}$"
 PETTINGZOO_PATTERN = rf"^{_NAME}(\.{_NAME})*(:{_NAME})?$"
 """A PettingZoo env: its module (`mpe2.simple_spread_v3`) or `package.module:constructor`."""
 DEFAULT_ENV_ID = "CartPole-v1"
+ENTROPY_COEFF = 0.01
+"""training.entropyCoeff where neither the manifest nor the action space sets it (IMPALA's)."""
 PETTINGZOO_OR_ID = (
     "spec.env.id names a gymnasium env and spec.env.pettingzoo a PettingZoo one: set one of them"
 )
@@ -230,13 +237,16 @@ class ModelSpec(SpecModel):
     learner scores the sample either way. Omitted: true where every bound is finite, else false
     (`impalajob validate` says which)."""
 
-    popart: bool = False
+    popart: bool | None = None
     """Normalise the value function with PopArt (Hessel et al. 2019, the IMPALA authors'): the
     value head learns in units of the V-trace targets' running mean and scale, its last layer
     rewritten whenever they move so its outputs stay exactly the same, and the policy gradient's
     advantages are divided by that scale, so rewards of any scale train alike with the same
     learning rate and entropy coefficient. Needs a value_head of one nn.Linear output (every
-    built-in model has one); not with training.mode async-gradients."""
+    built-in model has one); not with training.mode async-gradients. Omitted: true for Box
+    actions with a built-in model in vtrace mode (advantages in the return's units outweighed
+    the entropy bonus and made the policy deterministic before it learned), else false
+    (`impalajob validate` says which)."""
 
     import_path: str | None = Field(default=None, alias="import", pattern=IMPORT_PATH_PATTERN)
     """type custom: your model class, `package.module:Class`, a subclass of
@@ -316,11 +326,18 @@ class TrainingSpec(SpecModel):
     vf_loss_coeff: float = Field(default=0.5, ge=0.0)
     """Weight of the value-function loss."""
 
-    entropy_coeff: float = Field(default=0.01, ge=0.0)
-    """Weight of the entropy bonus (used when entropyCoeffSchedule is omitted)."""
+    entropy_coeff: float | None = Field(default=None, ge=0.0)
+    """Weight of the entropy bonus (used when entropyCoeffSchedule is omitted). Omitted: 0.01
+    (IMPALA's and RLlib's), or 0.001 where model.popart is true by default (Box actions): the
+    advantages it weighs against are then in units of the return's scale."""
 
     entropy_coeff_schedule: Schedule | None = None
     """Piecewise-linear entropy coefficient over env steps trained: [[timestep, coeff], ...]."""
+
+    @property
+    def entropy_coeff_or_default(self) -> float:
+        """entropyCoeff as given (or as the trainer's space defaults set it), else 0.01."""
+        return ENTROPY_COEFF if self.entropy_coeff is None else self.entropy_coeff
 
     grad_clip: float | None = Field(default=40.0, gt=0.0)
     """Global-norm gradient clip; null disables clipping."""

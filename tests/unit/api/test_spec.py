@@ -35,7 +35,7 @@ def test_rllib_impala_defaults() -> None:
     t = TrainingSpec()
     assert (t.lr, t.gamma, t.rollout_fragment_length, t.train_batch_size) == (5e-4, 0.99, 50, 500)
     assert (t.vtrace_clip_rho_threshold, t.vtrace_clip_pg_rho_threshold) == (1.0, 1.0)
-    assert (t.vf_loss_coeff, t.entropy_coeff, t.grad_clip) == (0.5, 0.01, 40.0)
+    assert (t.vf_loss_coeff, t.entropy_coeff_or_default, t.grad_clip) == (0.5, 0.01, 40.0)
     assert (t.learner_queue_size, t.learner_queue_timeout) == (16, 300.0)
     assert (t.num_sgd_iter, t.minibatch_buffer_size, t.num_multi_gpu_tower_stacks) == (1, 1, 1)
     assert (t.broadcast_interval, t.replay_batches_per_fresh) == (1, 0.0)

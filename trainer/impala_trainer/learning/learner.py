@@ -176,7 +176,7 @@ class Learner:
         training = spec.training
         self.lr_schedule = make_schedule(training.lr_schedule, training.lr)
         self.entropy_schedule = make_schedule(
-            training.entropy_coeff_schedule, training.entropy_coeff
+            training.entropy_coeff_schedule, training.entropy_coeff_or_default
         )
         self.params = list(self.model.parameters())
         if training.separate_vf_optimizer:
