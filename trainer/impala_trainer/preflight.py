@@ -172,8 +172,8 @@ BOX_SURROGATE_CLIP = 0.3
 """training.surrogateClip for Box actions when the manifest omits it (PPO's usual clip)."""
 BOX_ENTROPY_COEFF = 0.001
 """training.entropyCoeff for Box actions with PopArt by default (a tenth of IMPALA's 0.01: the
-advantages it weighs against are of unit scale; HalfCheetah 464 at 1M env steps with 0.01,
-1,084 with 0.001, docs/benchmarks.md)."""
+advantages it weighs against are of unit scale: with 0.01 HalfCheetah's actions stayed too
+noisy to run, 464 at 1M env steps against 978; docs/benchmarks.md, "MuJoCo beside RLlib")."""
 
 
 class SpaceDefault(NamedTuple):
