@@ -649,6 +649,11 @@ def steady_rate(points: Sequence[Sequence[Any]], warmup_s: float, column: int = 
     return (window[-1][column] - window[0][column]) / (window[-1][0] - window[0][0])
 
 
+def point_at_steps(points: Sequence[Sequence[Any]], steps: int) -> Sequence[Any] | None:
+    """The first curve point at or past `steps` env steps (None: the run never got there)."""
+    return next((p for p in points if p[2] is not None and p[2] >= steps), None)
+
+
 def first_crossing(points: Sequence[Sequence[Any]], threshold: float) -> Sequence[Any] | None:
     """The first point whose return mean is >= threshold (None: never crossed)."""
     for p in points:

@@ -42,6 +42,7 @@ from common import (
     load_spec,
     machine_info,
     median,
+    point_at_steps,
     report,
     table,
     write_trial,
@@ -91,10 +92,8 @@ def trial(args: argparse.Namespace) -> dict[str, Any]:
 
 def at_steps(points: list[list[Any]], steps: int) -> tuple[float | None, float | None]:
     """(return mean, seconds of training) at the first curve point at or past `steps`."""
-    for p in points:
-        if p[2] is not None and p[2] >= steps:
-            return p[4], p[1]
-    return None, None
+    point = point_at_steps(points, steps)
+    return (None, None) if point is None else (point[4], point[1])
 
 
 def summarise(trials: dict[str, list[dict[str, Any]]], steps: int) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from common import (
     load_spec,
     machine_info,
     median,
+    point_at_steps,
     report,
     rllib_model_config,
     table,
@@ -138,10 +139,8 @@ def trial(args: argparse.Namespace) -> dict[str, Any]:
 
 def at_steps(points: list[list[Any]], steps: int) -> float | None:
     """The 100-episode mean return of the first curve point at or past `steps` env steps."""
-    for p in points:
-        if p[2] is not None and p[2] >= steps:
-            return p[4]
-    return None
+    point = point_at_steps(points, steps)
+    return None if point is None else point[4]
 
 
 def summarise(trials: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:

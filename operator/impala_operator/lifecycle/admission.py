@@ -91,6 +91,11 @@ class Admission:
     def runs(self) -> bool:
         return self.state == "admitted"
 
+    @property
+    def never_runs(self) -> bool:
+        """Kueue can never admit it (over the ClusterQueue's maximum capacity): the job fails."""
+        return self.state == "inadmissible"
+
     def cap(self, pod_set: str) -> int | None:
         """The most pods the pod set may run (None: not admitted or not in the Workload)."""
         return self.counts.get(pod_set) if self.runs else None

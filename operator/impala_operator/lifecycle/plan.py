@@ -230,8 +230,10 @@ def _queue(
         decided = Admission("queued", queue, reason="Queued", message=queueing.problem)
     else:
         decided = admission.read(queueing.workload, queue, queueing.flavors)
-    fails = decided.state == "inadmissible"
-    hold = None if decided.runs else run_policy.Hold(decided.reason, decided.message, fails)
+    hold = (
+        None if decided.runs
+        else run_policy.Hold(decided.reason, decided.message, fails=decided.never_runs)
+    )  # fmt: skip
     return decided, hold
 
 
@@ -285,8 +287,8 @@ def _admission_status(
     was = next((c for c in state.conditions if c.get("type") == admission.ADMITTED_CONDITION), {})
     flipped = was.get("status") != ("True" if decided.runs else "False")
     if flipped or was.get("reason") != decided.reason:
-        never = decided.state == "inadmissible"
-        events.append(Event("Warning" if never else "Normal", decided.reason, decided.message))
+        kind: Literal["Normal", "Warning"] = "Warning" if decided.never_runs else "Normal"
+        events.append(Event(kind, decided.reason, decided.message))
     conditions = set_condition(
         state.conditions,
         admission.ADMITTED_CONDITION,
