@@ -6,9 +6,11 @@ the tests exercise is what the pods run. Torch/Ray-free: the operator imports it
 
 Ports (defaults, the pods use them unchanged): Ray GCS 6379, node manager 6380, object manager
 6381, Ray worker ports 10002-10101, dashboard agent 52365/52366, runtime-env agent 52367, metrics
-export 52368, status sidecar 8080 (its metrics 9080). Ray's agents default to random ports;
-pinning them makes every port a pod listens on known (NetworkPolicy, firewalls) and lets several
-nodes share one host in the local tests without collisions.
+export 52368, status sidecar 8080 (its metrics 9080); in learner pods the driver's sample
+connections 6390, the learners' TCPStore 29500 and their gloo pairs 29501-30000 (`LearnerPorts`).
+Ray's agents default to random ports; pinning them makes every port a pod listens on known
+(NetworkPolicy, firewalls) and lets several nodes share one host in the local tests without
+collisions.
 """
 
 from __future__ import annotations
@@ -84,6 +86,40 @@ class RayPorts:
 
 
 DEFAULT_PORTS = RayPorts()
+
+
+@dataclass(frozen=True)
+class LearnerPorts:
+    """The learner pods' own listeners beside Ray's, pinned in pods so the job's NetworkPolicy
+    can open them and nothing else; where nothing pins them (local runs, tests on one host)
+    each takes a free port. The operator hands them to the learner containers as environment
+    variables (`env`), which Ray's worker processes inherit from the node they run on."""
+
+    samples: int = 6390
+    """The driver's direct sample connections (`driver/channels.py`): rollout pods connect to
+    learner pod 0 here."""
+    store: int = 29500
+    """Rank 0's TCPStore, torch.distributed's rendezvous (`spec.learner.replicas` > 1)."""
+    pairs: tuple[int, int] = (29501, 30000)
+    """The connections between learners (gloo binds them to port 0): the learner pods' ephemeral
+    range, `net.ipv4.ip_local_port_range` (a namespaced, safe sysctl), so the ports a learner
+    listens on for its peers are in here. Ends of unlike parity, as the kernel prefers."""
+
+    def env(self) -> list[dict[str, str]]:
+        """The containers' variables that pin the two fixed listeners."""
+        return [
+            {"name": SAMPLE_PORT_ENV, "value": str(self.samples)},
+            {"name": COLLECTIVE_PORT_ENV, "value": str(self.store)},
+        ]
+
+    def port_range_sysctl(self) -> dict[str, str]:
+        """The learner pods' `securityContext.sysctls` entry that bounds their ephemeral ports."""
+        return {"name": "net.ipv4.ip_local_port_range", "value": f"{self.pairs[0]} {self.pairs[1]}"}
+
+
+SAMPLE_PORT_ENV = "IMPALA_SAMPLE_PORT"
+COLLECTIVE_PORT_ENV = "IMPALA_COLLECTIVE_PORT"
+LEARNER_PORTS = LearnerPorts()
 
 LOCAL_EXECUTABLE: tuple[str, ...] = (sys.executable, "-m", "impala_cli.main")
 """`impalajob` run by this interpreter: local processes (`impalajob train`'s sidecar, the tests,

@@ -30,7 +30,7 @@ from harness.cluster.controlplane import SERVICE_CIDR
 from harness.cluster.node import HOST_IP, NODE_NAME, RealNode
 from harness.cluster.s3 import S3Server
 from impala_api.names import STATUS_ACCESS_LABEL
-from impala_api.roles import METRICS_PORT, STATUS_PORT, RayPorts
+from impala_api.roles import LEARNER_PORTS, METRICS_PORT, STATUS_PORT, RayPorts
 from tests.support.jobs import EXAMPLES, example_documents, example_manifest, static_volume
 from tests.support.plugin import kubectl_impalajob
 
@@ -428,11 +428,18 @@ def test_two_learner_pods_train_one_policy_and_restart_together(
     real_kube: Kube, operator: None
 ) -> None:
     """learner.replicas 2 in real pods: rank 0 (Ray head, driver, sidecar) and rank 1 (a learner
-    node joining it) train CartPole in lock step (`kubectl get ij` LEARNERS 2/2). Deleting rank
-    1 mid-run restarts the pair from the newest checkpoint: a disruption, announced, no retry
-    used; the job still learns."""
+    node joining it) train CartPole in lock step (`kubectl get ij` LEARNERS 2/2) under the job's
+    NetworkPolicy, enforced: the learners reach each other's collective ports, a rollout pod of
+    the same job does not, and gloo listens inside the range the policy opens. Deleting rank 1
+    mid-run restarts the pair from the newest checkpoint: a disruption, announced, no retry
+    used; the group forms again through the policy and the job still learns."""
     kube = real_kube
-    with kube.namespace("learners") as ns:
+    node = RealNode(kube.bin_dir or Path(), kube.workdir)
+    agent = network_policy_agent_kubeconfig(kube)
+    with (
+        kube.namespace("learners") as ns,
+        node.network_policies_enforced(agent, SERVICE_CIDR),
+    ):
         checkpoints = checkpoint_claim(kube, ns, "pair-checkpoints")
         small = {"requests": {"cpu": "200m"}}
         manifest = example_manifest(
@@ -461,6 +468,7 @@ def test_two_learner_pods_train_one_policy_and_restart_together(
             log(f"learners: both pods training {time.monotonic() - t0:.0f} s after apply; "
                 f"kubectl get ij: {row}")  # fmt: skip
             assert " 2/2 " in f" {row} ", row
+            _collective_ports_admit_learners_only(kube, ns)
             saved = newest_checkpoint(checkpoints)[0]
             kube.kubectl("delete", "pod", "pair-learner-0-1", "-n", ns, "--wait=false")
             restarted = wait_for(
@@ -479,10 +487,50 @@ def test_two_learner_pods_train_one_policy_and_restart_together(
         log(f"learners: rank 1 deleted at >= {saved} steps; {replaced['items'][0]['message']}")
         log_text = (checkpoints / "trainer.log").read_text()
         assert "resumed from" in log_text, log_text[-3000:]
+        # The rollouts' direct sample connections went through the policy (else the driver
+        # falls back to Ray calls and says so).
+        assert "cannot reach the driver's direct sample port" not in log_text, log_text[-3000:]
         progress = st.get("progress") or {}
         ret, steps = progress.get("episodeReturnMean"), progress.get("timesteps")
         log(f"learners: {st['phase']} {time.monotonic() - t0:.0f} s after apply, {ret} at {steps}")
         assert float(ret) >= 450, progress
+
+
+def pod_reaches(kube: Kube, namespace: str, pod: str, ip: str, port: int) -> bool:
+    """Whether `pod` (any pod of the image: it has python3) opens a TCP connection to ip:port."""
+    connect = f"import socket; socket.create_connection(('{ip}', {port}), timeout=3)"
+    proc = kube.kubectl("exec", "-n", namespace, pod, "--", "python3", "-c", connect,
+                        check=False, timeout=60)  # fmt: skip
+    return proc.returncode == 0
+
+
+# A pod's listening TCP ports (IPv4 and IPv6) from /proc: the image has no ss or netstat.
+LISTENING = (
+    "import pathlib; print(sorted({int(f[1].split(':')[1], 16) for t in ('tcp', 'tcp6') "
+    "for f in (ln.split() for ln in pathlib.Path('/proc/net/' + t).read_text().splitlines()[1:]) "
+    "if f[3] == '0A'}))"
+)
+
+
+def _collective_ports_admit_learners_only(kube: Kube, ns: str) -> None:
+    """Under the enforced policy: rank 1 reaches rank 0's TCPStore, a rollout pod does not, and
+    each learner pod's gloo listener is in the range the policy opens (their ephemeral range)."""
+    (rank0,) = running_pods(kube, ns, "learner")
+    (rank1,) = running_pods(kube, ns, "learner-peer")
+    (rollout,) = running_pods(kube, ns, "rollout")
+    ip, peer = rank0["status"]["podIP"], rank1["metadata"]["name"]
+    store, (low, high) = LEARNER_PORTS.store, LEARNER_PORTS.pairs
+    wait_for(lambda: not pod_reaches(kube, ns, rollout["metadata"]["name"], ip, store),
+             timeout=120, what="the agent to enforce the job's NetworkPolicy")  # fmt: skip
+    assert pod_reaches(kube, ns, peer, ip, store), "rank 1 no longer reaches rank 0's TCPStore"
+    for pod in (rank0, rank1):
+        name = pod["metadata"]["name"]
+        out = kube.kubectl("exec", "-n", ns, name, "-c", "learner", "--", "python3", "-c",
+                           LISTENING, timeout=60).stdout  # fmt: skip
+        ports = json.loads(out)
+        assert any(low <= p <= high for p in ports), f"{name} listens on {ports}"
+    log(f"learners: under the enforced policy rank 1 reaches {ip}:{store}, the rollout pod "
+        f"does not; gloo listens in {low}-{high} on both")  # fmt: skip
 
 
 def test_a_learner_process_trains_on_pong_frames_in_a_real_pod(

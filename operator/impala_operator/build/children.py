@@ -21,6 +21,7 @@ import yaml
 from impala_api import names
 from impala_api.roles import (
     DEFAULT_PORTS,
+    LEARNER_PORTS,
     METRICS_PORT,
     POD_IP,
     STATUS_PORT,
@@ -135,6 +136,12 @@ def build_learner_pod(
         "terminationGracePeriodSeconds": spec.learner.termination_grace_period_seconds,
         **pod_template.placement(spec.learner.node_selector, tolerations),
     }
+    if spec.learner.replicas > 1:
+        # gloo's listeners between learners bind port 0: bounding the pods' ephemeral range puts
+        # them where the NetworkPolicy opens learner pods to each other (build_network_policy).
+        security = dict(pod_spec["securityContext"])
+        security["sysctls"] = [LEARNER_PORTS.port_range_sysctl()]
+        pod_spec["securityContext"] = security
     if rank:
         main = _learner_peer_container(job, resources)
         pod_spec["volumes"] = pod_template.scratch_volumes()
@@ -209,6 +216,7 @@ def _learner_volumes(job: ImpalaJob) -> list[dict[str, Any]]:
 def _learner_container(job: ImpalaJob, uid: str, resources: dict[str, Any]) -> dict[str, Any]:
     # The job's uid tells its run in storageUri from an earlier job's of the same name.
     learner_env = [{"name": "IMPALA_JOB_UID", "value": uid}, ray_token_env(job)]
+    learner_env += LEARNER_PORTS.env()  # the sample and rendezvous listeners, pinned
     trainer = pod_template.container(
         "learner",
         job,
@@ -225,6 +233,8 @@ def _learner_container(job: ImpalaJob, uid: str, resources: dict[str, Any]) -> d
             ("node-manager", DEFAULT_PORTS.node_manager),
             ("object-manager", DEFAULT_PORTS.object_manager),
             ("ray-metrics", DEFAULT_PORTS.metrics_export),
+            ("samples", LEARNER_PORTS.samples),
+            *([("collective", LEARNER_PORTS.store)] if job.spec.learner.replicas > 1 else []),
         ],
         extra_env=learner_env,
     )
@@ -369,17 +379,55 @@ def build_learner_disruption_budget(job: ImpalaJob, uid: str) -> Manifest:
     }
 
 
+def _tcp(port: int, end: int | None = None) -> dict[str, Any]:
+    return {"protocol": "TCP", "port": port, **({"endPort": end} if end else {})}
+
+
+def _job_ports() -> list[dict[str, Any]]:
+    """What a job's pods reach on each other: every port a Ray node listens on (all pinned,
+    roles.RayPorts) and the driver's direct sample connections."""
+    ray = DEFAULT_PORTS
+    return [
+        _tcp(ray.gcs),
+        _tcp(ray.node_manager),
+        _tcp(ray.object_manager),
+        _tcp(ray.min_worker, ray.max_worker),
+        _tcp(ray.dashboard_agent_listen),
+        _tcp(ray.dashboard_agent_grpc),
+        _tcp(ray.runtime_env_agent),
+        _tcp(ray.metrics_export),
+        _tcp(LEARNER_PORTS.samples),
+    ]
+
+
+def _collective_ports() -> list[dict[str, Any]]:
+    """What learner pods reach on each other beyond Ray's: rank 0's TCPStore and gloo's pairs."""
+    return [_tcp(LEARNER_PORTS.store), _tcp(*LEARNER_PORTS.pairs)]
+
+
 def build_network_policy(
     job: ImpalaJob, uid: str, operator_namespace: str, monitoring_namespace: str | None = None
 ) -> Manifest:
-    """NetworkPolicy `<job>-network`: the job's pods accept Ray traffic (any port) only from the
-    job's own pods, and the status port only from pods labelled `impala.dev/status-access:
-    "true"` in the job's namespace or the operator's (the operator's own pods carry it). What
-    gets through still needs the status token. The sidecar's metrics port, which needs none,
-    admits `monitoring_namespace`'s pods (Prometheus) when the operator names one."""
+    """NetworkPolicy `<job>-network`: the job's pods accept, from the job's own pods, Ray's
+    pinned ports and the driver's sample port; from its learner pods, the learners' collective
+    ports (the TCPStore and gloo's pairs, `roles.LearnerPorts`); and the status port only from
+    pods labelled `impala.dev/status-access: "true"` in the job's namespace or the operator's
+    (the operator's own pods carry it). What gets through still needs the status token. The
+    sidecar's metrics port, which needs none, admits `monitoring_namespace`'s pods (Prometheus)
+    when the operator names one."""
     access = {names.STATUS_ACCESS_LABEL: "true"}
+    learners = {
+        "matchLabels": names.selector_labels(job.name),
+        "matchExpressions": [
+            {"key": names.COMPONENT, "operator": "In", "values": ["learner", "learner-peer"]}
+        ],
+    }
     ingress: list[dict[str, Any]] = [
-        {"from": [{"podSelector": {"matchLabels": names.selector_labels(job.name)}}]},
+        {
+            "from": [{"podSelector": {"matchLabels": names.selector_labels(job.name)}}],
+            "ports": _job_ports(),
+        },
+        {"from": [{"podSelector": learners}], "ports": _collective_ports()},
         {
             "from": [
                 {"podSelector": {"matchLabels": access}},

@@ -11,7 +11,18 @@ import yaml
 
 from impala_api import names
 from impala_api.manifest import ManifestError, parse_manifest
-from impala_api.roles import DEFAULT_PORTS, METRICS_PORT, POD_IP, SUBCOMMAND, RayPorts, role_command
+from impala_api.roles import (
+    COLLECTIVE_PORT_ENV,
+    DEFAULT_PORTS,
+    LEARNER_PORTS,
+    METRICS_PORT,
+    POD_IP,
+    SAMPLE_PORT_ENV,
+    STATUS_PORT,
+    SUBCOMMAND,
+    RayPorts,
+    role_command,
+)
 from impala_api.spec import ImpalaJob
 from impala_operator.build import children
 from impala_operator.lifecycle import plan
@@ -209,6 +220,65 @@ def test_learners_beyond_rank_0_are_ray_nodes_of_the_same_resources() -> None:
     assert service["spec"]["selector"][names.COMPONENT] == "learner"
 
 
+def _admitted(rule: dict[str, Any]) -> set[int]:
+    """Every port a NetworkPolicy rule opens (ranges expanded)."""
+    return {
+        port for p in rule["ports"] for port in range(p["port"], p.get("endPort", p["port"]) + 1)
+    }
+
+
+def test_network_policy_opens_the_pinned_listeners_and_the_collective_to_learners_only() -> None:
+    """The job's pods reach each other on Ray's pinned ports and the driver's sample port, and
+    nothing else; only learner pods reach the learners' TCPStore and gloo range. Every port a
+    job pod declares is admitted from the job's pods, but the sidecar's (the status rule)."""
+    job = _job(learner={"replicas": 2})
+    policy = children.build_network_policy(job, "uid-1", "impala-system")
+    ray_rule, collective_rule, _status = policy["spec"]["ingress"]
+    ray = RayPorts()
+    assert _admitted(ray_rule) == {
+        ray.gcs, ray.node_manager, ray.object_manager, *range(ray.min_worker, ray.max_worker + 1),
+        ray.dashboard_agent_listen, ray.dashboard_agent_grpc, ray.runtime_env_agent,
+        ray.metrics_export, LEARNER_PORTS.samples,
+    }  # fmt: skip
+    low, high = LEARNER_PORTS.pairs
+    assert _admitted(collective_rule) == {LEARNER_PORTS.store, *range(low, high + 1)}
+    (learners,) = collective_rule["from"]
+    assert learners["podSelector"]["matchExpressions"] == [
+        {"key": names.COMPONENT, "operator": "In", "values": ["learner", "learner-peer"]}
+    ]
+    # Each collective port is open to learners alone, and no fixed listener is in gloo's range.
+    assert not _admitted(ray_rule) & _admitted(collective_rule)
+    assert not low <= STATUS_PORT <= high and not low <= METRICS_PORT <= high
+    pods = [children.build_learner_pod(job, "uid-1"), children.build_learner_pod(job, "uid-1",
+            rank=1), *_by_kind(_all_children(job))["Deployment"]]  # fmt: skip
+    for pod in pods:
+        spec = pod["spec"].get("template", {}).get("spec") or pod["spec"]
+        for c in spec["containers"]:
+            declared = {p["containerPort"] for p in c.get("ports", [])}
+            assert declared <= _admitted(ray_rule) | _admitted(collective_rule), c["name"]
+
+
+def test_learner_pods_pin_their_listeners_and_bound_their_ephemeral_ports() -> None:
+    """Rank 0's driver and TCPStore listen where the NetworkPolicy expects (environment, which
+    Ray's workers inherit); with replicas above 1 every learner pod's ephemeral range (gloo's
+    listeners) is the collective's range, through a safe sysctl; one learner leaves it alone."""
+    job = _job(learner={"replicas": 2})
+    leader = children.build_learner_pod(job, "uid-1")
+    peer = children.build_learner_pod(job, "uid-1", rank=1)
+    env = {e["name"]: e.get("value") for e in _container(leader["spec"], "learner")["env"]}
+    assert env[SAMPLE_PORT_ENV] == str(LEARNER_PORTS.samples)
+    assert env[COLLECTIVE_PORT_ENV] == str(LEARNER_PORTS.store)
+    low, high = LEARNER_PORTS.pairs
+    for pod in (leader, peer):
+        assert pod["spec"]["securityContext"]["sysctls"] == [
+            {"name": "net.ipv4.ip_local_port_range", "value": f"{low} {high}"}
+        ]
+        assert pod["spec"]["securityContext"]["runAsNonRoot"]
+    assert (low % 2, high % 2) == (1, 0)  # the kernel wants ends of unlike parity
+    single = children.build_learner_pod(_job(), "uid-1")
+    assert "sysctls" not in single["spec"]["securityContext"]
+
+
 def test_gpu_request_only_with_gpus() -> None:
     cpu = _container(_learner(_all_children(_job()))["spec"], "learner")
     assert "nvidia.com/gpu" not in str(cpu["resources"])
@@ -345,8 +415,9 @@ def test_services_and_network_policy() -> None:
     (policy,) = _by_kind(manifests)["NetworkPolicy"]
     job_pods = {"matchLabels": names.selector_labels(job.name)}
     assert policy["spec"]["podSelector"] == job_pods
-    ray_rule, _status_rule = policy["spec"]["ingress"]  # the status rule: test_network_policy_...
-    assert ray_rule == {"from": [{"podSelector": job_pods}]}  # Ray: the job's own pods only
+    # Ray's and the samples' rule: the job's own pods only (test_network_policy_opens_...).
+    ray_rule, _collective_rule, _status_rule = policy["spec"]["ingress"]
+    assert ray_rule["from"] == [{"podSelector": job_pods}]
 
 
 def test_config_map_round_trips_the_job() -> None:
@@ -550,16 +621,14 @@ def test_security_is_on_the_auth_secret_tokens_and_every_ray_node() -> None:
 
 def test_network_policy_admits_the_status_port_only_from_labelled_pods() -> None:
     (policy,) = [m for m in _all_children(_job()) if m["kind"] == "NetworkPolicy"]
-    ray, status = policy["spec"]["ingress"]
-    assert ray == {"from": [{"podSelector": {"matchLabels": names.selector_labels("cartpole")}}]}
+    ray, _collective, status = policy["spec"]["ingress"]
+    assert ray["from"] == [{"podSelector": {"matchLabels": names.selector_labels("cartpole")}}]
     access = {"matchLabels": {"impala.dev/status-access": "true"}}
     assert status["ports"] == [{"protocol": "TCP", "port": 8080}]
     assert status["from"] == [
         {"podSelector": access},  # the job's namespace
         {
-            "namespaceSelector": {
-                "matchLabels": {"kubernetes.io/metadata.name": "impala-system"}
-            },
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "impala-system"}},
             "podSelector": access,
         },  # the operator's
     ]
@@ -576,7 +645,7 @@ def test_the_monitoring_namespace_reaches_the_metrics_port_and_nothing_else() ->
                                                         "monitoring"}}}],
         "ports": [{"protocol": "TCP", "port": METRICS_PORT}],
     }  # fmt: skip
-    assert len(children.build_network_policy(job, "uid-1", "impala-system")["spec"]["ingress"]) == 2
+    assert len(children.build_network_policy(job, "uid-1", "impala-system")["spec"]["ingress"]) == 3
     learner = children.build_learner_pod(job, "uid-1")
     sidecar = next(c for c in learner["spec"]["initContainers"] if c["name"] == "status")
     assert f"--metrics-port={METRICS_PORT}" in sidecar["command"] + sidecar.get("args", [])

@@ -20,11 +20,14 @@ import torch
 
 import impala_trainer.driver.learner_group as group_mod
 import impala_trainer.learning.collective as collective_mod
+from impala_api.roles import COLLECTIVE_PORT_ENV, LEARNER_PORTS
 from impala_api.spec import ImpalaJob
 from impala_trainer.driver.impala import ImpalaDriver
 from impala_trainer.driver.launch import Wiring, build_driver
 from impala_trainer.driver.learner_group import DistributedLearnerGroup, LocalLearnerGroup
 from impala_trainer.driver.local_backend import LocalBackend, LocalRef
+from impala_trainer.learning.collective import Rendezvous
+from impala_trainer.learning.learner_worker import LearnerWorker
 from impala_trainer.rundir.checkpoint import list_checkpoints
 from impala_trainer.rundir.writer import RunDir
 from tests.support.jobs import make_job
@@ -200,3 +203,13 @@ def test_the_other_learners_start_only_once_learner_0_is_placed(tmp_path: Path) 
         assert answered == [True, True]
     finally:
         driver.group.close(timeout=30)
+
+
+def test_rank_0_meets_its_peers_on_the_port_its_pod_pins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The TCPStore's port: the one the operator pins in learner pods (the NetworkPolicy opens
+    it to learner pods alone), else a free one."""
+    worker = LearnerWorker(_job(2).spec, (4,), 2, seed=0, rank=0, intra_op_threads=1)
+    monkeypatch.setenv(COLLECTIVE_PORT_ENV, str(LEARNER_PORTS.store))
+    assert worker.address("10.1.2.3") == Rendezvous("10.1.2.3", LEARNER_PORTS.store, 0)
+    monkeypatch.delenv(COLLECTIVE_PORT_ENV)
+    assert worker.address("10.1.2.3").port > 0

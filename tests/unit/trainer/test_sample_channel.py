@@ -1,6 +1,6 @@
-"""The direct sample connection's framing and the actor's serve loop (`rollouts/channel.py`), and
-which jobs use it (`driver.impala.direct_samples`). The driver's end, with Ray's actors:
-tests/integration/test_sample_channels.py."""
+"""The direct sample connection's framing and the actor's serve loop (`rollouts/channel.py`),
+which jobs use it (`driver.impala.direct_samples`) and the port the driver listens on. The
+driver's end, with Ray's actors: tests/integration/test_sample_channels.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 
 from impala_api.manifest import load_manifest
+from impala_api.roles import LEARNER_PORTS, SAMPLE_PORT_ENV
+from impala_trainer.driver.channels import SampleChannels
 from impala_trainer.driver.impala import INLINE_WEIGHTS_BYTES, direct_samples
+from impala_trainer.node.ray_node import free_port, pinned_port
 from impala_trainer.rollouts import channel
 
 
@@ -133,3 +136,23 @@ def test_which_jobs_sample_over_direct_connections(
 ) -> None:
     spec = load_manifest(f"manifests/examples/{example}.yaml", overrides).spec
     assert direct_samples(spec, obs_shape, np.dtype(dtype), weights) is direct
+
+
+def test_the_driver_listens_on_the_port_its_pod_pins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a learner pod the operator pins the sample port (roles.LearnerPorts, which the job's
+    NetworkPolicy opens); where nothing pins it the listener takes a free port."""
+    monkeypatch.setenv(SAMPLE_PORT_ENV, str(LEARNER_PORTS.samples))
+    assert pinned_port(SAMPLE_PORT_ENV) == LEARNER_PORTS.samples
+    monkeypatch.delenv(SAMPLE_PORT_ENV)
+    assert pinned_port(SAMPLE_PORT_ENV) == 0
+    port = free_port()
+    channels = SampleChannels("127.0.0.1", port)
+    try:
+        assert channels.address == ("127.0.0.1", port)
+    finally:
+        channels.close()
+    channels = SampleChannels("127.0.0.1")
+    try:
+        assert channels.address[1] > 0
+    finally:
+        channels.close()

@@ -68,9 +68,11 @@ class _Channel:
 class SampleChannels:
     """A listener on this node and one connection per served rollout actor."""
 
-    def __init__(self, host_ip: str) -> None:
+    def __init__(self, host_ip: str, port: int = 0) -> None:
+        """Listens on `port` (0: a free one; in a learner pod the pinned `LearnerPorts.samples`,
+        the one the job's NetworkPolicy opens to its pods)."""
         family = socket.AF_INET6 if ":" in host_ip else socket.AF_INET
-        self._listener = socket.create_server(("", 0), family=family, backlog=256)
+        self._listener = socket.create_server(("", port), family=family, backlog=256)
         self._listener.setblocking(False)
         self.address = (host_ip, int(self._listener.getsockname()[1]))
         self._selector = selectors.DefaultSelector()

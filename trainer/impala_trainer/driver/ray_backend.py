@@ -8,6 +8,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from impala_api.roles import SAMPLE_PORT_ENV
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.driver.backend import (
     ROLES,
@@ -20,6 +21,7 @@ from impala_trainer.driver.backend import (
 )
 from impala_trainer.driver.channels import ChannelRef, SampleChannels, wait_mixed
 from impala_trainer.learning.actor import LEARNER_RESOURCE, LearnerActor
+from impala_trainer.node.ray_node import pinned_port
 from impala_trainer.policy.actor import EvaluationActor
 from impala_trainer.rollouts.actors import (
     AGGREGATOR_RESOURCE,
@@ -77,7 +79,8 @@ class RayBackend:
     ) -> Ref:
         if direct and (weights is None or isinstance(weights, bytes)):
             if self._channels is None:
-                self._channels = SampleChannels(ray.util.get_node_ip_address())
+                port = pinned_port(SAMPLE_PORT_ENV)
+                self._channels = SampleChannels(ray.util.get_node_ip_address(), port)
             if self._channels.unreachable is None:
                 return self._channels.sample(handle, weights, version)
             if not self._warned_unreachable:

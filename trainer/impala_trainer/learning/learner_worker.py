@@ -21,12 +21,13 @@ from typing import Any
 
 import torch
 
+from impala_api.roles import COLLECTIVE_PORT_ENV
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import TrainBatch
 from impala_trainer.learning.collective import Collective, Rendezvous
 from impala_trainer.learning.distributions import ActionDistribution
 from impala_trainer.learning.threads import make_learner_thread
-from impala_trainer.node.ray_node import free_port
+from impala_trainer.node.ray_node import free_port, pinned_port
 
 PUT_TIMEOUT_SECONDS = 60.0
 """Longest `train` waits for room in the inqueue (the driver sends only what fits)."""
@@ -85,10 +86,11 @@ class LearnerWorker:
         self._lock = threading.Lock()  # one progress report at a time
 
     def address(self, host: str) -> Rendezvous:
-        """Rank 0: where the others meet it (a free port on `host`, this learner's address)."""
+        """Rank 0: where the others meet it, on `host` (this learner's address): the port the
+        pod pins for it (the NetworkPolicy opens it to learner pods alone), else a free one."""
         if self.rank != 0:
             raise RuntimeError(f"learner {self.rank} was asked for the rendezvous: rank 0 holds it")
-        return Rendezvous(host, free_port(), 0)
+        return Rendezvous(host, pinned_port(COLLECTIVE_PORT_ENV) or free_port(), 0)
 
     def join(self, rendezvous: Rendezvous, local_host: str, store: Any = None) -> LearnerInfo:
         """Join the group (blocks until every learner has) and take rank 0's weights."""

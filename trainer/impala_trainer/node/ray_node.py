@@ -103,6 +103,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def pinned_port(variable: str) -> int:
+    """The port the operator pinned for one of a learner pod's listeners (`roles.LearnerPorts`:
+    `variable` names it in the container's environment); 0, any free port, where nothing did."""
+    value = os.environ.get(variable, "")
+    return int(value) if value.isdigit() else 0
+
+
 def start_argv(cfg: NodeConfig) -> list[str]:
     """The `ray start ... --block` command line for this node."""
     argv = [sys.executable, "-m", "impala_trainer.node.ray_node", "start", "--block"]
