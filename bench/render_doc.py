@@ -405,11 +405,13 @@ def mujoco(r: dict[str, Any]) -> Converted:
     marks = sorted(int(k.rpartition("_")[2]) for k in s["ours"] if k.startswith("return_at_"))
     names = {"ours": "ours (bare manifest)", "appo": "RLlib APPO", "impala": "RLlib IMPALA"}
     sides = [side for side in ("ours", "rllib", "rllib_old") if side in s]
-    rows = [[names[s[side]["algo"]], s[side]["steps_per_s"],
+    # Medians over the side's seeds (a side's runs: the seeds it was measured with).
+    rows = [[names[s[side]["algo"]], len(s[side]["runs"]), s[side]["steps_per_s"],
              *(s[side][f"return_at_{m}"] for m in marks), s[side][f"seconds_at_{marks[-1]}"]]
             for side in sides]  # fmt: skip
-    rows.append(["uniformly random actions", None, *(s["random_return"] for _ in marks), None])
-    columns = ["side", "env steps/s", *(f"return at {_steps(m)}" for m in marks),
+    rows.append(["uniformly random actions", None, None, *(s["random_return"] for _ in marks),
+                 None])  # fmt: skip
+    columns = ["side", "seeds", "env steps/s", *(f"return at {_steps(m)}" for m in marks),
                f"s of training to {_steps(marks[-1])}"]  # fmt: skip
     ours = s["ours"][f"return_at_{marks[-1]}"]
     best_peer = max(s[side][f"return_at_{marks[-1]}"] for side in sides if side != "ours")
