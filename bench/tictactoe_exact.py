@@ -50,10 +50,9 @@ def free(board: Board) -> list[int]:
 @functools.cache
 def best_win(board: Board, turn: int, me: int) -> float:
     """The highest probability `me` can win from here against a uniformly random opponent."""
-    if winner(board):
-        return 1.0 if winner(board) == me else 0.0
-    if all(board):
-        return 0.0
+    won = winner(board)
+    if won or all(board):
+        return float(won == me)
     values = [best_win(play(board, i, turn), 3 - turn, me) for i in free(board)]
     return max(values) if turn == me else sum(values) / len(values)
 
@@ -69,8 +68,9 @@ class Walk:
 
     def outcome(self, moves: Moves, board: Board, turn: int, p: float) -> np.ndarray:
         """(win, draw, loss) probabilities from here, reached with probability `p`."""
-        if winner(board):
-            return p * np.array([winner(board) == self.me, 0, winner(board) != self.me], float)
+        won = winner(board)
+        if won:
+            return p * np.array([won == self.me, 0, won != self.me], float)
         if all(board):
             return np.array([0.0, p, 0.0])
         if turn != self.me:

@@ -789,10 +789,7 @@ def test_network_policy_admits_the_status_port_only_to_labelled_pods(
     )
 
     def reaches(port: int) -> bool:
-        connect = f"import socket; socket.create_connection(('{ip}', {port}), timeout=3)"
-        proc = kube.kubectl("exec", "-n", ns, "client", "--", "python3", "-c", connect,
-                            check=False, timeout=60)  # fmt: skip
-        return proc.returncode == 0
+        return pod_reaches(kube, ns, "client", ip, port)
 
     status_port, ray_port = STATUS_PORT, RayPorts().gcs
     # No agent yet: the policy exists but nothing enforces it.
@@ -887,10 +884,7 @@ def _scraped_through_the_policy(kube: Kube, ns: str, ip: str) -> None:
     with node.network_policies_enforced(network_policy_agent_kubeconfig(kube), SERVICE_CIDR):
 
         def reaches(port: int) -> bool:
-            connect = f"import socket; socket.create_connection(('{ip}', {port}), timeout=3)"
-            proc = kube.kubectl("exec", "-n", MONITORING_NS, "prometheus", "--", "python3", "-c",
-                                connect, check=False, timeout=60)  # fmt: skip
-            return proc.returncode == 0
+            return pod_reaches(kube, MONITORING_NS, "prometheus", ip, port)
 
         wait_for(lambda: not reaches(STATUS_PORT), timeout=120,
                  what="the agent to enforce the job's NetworkPolicy")  # fmt: skip
