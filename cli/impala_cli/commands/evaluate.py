@@ -112,11 +112,21 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="the opponent policy's weights from this checkpoint (e.g. an earlier one of the "
         "same policy); default: --checkpoint's",
     )
+    games.add_argument(
+        "--opening",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the first N moves of every game are random, on both sides (default 0): greedy "
+        "policies then meet in many positions, not one game per seat",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.episodes < 1 or args.num_envs < 1:
         raise CommandError("--episodes and --num-envs must be at least 1")
+    if args.opening < 0:
+        raise CommandError("--opening must be 0 or more")
     if args.video is not None:
         try:
             args.video.mkdir(parents=True, exist_ok=True)
@@ -131,6 +141,20 @@ def run(args: argparse.Namespace) -> int:
         if _multi_agent(run_dir):
             with loading():
                 return _games(args, run_dir, checkpoint)
+        games_only = [
+            flag
+            for flag, given in (
+                ("--opponent", args.opponent != "random"),
+                ("--opponent-checkpoint", args.opponent_checkpoint is not None),
+                ("--opening", args.opening > 0),
+            )
+            if given
+        ]
+        if games_only:
+            raise CommandError(
+                f"{', '.join(games_only)}: only a multi-agent run (spec.env.pettingzoo) plays "
+                "games against an opponent; drop it for this run"
+            )
         with loading():
             from impala_trainer.policy.loaded import load_policy
 
@@ -170,7 +194,9 @@ def _games(args: argparse.Namespace, run_dir: Path, checkpoint: str | None) -> i
             )
         opponent = pool[args.opponent]
     policy = policies[name]
-    results = play_games(job.spec, policy, opponent, args.episodes, args.seed, args.explore)
+    results = play_games(
+        job.spec, policy, opponent, args.episodes, args.seed, args.explore, args.opening
+    )
     against = "random" if opponent is None else f"{opponent.name} ({opponent.source})"
     summary = {
         "job": job.metadata.name,
@@ -178,6 +204,7 @@ def _games(args: argparse.Namespace, run_dir: Path, checkpoint: str | None) -> i
         "policy": name,
         "opponent": against,
         "explore": args.explore,
+        "opening": args.opening,
         **results.summary(),
     }
     if args.json:

@@ -46,6 +46,16 @@ def test_bad_input_is_refused_with_exit_2_naming_it(
     assert code == 2 and "one of them" in err
 
 
+def test_game_flags_on_a_single_agent_run_are_refused_naming_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = checkpointed_run_dir(tmp_path / "run", make_job("solo", env={"id": "CartPole-v1"}))
+    code, err = _run(capsys, "evaluate", "--run-dir", str(run), "--opening", "2")
+    assert code == 2 and "error: --opening: only a multi-agent run" in err, err
+    code, err = _run(capsys, "evaluate", "--run-dir", str(run), "--opponent", "main")
+    assert code == 2 and "error: --opponent: only a multi-agent run" in err, err
+
+
 def test_a_job_whose_env_module_is_not_importable_here_is_one_line_and_leaves_no_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -19,7 +19,12 @@ from impala_trainer.driver.local_backend import LocalBackend
 from impala_trainer.driver.policies import SelfPlayPool
 from impala_trainer.learning.distributions import MASKED_LOGIT
 from impala_trainer.learning.learner import Learner
-from impala_trainer.policy.games import GameEvaluator, load_game_policies, play_games
+from impala_trainer.policy.games import (
+    GameEvaluator,
+    game_policies,
+    load_game_policies,
+    play_games,
+)
 from impala_trainer.policy.loaded import PolicyNotFoundError, load_policy
 from impala_trainer.preflight import job_problem
 from impala_trainer.rollouts.agent_envs import MappingError, policy_mapping, policy_models
@@ -492,6 +497,23 @@ def test_games_against_random_and_a_policy_are_scored_per_seat(tmp_path: Path) -
     assert (results.games, results.wins, results.losses, results.draws) == (10, 5, 5, 0)
     mirror = play_games(job.spec, policies["main"], policies["main"], games=4)
     assert mirror.wins == 2 and mirror.score == 0.5
+
+
+def test_random_openings_spread_greedy_games_over_many_positions() -> None:
+    # Two greedy players replay one game per seat; random opening moves on both sides make
+    # them meet in other positions (what `impalajob evaluate --opening N` is for).
+    spec = spec_of("pettingzoo.classic.tictactoe_v3", multiAgent={"policies": {"main": {}}})
+    torch.manual_seed(0)
+    policies = game_policies(spec)
+    main, other = policies["main"], game_policies(spec)["main"]
+
+    def outcomes(opening: int) -> set[tuple[float, ...]]:
+        results = play_games(spec, main, other, games=40, seed=3, opening=opening)
+        assert results.games == 40 and results.returns is not None
+        return {tuple(results.returns[seat::2]) for seat in (0, 1)}
+
+    assert all(len(set(per_seat)) == 1 for per_seat in outcomes(0))
+    assert all(len(set(per_seat)) > 1 for per_seat in outcomes(2))
 
 
 def test_evaluation_while_training_scores_games_against_a_fixed_opponent(tmp_path: Path) -> None:

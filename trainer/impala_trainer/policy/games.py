@@ -169,12 +169,15 @@ def play_games(
     games: int,
     seed: int = 0,
     explore: bool = False,
+    opening: int = 0,
 ) -> GameResults:
     """`games` games of the job's env: `policy` in each of its agents' seats in turn, every
-    other agent by `opponent` (None: random among the allowed actions)."""
+    other agent by `opponent` (None: random among the allowed actions). The first `opening`
+    turns of every game are random moves on both sides: two greedy policies then meet in many
+    positions instead of replaying one game per seat."""
     results = GameResults(returns=[])
     with _GameEnv(spec, seed) as env:
-        for game in _scored(env, policy, opponent, games, None, explore):
+        for game in _scored(env, policy, opponent, games, None, explore, opening):
             results.games += 1
             results.wins += game.outcome > 0
             results.draws += game.outcome == 0
@@ -276,9 +279,11 @@ def _scored(
     games: int | None,
     steps: int | None,
     explore: bool,
+    opening: int = 0,
 ) -> Iterator[_Game]:
     """Games of `policy` (in its agents' seats in turn) against `opponent` (None: random);
-    with `steps`, the games that end within that many env steps."""
+    with `steps`, the games that end within that many env steps; the first `opening` turns of
+    each at random."""
     seats = [a for a in env.env.possible_agents if env.policy_of(a) == policy.name]
     if not seats:
         raise ValueError(f"no agent of {env.name} acts by policy {policy.name!r}")
@@ -289,7 +294,7 @@ def _scored(
         def actor_of(agent: str, seat: str = seat) -> GamePolicy | None:
             return policy if agent == seat else opponent
 
-        returns, turns = _play(env, actor_of, explore)
+        returns, turns = _play(env, actor_of, explore, opening)
         played += turns
         if steps is not None and played > steps:
             return
@@ -316,9 +321,10 @@ def _team(
 
 
 def _play(
-    env: _GameEnv, actor_of: Callable[[str], GamePolicy | None], explore: bool
+    env: _GameEnv, actor_of: Callable[[str], GamePolicy | None], explore: bool, opening: int = 0
 ) -> tuple[dict[str, float], int]:
-    """One game: each agent acts by `actor_of(agent)` (None: random); its returns and turns."""
+    """One game: each agent acts by `actor_of(agent)` (None: random), every agent at random
+    in the first `opening` turns; its returns and turns."""
     returns = dict.fromkeys(env.env.possible_agents, 0.0)
     states: dict[str, np.ndarray | None] = {}
     """Each agent's recurrent state in this game (its seat's policy does not change in one)."""
@@ -327,7 +333,7 @@ def _play(
     while True:
         actions = {}
         for agent, obs in turn.acting.items():
-            actor = actor_of(agent)
+            actor = actor_of(agent) if turns >= opening else None
             if actor is None:
                 actions[agent] = random_action(env.env, agent, obs, env.rng)
                 continue
