@@ -144,8 +144,13 @@ class ReturnTrend(Snap):
     (`impala_trainer.rundir.trend`): once a full window of episodes has ended, the first window's
     mean and the best; `regressed` when the mean has given back at least half of what it gained
     from the first to the best, and stayed there for at least a quarter of the env steps the best
-    took (and a full window of episodes)."""
+    took (and a full window of episodes). A job scored against a fixed opponent
+    (spec.evaluation.opponent: self-play, whose training return is a zero-sum game's) follows its
+    evaluation rounds' return instead."""
 
+    source: Literal["training", "evaluation"] = "training"
+    """Which return it follows: the training episodes' (a window of 100), or the evaluation
+    rounds' against spec.evaluation.opponent (each round's games)."""
     first_return_mean: float | None = None
     """The first full window's mean return."""
     best_return_mean: float | None = None
@@ -174,6 +179,8 @@ class EvaluationInfo(Snap):
     episodes: int = 0
     episode_return_mean: float | None = None
     """Mean return of its episodes (unclipped), None when none ended within its duration."""
+    episode_return_std: float | None = None
+    """Their standard deviation (the population's)."""
     episode_return_median: float | None = None
     episode_return_min: float | None = None
     episode_return_max: float | None = None

@@ -16,12 +16,12 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from impala_api.snapshot import BEST_CHECKPOINT, CheckpointInfo, RunPhase, StatusSnapshot
-from impala_api.spec import ImpalaJob
+from impala_api.spec import ImpalaJob, ImpalaJobSpec
 from impala_trainer.batches import Fragment
 from impala_trainer.driver.actor_manager import ActorManager, ManagedActor
 from impala_trainer.driver.backend import Backend, Handle
@@ -67,6 +67,13 @@ class DriverResult:
         return {"Succeeded": 0, "Stopped": 130}.get(self.phase, 1)
 
 
+def _trend_source(spec: ImpalaJobSpec) -> Literal["training", "evaluation"]:
+    """What the return trend follows: a job scored against a fixed opponent (self-play) learns
+    nothing its zero-sum training return shows, so its evaluation rounds'."""
+    scored = spec.evaluation is not None and spec.evaluation.opponent is not None
+    return "evaluation" if scored else "training"
+
+
 def resolve_seed(seed: int | None) -> int:
     """The run's seed: the spec's, or a fresh random one."""
     return random.SystemRandom().randrange(2**31) if seed is None else seed
@@ -102,7 +109,7 @@ class Driver:
         self.on_report = on_report
         # checkpoint.storageUri: each checkpoint goes up in the background, everything at the end.
         self.mirror = mirror
-        self.stats = RunStats(job.name, self.spec.stop)
+        self.stats = RunStats(job.name, self.spec.stop, trend_source=_trend_source(self.spec))
         self._last_checkpoint = time.monotonic()
         self._last_nodes = float("-inf")
         self._started = False
@@ -188,7 +195,9 @@ class Driver:
 
     def _restore(self, restored: Restored) -> None:
         self.learner.load_state_dict(restored.learner_state)
-        self.stats = RunStats(self.job.name, self.spec.stop, restored.state)
+        self.stats = RunStats(
+            self.job.name, self.spec.stop, restored.state, _trend_source(self.spec)
+        )
         self.stats.checkpoint = CheckpointInfo(
             path=str(restored.path.relative_to(self.run_dir.path)),
             time=restored.path.stat().st_mtime,

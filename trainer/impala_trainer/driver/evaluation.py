@@ -100,6 +100,7 @@ class EvaluationSchedule:
             policy_version=rnd.policy_version,
             episodes=summary["episodes"],
             episode_return_mean=mean,
+            episode_return_std=summary["episode_return_std"],
             episode_return_median=summary["episode_return_median"],
             episode_return_min=summary["episode_return_min"],
             episode_return_max=summary["episode_return_max"],

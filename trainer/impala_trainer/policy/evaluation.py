@@ -54,6 +54,7 @@ class EvaluationResult:
         return {
             "episodes": len(r),
             "episode_return_mean": statistics.fmean(r) if r else None,
+            "episode_return_std": statistics.pstdev(r) if r else None,
             "episode_return_median": statistics.median(r) if r else None,
             "episode_return_min": min(r) if r else None,
             "episode_return_max": max(r) if r else None,

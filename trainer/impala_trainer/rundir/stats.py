@@ -6,10 +6,11 @@ driver loop only moves data.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
-from statistics import fmean
-from typing import Any
+from statistics import fmean, pstdev
+from typing import Any, Literal
 
 from impala_api.snapshot import (
     CheckpointInfo,
@@ -37,7 +38,13 @@ RATE_WINDOW_SECONDS = 5.0
 class RunStats:
     """Everything status.json, history.jsonl, summary.json and checkpoints report."""
 
-    def __init__(self, job: str, stop: StopSpec, resumed: DriverState | None = None) -> None:
+    def __init__(
+        self,
+        job: str,
+        stop: StopSpec,
+        resumed: DriverState | None = None,
+        trend_source: Literal["training", "evaluation"] = "training",
+    ) -> None:
         self.job = job
         self.stop = stop
         state = resumed or DriverState()
@@ -69,7 +76,9 @@ class RunStats:
         self.evaluation: EvaluationInfo | None = (
             EvaluationInfo.model_validate(state.evaluation) if state.evaluation else None
         )
-        self.trend = ReturnTrend.model_validate(state.return_trend or {})
+        saved = ReturnTrend.model_validate(state.return_trend or {"source": trend_source})
+        # A job resumed with another evaluation opponent follows another return: start afresh.
+        self.trend = saved if saved.source == trend_source else ReturnTrend(source=trend_source)
 
     # -- updates --------------------------------------------------------------------------------
 
@@ -104,8 +113,14 @@ class RunStats:
             self.learner = {k: fmean(s[k] for s in pending if k in s) for k in keys}
 
     def add_evaluation(self, info: EvaluationInfo) -> None:
-        """A finished evaluation (the caller has set its best_* fields)."""
+        """A finished evaluation (the caller has set its best_* fields); the trend's next point
+        when it follows the evaluation (its episodes: the games of every round so far)."""
         self.evaluation = info
+        mean = info.episode_return_mean
+        if self.trend.source == "evaluation" and mean is not None and info.episodes:
+            games = info.evaluations * info.episodes
+            error = (info.episode_return_std or 0.0) / math.sqrt(info.episodes)
+            self.trend = trend.observe(self.trend, mean, info.num_env_steps_sampled, games, error)
 
     def add_policy_lag(self, lag: float) -> None:
         self._lags.append(lag)
@@ -259,9 +274,12 @@ class RunStats:
         lengths = list(self.lengths)
         self._fold_learner_stats()
         mean = self.return_mean
-        if len(returns) >= EPISODE_WINDOW and mean is not None:
+        if self.trend.source == "training" and len(returns) >= EPISODE_WINDOW and mean is not None:
             c = self.counters
-            self.trend = trend.observe(self.trend, mean, c.num_env_steps_sampled, c.episodes)
+            error = pstdev(returns) / math.sqrt(len(returns))
+            self.trend = trend.observe(
+                self.trend, mean, c.num_env_steps_sampled, c.episodes, error
+            )
         return StatusSnapshot(
             job=self.job,
             phase=phase,

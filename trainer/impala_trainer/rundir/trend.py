@@ -8,10 +8,13 @@ job's `ReturnRegressed` condition, an Event and a `kubectl get ij` column.
 
 The rule, scale-free (returns have any sign and scale): with `first` the first full window's
 mean (100 episodes) and `best` the best window mean, the run has regressed when the mean is
-below `best - LOST_FRACTION * (best - first)` and has been for at least `HOLD_FRACTION` of the
-env steps it took to reach the best, and for at least a full window of episodes. It clears as
+below `best - LOST_FRACTION * (best - first)` (and below the best by more than the mean's own
+noise) and has been for at least `HOLD_FRACTION` of the env steps it took to reach the best, and
+for at least a full window of episodes. It clears as
 soon as the mean is above that threshold again. Pure: the driver calls `observe` at each
-snapshot.
+snapshot, or, for a job scored against a fixed opponent (self-play: the training return of a
+zero-sum game is the same whatever is learned or lost), at each evaluation round with the
+round's return and the evaluation games played so far.
 """
 
 from __future__ import annotations
@@ -24,17 +27,27 @@ HOLD_FRACTION = 0.25
 """... for at least this fraction of the env steps the best took to reach."""
 WINDOW_EPISODES = 100
 """... and for at least this many episodes (a window of its own, not one bad stretch)."""
+NOISE_SE = 2.0
+"""... and below the best by more than this many standard errors of the mean: a run that gained
+less than its returns' noise (an evaluation round of 100 games against random moves its mean by
+~0.08) has nothing to lose."""
 
 
-def observe(trend: ReturnTrend, mean: float, env_steps: int, episodes: int) -> ReturnTrend:
-    """The trend after a full window's mean `mean` at these counters."""
+def observe(
+    trend: ReturnTrend, mean: float, env_steps: int, episodes: int, std_error: float = 0.0
+) -> ReturnTrend:
+    """The trend after a full window's mean `mean` (its standard error `std_error`) at these
+    counters (`episodes`: of the return it follows, `trend.source`)."""
+    source = trend.source
     first = mean if trend.first_return_mean is None else trend.first_return_mean
     best, best_at = trend.best_return_mean, trend.best_env_steps
     if best is None or mean > best:
         best, best_at = mean, env_steps
-    threshold = best - LOST_FRACTION * (best - first)
+    threshold = min(best - LOST_FRACTION * (best - first), best - NOISE_SE * std_error)
     if best <= first or mean >= threshold:
-        return ReturnTrend(first_return_mean=first, best_return_mean=best, best_env_steps=best_at)
+        return ReturnTrend(
+            source=source, first_return_mean=first, best_return_mean=best, best_env_steps=best_at
+        )
     since = trend.below_since_env_steps if trend.below_since_env_steps is not None else env_steps
     since_episodes = trend.below_since_episodes
     if since_episodes is None:
@@ -47,12 +60,13 @@ def observe(trend: ReturnTrend, mean: float, env_steps: int, episodes: int) -> R
     if regressed:
         lost = (best - mean) / (best - first)
         message = (
-            f"the training return {mean:.4g} has given back {lost:.0%} of what it gained (from "
+            f"the {source} return {mean:.4g} has given back {lost:.0%} of what it gained (from "
             f"{first:.4g} to its best {best:.4g} at {best_at} env steps) and stayed below "
             f"{threshold:.4g} for {env_steps - since} env steps (with spec.evaluation, "
             "checkpoints/best keeps the best evaluated policy)"
         )
     return ReturnTrend(
+        source=source,
         first_return_mean=first,
         best_return_mean=best,
         best_env_steps=best_at,
