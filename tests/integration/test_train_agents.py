@@ -21,7 +21,7 @@ pytest.importorskip("pettingzoo")
 pytest.importorskip("mpe2")
 
 TIMEOUT = 900
-TRAINED_STEPS = 400_000
+TRAINED_STEPS = 1_000_000
 RANDOM_SPREAD = -81.0
 """simple_spread's team return (3 agents, 25 steps) under uniformly random actions: -80.9 +- 1.4
 over 300 episodes, measured once (mpe2 1.1.1)."""
@@ -54,28 +54,35 @@ def _train(run: Path, example: str, *settings: str, resume: bool = False) -> Any
 SNAPSHOT_AT = 50_000
 """The first run's end, whose checkpoint is the earlier self the trained policy must beat; the
 second run resumes from it, self-play pool included. Not the 200K of issue 48's wording: by 200K
-a run may already play near its 400K strength (a CI run: 81.5% against random at 200K, 83.5% at
-400K, and 103-17-80 between them), so beating it by a margin is chance, not learning."""
+a run already plays near its final strength and two decent players of tic-tac-toe each win their
+games moving first (the example at 1M against its 200K self, sampled: 251-69-80, 215-5-180,
+209-0-191), so beating it by a margin is chance; at 50K its entropy bonus is still high."""
 
 
+# Self-play on a turn-based game: PettingZoo's tic-tac-toe (an AEC env: the players move in
+# turn, and each observation's action_mask says which squares are free). One policy, `main`,
+# plays both sides: in every game one side learns by it and the other is, half the time, a
+# random player (the positions a weak player leads to, which `main` never meets against itself),
+# else `main` too or a snapshot of it from a pool of its past versions. Masked actions are never
+# played and get no probability in the loss. The example's own 1M moves (~60 s): its entropy
+# bonus falls from 0.05 to 0.001 by 800K.
 @pytest.mark.slow
 def test_tictactoe_self_play_beats_a_random_player_and_its_earlier_self(tmp_path: Path) -> None:
     run = tmp_path / "ttt"
     _train(run, "tictactoe", f"stop.timesteps={SNAPSHOT_AT}", "training.seed=7")
     snapshot = max(p.name for p in (run / "checkpoints").glob("ckpt-*"))  # the one at SNAPSHOT_AT
-    status = _train(
-        run, "tictactoe", f"stop.timesteps={TRAINED_STEPS}", "training.seed=7", resume=True
-    )
+    status = _train(run, "tictactoe", "training.seed=7", resume=True)
     assert status["counters"]["num_env_steps_sampled"] >= TRAINED_STEPS
     main = status["policies"]["main"]
     assert main["self_play_games"] > 500 and main["self_play_score"] is not None
-    # The example's evaluation: 100 greedy games against random every 50K moves.
+    # The example's evaluation: 100 greedy games against random every 50K moves; the trend
+    # follows those rounds (the training return of a zero-sum game is 0 whatever is learned).
     evaluation = status["evaluation"]
-    assert evaluation["evaluations"] >= 4 and evaluation["opponent"] == "random", evaluation
+    assert evaluation["evaluations"] >= 15 and evaluation["opponent"] == "random", evaluation
     assert evaluation["wins"] + evaluation["draws"] + evaluation["losses"] == 100
-    # Its newest round scores the newest weights, which swing from round to round (0.46 to 0.83
-    # at 400K in CI runs): the strength is asserted on 200 games of the best ones below.
     assert evaluation["best_checkpoint"] == "checkpoints/best", evaluation
+    trend = status["return_trend"]
+    assert trend["source"] == "evaluation" and not trend["regressed"], trend
 
     def games(*opponent: str, episodes: int = 200) -> Any:
         args = ("--run-dir", str(run), "--episodes", str(episodes), "--json", *opponent)
@@ -85,21 +92,20 @@ def test_tictactoe_self_play_beats_a_random_player_and_its_earlier_self(tmp_path
 
     # A random player against a random player wins about 44% of the games over both seats
     # (58% moving first, 29% second); the best any player can do is 96.7% (99.5% and 93.9%).
-    # The run's best policy (checkpoints/best, its best evaluation round's weights: what a user
-    # keeps) plays each seat in turn, greedily. The newest weights swing between rounds (83.5%
-    # and 56% at 400K in two runs), the best ones less: 76.5% and 74.5% in the same two runs.
+    # The run's best policy (checkpoints/best: what a user keeps) plays each seat in turn,
+    # greedily. Scored exactly (bench/tictactoe_exact.py), the example's best policies at 1M
+    # win 90.3%, 91.6% and 92.0% (seeds 7, 8, 9; with the old constant bonus of 0.001, 68-86%
+    # at 400K and 77.9% at 1M).
     against_random = games("--opponent", "random", "--checkpoint", "best")
-    assert against_random["games"] == 200 and against_random["win_rate"] >= 0.6, against_random
-    # The newest weights against their own earlier self, both sampling their moves (greedy
-    # against greedy is one game per seat), over 400 games: how much self-play gains varies from
-    # run to run (400K against 50K, won-drawn-lost in 200 games: 137-9-54, 138-3-59, 147-8-45,
-    # 108-9-83), that it gains does not.
+    assert against_random["games"] == 200 and against_random["win_rate"] >= 0.8, against_random
+    # The newest weights against their own 50K self, both sampling their moves (greedy
+    # against greedy is one game per seat), over 400 games: 379-5-16, 364-8-28, 369-5-26.
     against_itself = games(
         "--opponent", "main", "--opponent-checkpoint", snapshot, "--explore",
         "--checkpoint", max(p.name for p in (run / "checkpoints").glob("ckpt-*")), episodes=400,
     )  # fmt: skip
     assert against_itself["opponent"] == f"main ({snapshot})", against_itself
-    assert against_itself["wins"] > against_itself["losses"], against_itself
+    assert against_itself["wins"] > 2 * against_itself["losses"], against_itself
 
 
 @pytest.mark.slow
