@@ -584,6 +584,9 @@ FAULT_VOLUME = "64Mi"
 """The fault job's claim: a tmpfs of this size, so that a test can fill it."""
 LEARNER_MEMORY = "3Gi"
 """The fault job's learner limit (~1.3 GiB used): what the OOM test exceeds."""
+RESUMED_SECONDS = 60
+"""Training seconds the fault job's attempt 1 runs after the OOM kill before its (brought
+forward) time limit: long enough for the test to see it training."""
 
 
 def progress_steps(kube: Kube, namespace: str, name: str) -> int:
@@ -624,7 +627,7 @@ def newest_checkpoint(path: Path) -> tuple[int, float]:
 def faulty_job(real_kube: Kube, operator: None) -> Iterator[tuple[str, Path]]:
     """A CartPole job that trains for a fixed 510 s of training time (faults do not shorten it;
     in CI, under the three small jobs, the faults before the OOM kill took ~380 s of it, and the
-    Prometheus scrape ~40 s),
+    Prometheus scrape ~40 s; the OOM test, the last, brings its end forward),
     checkpointing every 5 s to a claim on a 64 MiB filesystem of its own, with exactly two
     rollout pods and a learner memory limit."""
     kube = real_kube
@@ -1302,6 +1305,13 @@ def test_oom_killed_learner_resumes_from_the_last_good_checkpoint(
     says so, and resumes from the one before it."""
     kube, (ns, checkpoints) = real_kube, faulty_job
     wait_for(lambda: newest_checkpoint(checkpoints)[0] > 0, timeout=60, what="a first checkpoint")
+    # The last fault of the fault job: instead of running out the rest of its training time
+    # (~2 min in CI), its stop is brought forward. The running learner keeps the spec it
+    # started with; attempt 1 reads the job's config afresh and stops RESUMED_SECONDS of
+    # training after the point it resumes from.
+    trained = float(impalajob_status(kube, ns, FAULT_JOB)["wall_seconds"])
+    stop = {"spec": {"stop": {"timeLimitSeconds": int(trained) + RESUMED_SECONDS}}}
+    kube.kubectl("patch", "ij", FAULT_JOB, "-n", ns, "--type=merge", "-p", json.dumps(stop))
     pod_name = f"{FAULT_JOB}-learner-0"
     container = _container(kube.get("pod", pod_name, "-n", ns), "learner")["containerID"]
     at_fill = progress_steps(kube, ns, FAULT_JOB)
@@ -1377,6 +1387,7 @@ def test_oom_killed_learner_resumes_from_the_last_good_checkpoint(
     assert "learner attempt 0 exited with code 137 (OOMKilled)" in events
     st = wait_finished(kube, ns, FAULT_JOB, timeout=400)
     assert st["phase"] == "Succeeded", diagnose(kube, ns)
+    log(f"fault job Succeeded {time.time() - killed_at:.0f} s after the OOM kill")
     # An OOM kill is the container's own failure: counted against backoffLimit.
     learner = st["learner"]
     assert (learner["restarts"], learner["failures"], learner["disruptions"]) == (1, 1, 0)
