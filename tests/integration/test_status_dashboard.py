@@ -211,7 +211,7 @@ def test_dashboard_warns_when_the_return_has_regressed(tmp_path: Path) -> None:
 
 
 def test_dashboard_shows_each_policy_and_the_evaluation_win_rate(tmp_path: Path) -> None:
-    from impala_api.snapshot import EvaluationInfo, PolicyStatus
+    from impala_api.snapshot import EvaluationInfo, PolicyStatus, ReturnTrend
 
     run_dir = tmp_path / "run"
     snap, _ = write_sample_run(run_dir, job="tictactoe-browser", points=10)
@@ -225,6 +225,8 @@ def test_dashboard_shows_each_policy_and_the_evaluation_win_rate(tmp_path: Path)
         evaluations=2, num_env_steps_sampled=40_000, episodes=200, episode_return_mean=0.82,
         opponent="random", policy="main", wins=170, draws=4, losses=26, win_rate=0.85,
     )  # fmt: skip
+    snap.return_trend = ReturnTrend(source="evaluation", first_return_mean=0.4,
+                                    best_return_mean=0.82, best_env_steps=40_000)  # fmt: skip
     write_json_atomic(run_dir / STATUS_FILE, snap)
     url, stop = serve_in_thread(run_dir, "127.0.0.1", 0, settings=Settings())
     try:
@@ -234,6 +236,8 @@ def test_dashboard_shows_each_policy_and_the_evaluation_win_rate(tmp_path: Path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     page = _Plots()
     page.feed(proc.stdout)
+    assert page.cards["Best evaluation return"] == "0.82"
+    assert "Best mean return" not in page.cards
     assert page.cards["Win rate (main vs random)"] == "85%"
     assert page.cards["Policy main: mean return"] == "0.25"
     assert page.cards["Policy main: score vs pool"] == "0.625"

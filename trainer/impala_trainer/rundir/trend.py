@@ -10,11 +10,10 @@ The rule, scale-free (returns have any sign and scale): with `first` the first f
 mean (100 episodes) and `best` the best window mean, the run has regressed when the mean is
 below `best - LOST_FRACTION * (best - first)` (and below the best by more than the mean's own
 noise) and has been for at least `HOLD_FRACTION` of the env steps it took to reach the best, and
-for at least a full window of episodes. It clears as
-soon as the mean is above that threshold again. Pure: the driver calls `observe` at each
-snapshot, or, for a job scored against a fixed opponent (self-play: the training return of a
-zero-sum game is the same whatever is learned or lost), at each evaluation round with the
-round's return and the evaluation games played so far.
+for at least a full window of episodes. It clears as soon as the mean is above that threshold
+again. Pure: the driver calls `observe` at each snapshot, or, for a job scored against a fixed
+opponent (self-play: the training return of a zero-sum game is the same whatever is learned or
+lost), at each evaluation round with the round's return and the evaluation games so far.
 """
 
 from __future__ import annotations

@@ -148,7 +148,9 @@ function renderStatus(s) {
     card("Env steps sampled", count(c.num_env_steps_sampled)),
     card("Episodes", count(c.episodes)),
     card("Mean return (100 ep)", fmt(s.episode_return_mean)),
-    card("Best mean return", fmt(s.return_trend.best_return_mean)),
+    // A self-play job's trend follows its evaluation rounds (its training return is 0).
+    card(s.return_trend.source === "evaluation" ? "Best evaluation return" : "Best mean return",
+      fmt(s.return_trend.best_return_mean)),
     card("Mean episode length", fmt(s.episode_len_mean, 1)),
     card("Env steps / s", fmt(t.env_steps_per_s, 1)),
     card("Trained steps / s", fmt(t.trained_steps_per_s, 1)),
