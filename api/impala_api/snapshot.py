@@ -28,6 +28,8 @@ VIDEO_DIR = "videos"
 """Evaluation videos (spec.evaluation.video), `eval-<env steps>.mp4`."""
 
 RunPhase = Literal["Starting", "Running", "Succeeded", "Failed", "Stopped"]
+TrendSource = Literal["training", "evaluation"]
+"""Which return a run's trend follows (`ReturnTrend.source`)."""
 
 
 class Snap(BaseModel):
@@ -148,7 +150,7 @@ class ReturnTrend(Snap):
     (spec.evaluation.opponent: self-play, whose training return is a zero-sum game's) follows its
     evaluation rounds' return instead."""
 
-    source: Literal["training", "evaluation"] = "training"
+    source: TrendSource = "training"
     """Which return it follows: the training episodes' (a window of 100), or the evaluation
     rounds' against spec.evaluation.opponent (each round's games)."""
     first_return_mean: float | None = None

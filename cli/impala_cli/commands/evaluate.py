@@ -141,10 +141,12 @@ def run(args: argparse.Namespace) -> int:
         if _multi_agent(run_dir):
             with loading():
                 return _games(args, run_dir, checkpoint)
+        from impala_api.spec import RANDOM_OPPONENT
+
         games_only = [
             flag
             for flag, given in (
-                ("--opponent", args.opponent != "random"),
+                ("--opponent", args.opponent != RANDOM_OPPONENT),
                 ("--opponent-checkpoint", args.opponent_checkpoint is not None),
                 ("--opening", args.opening > 0),
             )

@@ -16,11 +16,17 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from impala_api.snapshot import BEST_CHECKPOINT, CheckpointInfo, RunPhase, StatusSnapshot
+from impala_api.snapshot import (
+    BEST_CHECKPOINT,
+    CheckpointInfo,
+    RunPhase,
+    StatusSnapshot,
+    TrendSource,
+)
 from impala_api.spec import ImpalaJob, ImpalaJobSpec
 from impala_trainer.batches import Fragment
 from impala_trainer.driver.actor_manager import ActorManager, ManagedActor
@@ -67,7 +73,7 @@ class DriverResult:
         return {"Succeeded": 0, "Stopped": 130}.get(self.phase, 1)
 
 
-def _trend_source(spec: ImpalaJobSpec) -> Literal["training", "evaluation"]:
+def _trend_source(spec: ImpalaJobSpec) -> TrendSource:
     """What the return trend follows: a job scored against a fixed opponent (self-play) learns
     nothing its zero-sum training return shows, so its evaluation rounds'."""
     scored = spec.evaluation is not None and spec.evaluation.opponent is not None

@@ -10,7 +10,7 @@ import math
 import time
 from collections import deque
 from statistics import fmean, pstdev
-from typing import Any, Literal
+from typing import Any
 
 from impala_api.snapshot import (
     CheckpointInfo,
@@ -26,6 +26,7 @@ from impala_api.snapshot import (
     StopProgress,
     Summary,
     Throughput,
+    TrendSource,
 )
 from impala_api.spec import StopSpec
 from impala_trainer.rundir import trend
@@ -43,7 +44,7 @@ class RunStats:
         job: str,
         stop: StopSpec,
         resumed: DriverState | None = None,
-        trend_source: Literal["training", "evaluation"] = "training",
+        trend_source: TrendSource = "training",
     ) -> None:
         self.job = job
         self.stop = stop
