@@ -7,8 +7,9 @@ batch of the manifest's trainBatchSize, as fast as it can (`Learner.learn_on_bat
 
     samples/s = learners x updates/s x batch env steps / numSgdIter
 
-The all-reduce's share is the time learner 0 spends in `Collective.average` over its update
-time (waiting for its peer included). A third case, 2 learners with no group (`apart`: each
+The all-reduce's share is the time learner 0 waits for it after backward
+(`GradientReducer.finish`: the buckets backward's overlap did not hide, its peer's lag included)
+over its update time. A third case, 2 learners with no group (`apart`: each
 steps alone), is the ceiling two processes reach on this machine, all-reduce aside. Cases
 alternate (1, 2, apart, 1, ...), medians over --runs rounds, the ratios to 1 learner.
 
@@ -55,15 +56,17 @@ def _learner(
     if world > 1 and group:
         collective = Collective.join(Rendezvous("127.0.0.1", port, world), rank,
                                      torch.device("cpu"), local_host="127.0.0.1")  # fmt: skip
-        average = collective.average
+        learner.join(collective)
+        reducer = learner.reducer
+        assert reducer is not None
+        finish = reducer.finish
 
-        def timed(tensors: list[Any]) -> None:
+        def timed() -> None:
             start = time.perf_counter()
-            average(tensors)
+            finish()
             reduce_s[0] += time.perf_counter() - start
 
-        collective.average = timed  # type: ignore[method-assign]
-        learner.join(collective)
+        reducer.finish = timed  # type: ignore[method-assign]
     start = time.perf_counter()
     while time.perf_counter() - start < args.warmup:
         learner.learn_on_batch(batch)
@@ -84,7 +87,7 @@ def _learner(
         })  # fmt: skip
     if world > 1 and group:  # the peers stop after the same step: none waits in an all-reduce
         learner.leave_group()
-        learner.collective = None  # the process group closes before the interpreter ends
+        learner.collective = learner.reducer = None  # the group closes before the interpreter ends
 
 
 def trial(world: int, args: argparse.Namespace, group: bool = True) -> dict[str, Any]:

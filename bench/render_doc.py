@@ -322,7 +322,7 @@ def learner_scaling(r: dict[str, Any]) -> Converted:
            s.get("apart_samples_per_s"), _x(s["ratio_two_vs_one"], 2),
            _x(s.get("ratio_apart_vs_one"), 2), _pct(s["allreduce_share_two"])]  # fmt: skip
     columns = ["model", "1 learner samples/s", "2 learners samples/s", "2 apart samples/s",
-               "2 ÷ 1", "2 apart ÷ 1", "all-reduce share of an update (2)"]  # fmt: skip
+               "2 ÷ 1", "2 apart ÷ 1", "all-reduce after backward (2)"]  # fmt: skip
     return columns, [row], {f"ratio_two_vs_one_{s['model']}": round(s["ratio_two_vs_one"], 2)}
 
 

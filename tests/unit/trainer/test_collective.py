@@ -7,7 +7,9 @@ code's `Collective`, only the store differs from a TCPStore), in float64.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,7 +19,13 @@ import torch
 import torch.distributed as dist
 
 from impala_trainer.batches import TrainBatch, slice_columns
-from impala_trainer.learning.collective import Collective, GroupStopped, Rendezvous
+from impala_trainer.learning.collective import (
+    BUCKET_BYTES,
+    Collective,
+    GroupStopped,
+    Rendezvous,
+    plan_buckets,
+)
 from impala_trainer.learning.learner import Learner, MultiDeviceLearner
 from tests.support.learner import learner_spec, make_batch, one_torch_thread
 
@@ -57,7 +65,9 @@ def batches(obs_shape: tuple[int, ...], n: int, state_size: int = 0) -> list[Tra
     return [frames(b) for b in out] if len(obs_shape) == 3 else out
 
 
-def in_group(world: int, fn: Callable[[int, Collective], Any]) -> list[Any]:
+def in_group(
+    world: int, fn: Callable[[int, Collective], Any], bucket_bytes: int = BUCKET_BYTES
+) -> list[Any]:
     """fn(rank, collective) on `world` threads that form one gloo group; their results."""
     store = dist.HashStore()  # type: ignore[attr-defined]
     results: list[Any] = [None] * world
@@ -69,6 +79,7 @@ def in_group(world: int, fn: Callable[[int, Collective], Any]) -> list[Any]:
                 collective = Collective.join(
                     Rendezvous("127.0.0.1", 0, world), rank, torch.device("cpu"),
                     local_host="127.0.0.1", store=store, timeout_seconds=60,
+                    bucket_bytes=bucket_bytes,
                 )  # fmt: skip
                 results[rank] = fn(rank, collective)
         except BaseException as exc:
@@ -110,8 +121,11 @@ def step_on_mean_of_halves(reference: Learner, steps: list[TrainBatch], half: in
         reference._step()
 
 
+@pytest.mark.parametrize("bucket_bytes", [BUCKET_BYTES, 1], ids=["buckets", "bucket-a-param"])
 @pytest.mark.parametrize("kind", list(MODELS))
-def test_two_learners_on_halves_step_as_one_on_the_mean_gradient(kind: str) -> None:
+def test_two_learners_on_halves_step_as_one_on_the_mean_gradient(
+    kind: str, bucket_bytes: int
+) -> None:
     model, obs_shape = MODELS[kind]
     spec = learner_spec(gradClip=1.0, **{"lr": 0.01})
     spec = spec.model_copy(update={"model": spec.model.model_validate(model)})
@@ -134,7 +148,7 @@ def test_two_learners_on_halves_step_as_one_on_the_mean_gradient(kind: str) -> N
             learner.learn_on_batch(part)
         return flat_state(learner)
 
-    (w0, o0), (w1, o1) = in_group(2, train)
+    (w0, o0), (w1, o1) = in_group(2, train, bucket_bytes)
     np.testing.assert_array_equal(w0, w1)  # one set of weights, bit for bit
     np.testing.assert_array_equal(o0, o1)
 
@@ -145,6 +159,39 @@ def test_two_learners_on_halves_step_as_one_on_the_mean_gradient(kind: str) -> N
     np.testing.assert_allclose(o0, o, rtol=0, atol=1e-6)
     untrained = np.concatenate([p.detach().reshape(-1).numpy() for p in learner_of(0).params])
     assert not np.allclose(w, untrained)  # it did learn
+
+
+def test_buckets_follow_backward_and_start_before_it_ends() -> None:
+    """The buckets hold the parameters in reverse (backward's) order, never split one, and with
+    several buckets the late layers' all-reduce is under way when backward returns."""
+    spec = learner_spec(lr=0.01)
+    spec = spec.model_copy(update={"model": spec.model.model_validate(MODELS["cnn"][0])})
+    learners = [Learner(spec, (4, 84, 84), ACTIONS, dtype=torch.float64) for _ in range(2)]
+    sizes = [p.numel() * p.element_size() for p in learners[0].params]
+    plan = plan_buckets(learners[0].params, 4096)
+    assert sorted(i for bucket in plan for i in bucket) == list(range(len(sizes)))
+    assert [i for bucket in plan for i in bucket] == list(reversed(range(len(sizes))))
+    assert all(sum(sizes[i] for i in bucket) >= 4096 for bucket in plan[:-1])
+    (batch,) = batches((4, 84, 84), 1)
+
+    def started_during_backward(rank: int, collective: Collective) -> int:
+        learner = learners[rank]
+        learner.join(collective)
+        assert learner.reducer is not None and len(learner.reducer.buckets) > 1
+        learner._backward_on(batch, learner.coefficients())
+        started = len(learner.reducer._started)
+        learner._clip_gradients()
+        learner._step()
+        return started
+
+    started = in_group(2, started_during_backward, bucket_bytes=4096)
+    assert all(n >= 1 for n in started), started  # all but the last can start in backward
+    # The gradient hooks hold their reducer weakly: a learner out of its group frees the group.
+    reducer = weakref.ref(learners[0].reducer)  # type: ignore[arg-type]
+    learners[0].reducer = learners[0].collective = None
+    gc.collect()
+    assert reducer() is None
+    assert plan_buckets([], BUCKET_BYTES) == []
 
 
 def test_towers_inside_each_learner_sum_before_the_group_averages() -> None:
@@ -177,7 +224,8 @@ def test_towers_inside_each_learner_sum_before_the_group_averages() -> None:
     np.testing.assert_allclose(w0, flat_state(reference)[0], rtol=0, atol=1e-6)
 
 
-def test_a_stopping_learner_stops_its_peers_after_the_same_step() -> None:
+@pytest.mark.parametrize("bucket_bytes", [BUCKET_BYTES, 1], ids=["buckets", "bucket-a-param"])
+def test_a_stopping_learner_stops_its_peers_after_the_same_step(bucket_bytes: int) -> None:
     """Learner 1 stops between steps (`leave`) while learner 0 is in a step: the step is taken
     by neither, both end with the weights of before it, and neither waits on the other."""
     spec = learner_spec(lr=0.01)
@@ -197,6 +245,6 @@ def test_a_stopping_learner_stops_its_peers_after_the_same_step() -> None:
         learner.leave_group()  # already left: no further all-reduce to wait on
         return learner.policy_version, collective.left
 
-    assert in_group(2, train) == [(1, True), (1, True)]
+    assert in_group(2, train, bucket_bytes) == [(1, True), (1, True)]
     w0, w1 = (flat_state(learner)[0] for learner in learners)
     np.testing.assert_array_equal(w0, w1)

@@ -2,10 +2,11 @@
 
 DistributedDataParallel's semantics without its module wrapper: the learners start from rank 0's
 weights (`broadcast`), and before each optimiser step every learner's gradients are replaced by
-their mean over the group (`average`: one all-reduce over a flat copy, as one DDP bucket). The
-learner threads call both from their `Learner` (learner.py), so numSgdIter, the minibatch buffer
-and the multi-GPU towers stay what they are: the towers' gradients are summed into the master's
-first, then averaged across learners.
+their mean over the group (`GradientReducer`: DDP's reducer, the parameters in buckets whose
+all-reduce starts while backward is still computing the earlier layers' gradients). The learner
+threads call both from their `Learner` (learner.py), so numSgdIter, the minibatch buffer and the
+multi-GPU towers stay what they are: the towers' gradients are summed into the master's first,
+then averaged across learners (all buckets at once: no overlap there).
 
 The process group is built on its own (`ProcessGroupGloo`, `ProcessGroupNCCL` over a `TCPStore`)
 instead of through `init_process_group`'s global default group: the same code then runs two
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +35,13 @@ dist: Any = _dist
 RENDEZVOUS_TIMEOUT_SECONDS = 300.0
 """Longest a learner waits for the others to join, and a collective for its peers: a learner
 that never comes (its pod never scheduled, its node gone) fails the run instead of hanging it."""
+
+
+BUCKET_BYTES = 1 << 20
+"""A gradient bucket is closed once it holds this many bytes (DDP's first bucket is 1 MiB; its
+later 25 MiB would make the Pong CNN's 2.7 MB one bucket, which cannot overlap anything). A
+parameter is never split: the CNN's fully connected layer (2.65 MB) is a bucket of its own, whose
+all-reduce runs while backward computes the convolutions' gradients."""
 
 
 class GroupStopped(Exception):
@@ -59,10 +69,14 @@ def _gloo(store: Any, rank: int, world_size: int, host: str, timeout: datetime.t
 class Collective:
     """A learner's process group: its rank, the group's size, averaging and broadcasting."""
 
-    def __init__(self, group: Any, rank: int, world_size: int) -> None:
+    def __init__(
+        self, group: Any, rank: int, world_size: int, bucket_bytes: int = BUCKET_BYTES
+    ) -> None:
         self.group = group
         self.rank = rank
         self.world_size = world_size
+        self.bucket_bytes = bucket_bytes
+        """The gradient buckets' size (`GradientReducer`)."""
         self.stopping = threading.Event()
         """Set when this learner is told to stop: its next all-reduce says so to every peer."""
         self.left = False
@@ -78,6 +92,7 @@ class Collective:
         local_host: str,
         store: Any = None,
         timeout_seconds: float | None = None,
+        bucket_bytes: int = BUCKET_BYTES,
     ) -> Collective:
         """Join the group (blocks until every rank has): NCCL for a CUDA learner, else gloo.
 
@@ -101,7 +116,17 @@ class Collective:
             group = dist.ProcessGroupNCCL(store, rank, world, options)
         else:
             group = _gloo(store, rank, world, local_host, timeout)
-        return cls(group, rank, world)
+        return cls(group, rank, world, bucket_bytes)
+
+    def stop_flag(self, like: torch.Tensor) -> torch.Tensor:
+        """The element every all-reduce of gradients carries: 1 from a learner that is stopping."""
+        return (torch.ones(1) if self.stopping.is_set() else torch.zeros(1)).to(like)
+
+    def check_stop(self, flag: torch.Tensor) -> None:
+        """After an all-reduce: any learner's 1 ends the group's training (`GroupStopped`)."""
+        if float(flag) > 0:
+            self.left = True
+            raise GroupStopped
 
     def average(self, tensors: list[torch.Tensor]) -> None:
         """Replace each tensor (all on one device and dtype) by its mean over the group.
@@ -111,24 +136,11 @@ class Collective:
         after the same step and none waits in an all-reduce that a stopped peer never joins."""
         if not tensors:
             return
-        flag = torch.ones(1) if self.stopping.is_set() else torch.zeros(1)
-        flat = torch.cat([*(t.reshape(-1) for t in tensors), flag.to(tensors[0])])
+        flat = torch.cat([*(t.reshape(-1) for t in tensors), self.stop_flag(tensors[0])])
         self.group.allreduce([flat]).wait()
-        if float(flat[-1]) > 0:
-            self.left = True
-            raise GroupStopped
+        self.check_stop(flat[-1])
         flat.div_(self.world_size)
         _unflatten(flat[:-1], tensors)
-
-    def leave(self, shapes: Sequence[torch.Tensor]) -> None:
-        """A stopping learner's last all-reduce, made between steps (zeros shaped as
-        `shapes`, the stop flag set), which the peers' step in progress, or their own leaving,
-        meets; once per learner."""
-        if self.left:
-            return
-        self.stopping.set()
-        with contextlib.suppress(GroupStopped):
-            self.average([torch.zeros_like(t) for t in shapes])
 
     def broadcast(self, tensors: list[torch.Tensor], root: int = 0) -> None:
         """Give every rank `root`'s values of the tensors (in place), one message per dtype."""
@@ -141,6 +153,122 @@ class Collective:
             flat = torch.cat([t.reshape(-1) for t in group])
             self.group.broadcast([flat], options).wait()
             _unflatten(flat, group)
+
+
+class GradientReducer:
+    """DDP's reducer for one learner's parameters: their gradients averaged over the group.
+
+    The parameters go into buckets in reverse order (the order backward produces their
+    gradients), each closed at the collective's `bucket_bytes`. While armed (`prepare`, before a
+    backward pass), a gradient hook counts each parameter in; a bucket whose last gradient has
+    arrived starts its all-reduce at once, so the late layers' communication runs beside the
+    backward of the early ones. Buckets start strictly in order, the same on every learner, as
+    gloo and NCCL match collectives by their order; `finish` starts whatever backward did not
+    (every bucket, when nothing was armed: the multi-GPU learner's summed towers), waits, and
+    writes the means back. The last bucket carries the stop flag (`Collective.stop_flag`).
+
+    A parameter's gradient accumulates once per backward pass (its AccumulateGrad node runs
+    once), also with a separate value optimiser's two passes over disjoint `inputs`; a parameter
+    without a gradient this step counts as zeros at `finish`."""
+
+    def __init__(self, collective: Collective, params: Sequence[torch.Tensor]) -> None:
+        self.collective = collective
+        self.params = list(params)
+        self.buckets = plan_buckets(self.params, collective.bucket_bytes)
+        """Indices into `params`, bucket by bucket in launch order."""
+        self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket}
+        self._armed = False
+        self._missing: list[int] = []
+        self._started: list[tuple[Any, torch.Tensor]] = []
+        # The hooks reach the reducer weakly: the parameters outlive the group they left, and a
+        # hook that held the reducer would hold its process group (and gloo's connections and
+        # threads) for as long as the model lives.
+        reducer = weakref.ref(self)
+        for i, p in enumerate(self.params):
+            if p.requires_grad:
+                hook = functools.partial(_gradient_ready, reducer, i)
+                p.register_post_accumulate_grad_hook(hook)  # type: ignore[no-untyped-call]
+
+    def prepare(self) -> None:
+        """Before a backward pass: its gradients start their buckets' all-reduce as they come."""
+        self._reset()
+        self._armed = True
+
+    def _reset(self) -> None:
+        self._armed = False
+        self._missing = [len(bucket) for bucket in self.buckets]
+        self._started = []
+
+    def _ready(self, index: int, _param: torch.Tensor) -> None:
+        if not self._armed:
+            return
+        self._missing[self._bucket_of[index]] -= 1
+        # Not the last bucket: it carries the stop flag, read when the step's gradients are all in.
+        while len(self._started) < len(self.buckets) - 1 and not self._missing[len(self._started)]:
+            self._start(len(self._started))
+
+    def _start(self, b: int) -> None:
+        grads = [self._grad(i) for i in self.buckets[b]]
+        parts = [g.reshape(-1) for g in grads]
+        if b == len(self.buckets) - 1:
+            parts.append(self.collective.stop_flag(grads[0]))
+        flat = torch.cat(parts)
+        self._started.append((self.collective.group.allreduce([flat]), flat))
+
+    def _grad(self, i: int) -> torch.Tensor:
+        p = self.params[i]
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        return p.grad
+
+    def finish(self) -> None:
+        """Every gradient replaced by its mean over the group (`GroupStopped` if a learner is
+        stopping: then the gradients are left as they are and no step follows)."""
+        try:
+            for b in range(len(self._started), len(self.buckets)):
+                self._start(b)
+            for work, _ in self._started:
+                work.wait()
+            flats = [flat for _, flat in self._started]
+            self.collective.check_stop(flats[-1][-1])
+            for bucket, flat in zip(self.buckets, flats, strict=True):
+                flat.div_(self.collective.world_size)
+                _unflatten(flat, [self._grad(i) for i in bucket])
+        finally:
+            self._reset()
+
+    def leave(self) -> None:
+        """A stopping learner's last all-reduce, made between steps (zero gradients, the stop
+        flag set), which the peers' step in progress, or their own leaving, meets; once per
+        learner."""
+        if self.collective.left:
+            return
+        self.collective.stopping.set()
+        for p in self.params:
+            p.grad = torch.zeros_like(p)
+        self._reset()
+        with contextlib.suppress(GroupStopped):
+            self.finish()
+
+
+def _gradient_ready(reducer: weakref.ref[GradientReducer], index: int, p: torch.Tensor) -> None:
+    live = reducer()
+    if live is not None:
+        live._ready(index, p)
+
+
+def plan_buckets(params: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
+    """The parameters' indices in reverse order, cut into buckets of at least `bucket_bytes`
+    (the last one smaller); a parameter is never split."""
+    buckets: list[list[int]] = [[]]
+    size = 0
+    for i in reversed(range(len(params))):
+        if size >= bucket_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(i)
+        size += params[i].numel() * params[i].element_size()
+    return buckets if buckets[0] else []
 
 
 def _unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:

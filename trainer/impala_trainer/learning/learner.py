@@ -19,7 +19,7 @@ import torch
 from impala_api.spec import ImpalaJobSpec, TrainingSpec
 from impala_trainer.batches import TrainBatch, slice_columns
 from impala_trainer.learning import optimizers, popart
-from impala_trainer.learning.collective import Collective
+from impala_trainer.learning.collective import Collective, GradientReducer
 from impala_trainer.learning.distributions import ActionDistribution, as_distribution
 from impala_trainer.learning.losses import (
     STAT_NAMES,
@@ -199,6 +199,8 @@ class Learner:
         """Optimiser steps taken; stamped on broadcast weights."""
         self.collective: Collective | None = None
         """The data-parallel group this learner trains in (learner.replicas > 1; `join`)."""
+        self.reducer: GradientReducer | None = None
+        """Averages the gradients over `collective`'s group, overlapping backward."""
         # Held while parameters change or are read, so the driver never sees a half-applied step.
         self.lock = threading.Lock()
         # id(batch) -> (batch, its device tensors, its model inputs) while more SGD passes over
@@ -223,28 +225,22 @@ class Learner:
         """Train in `collective`'s group from now on: rank 0's weights replace this learner's
         (DDP's broadcast at construction), and each step averages the group's gradients."""
         self.collective = collective
+        self.reducer = GradientReducer(collective, self.params)
         with torch.no_grad(), self.lock:
             collective.broadcast(list(self.model.state_dict().values()))
 
     def leave_group(self) -> None:
-        """Between steps, as the learner thread stops: its last all-reduce (`Collective.leave`)."""
-        if self.collective is not None:
-            self.collective.leave(self.params)
-
-    def _average_gradients(self, collective: Collective) -> None:
-        """Every parameter's gradient replaced by its mean over the group (a parameter that got
-        no gradient here counts as zero, so every rank reduces the same tensors)."""
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        collective.average([p.grad for p in self.params])  # type: ignore[misc]
+        """Between steps, as the learner thread stops: its last all-reduce
+        (`GradientReducer.leave`)."""
+        if self.reducer is not None:
+            self.reducer.leave()
 
     def _clip_gradients(self) -> torch.Tensor:
-        """Average the gradients over the group (learner.replicas), then clip each optimiser's
-        to gradClip (as RLlib, and as DDP's averaged gradients are clipped after backward);
-        returns the global norm."""
-        if self.collective is not None:
-            self._average_gradients(self.collective)
+        """Average the gradients over the group (learner.replicas: the buckets backward did not
+        start, then all of them waited for), then clip each optimiser's to gradClip (as RLlib,
+        and as DDP's averaged gradients are clipped after backward); returns the global norm."""
+        if self.reducer is not None:
+            self.reducer.finish()
         groups = [[p.grad for p in group if p.grad is not None] for group in self.param_groups]
         return clip_grad_norms(groups, self.spec.training.grad_clip)
 
@@ -304,10 +300,13 @@ class Learner:
     def _backward_on(
         self, batch: TrainBatch, coeffs: LossCoefficients, keep: bool = False
     ) -> LossOutput:
-        """Fresh gradients of the loss on `batch` in the parameters' .grad."""
+        """Fresh gradients of the loss on `batch` in the parameters' .grad (in a group, their
+        buckets' all-reduce started as they come: `_clip_gradients` finishes it)."""
         self.zero_grad()
         tensors, inputs = self._inputs(batch, keep)
         out = impala_loss(self.model, tensors, coeffs, self.dist, self.autocast_dtype, inputs)
+        if self.reducer is not None:
+            self.reducer.prepare()
         backward(self.model, out, self.spec.training.separate_vf_optimizer)
         return out
 

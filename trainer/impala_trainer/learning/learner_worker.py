@@ -160,7 +160,7 @@ class LearnerWorker:
 
     def stop(self, wait: bool = True) -> None:
         """Stop the thread and (`wait`) wait for it: its step in progress, or its last
-        all-reduce, tells the peers, which stop after the same step (`Collective.average`), so
+        all-reduce, tells the peers, which stop after the same step (`GradientReducer.finish`), so
         every learner ends on the same step, and its reports and state are final once this
         returns."""
         if self.learner.collective is not None:
