@@ -110,13 +110,21 @@ def flat_state(learner: Learner) -> tuple[np.ndarray, np.ndarray]:
 def step_on_mean_of_halves(reference: Learner, steps: list[TrainBatch], half: int) -> None:
     """DDP's definition, on one learner: per batch, one step on the mean of the gradients of
     its first `half` columns and of the rest (clipped after the mean)."""
+    step_on_mean_of_parts(reference, steps, [(0, half), (half, steps[0].num_columns)])
+
+
+def step_on_mean_of_parts(
+    reference: Learner, steps: list[TrainBatch], parts: list[tuple[int, int]]
+) -> None:
+    """DDP's definition for len(parts) learners: per batch, one step on the mean of the
+    gradients of its column ranges `parts` (clipped after the mean)."""
     for batch in steps:
         grads = []
-        for start, stop in ((0, half), (half, batch.num_columns)):
+        for start, stop in parts:
             reference._backward_on(slice_columns(batch, start, stop), reference.coefficients())
             grads.append([p.grad.clone() for p in reference.params])  # type: ignore[union-attr]
-        for p, a, b in zip(reference.params, *grads, strict=True):
-            p.grad = (a + b) / 2
+        for i, p in enumerate(reference.params):
+            p.grad = sum(g[i] for g in grads) / len(parts)  # type: ignore[assignment]
         reference._clip_gradients()
         reference._step()
 
@@ -192,6 +200,31 @@ def test_buckets_follow_backward_and_start_before_it_ends() -> None:
     gc.collect()
     assert reducer() is None
     assert plan_buckets([], BUCKET_BYTES) == []
+
+
+def test_three_learners_in_one_bucket_each_step_as_one_on_the_mean_gradient() -> None:
+    """Three learners on uneven column ranges (1, 1 and 2 columns), a bucket per parameter:
+    the mean over three, the stop flag in the last bucket of each step, weights equal on all."""
+    spec = learner_spec(gradClip=1.0, lr=0.01)
+    torch.manual_seed(11)
+    learners = [Learner(spec, (4,), ACTIONS, dtype=torch.float64) for _ in range(3)]
+    steps = batches((4,), 3)
+    parts = [(0, 1), (1, 2), (2, steps[0].num_columns)]
+
+    def train(rank: int, collective: Collective) -> np.ndarray:
+        learner = learners[rank]
+        learner.join(collective)
+        for batch in steps:
+            learner.learn_on_batch(slice_columns(batch, *parts[rank]))
+        return flat_state(learner)[0]
+
+    w0, w1, w2 = in_group(3, train, bucket_bytes=1)
+    np.testing.assert_array_equal(w0, w1)
+    np.testing.assert_array_equal(w0, w2)
+    torch.manual_seed(11)
+    reference = Learner(spec, (4,), ACTIONS, dtype=torch.float64)
+    step_on_mean_of_parts(reference, steps, parts)
+    np.testing.assert_allclose(w0, flat_state(reference)[0], rtol=0, atol=1e-6)
 
 
 def test_towers_inside_each_learner_sum_before_the_group_averages() -> None:
