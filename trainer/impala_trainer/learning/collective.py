@@ -224,6 +224,8 @@ class GradientReducer:
     def finish(self) -> None:
         """Every gradient replaced by its mean over the group (`GroupStopped` if a learner is
         stopping: then the gradients are left as they are and no step follows)."""
+        if not self.buckets:
+            return
         try:
             for b in range(len(self._started), len(self.buckets)):
                 self._start(b)
