@@ -69,12 +69,13 @@ def test_a_users_continuous_task_learns_from_a_bare_manifest_and_keeps_it(
     """The point-reaching env (harness.reach) as a new user tries it, env and stop only: 80% of
     the way from acting at random to the best return, then no fall below that mark up to ten
     times the env steps it took, and on (V-trace's policy gradient reached -36 and fell to
-    -207). The run is as long as ten times the slowest reach measured: 136K-180K env steps for
-    five seeds, 318K for a sixth and 306K in a CI run (the bare manifest has no seed), ~75 s."""
+    -207). The run is as long as ten times the slowest reach measured, with room: 136K-180K env
+    steps for five seeds, 318K for a sixth, 306K and 355K in CI runs (the asynchrony makes runs
+    of one seed differ), ~105 s."""
     manifest = tmp_path / "reach.yaml"
     manifest.write_text(
         "apiVersion: impala.dev/v1alpha1\nkind: ImpalaJob\nmetadata: {name: reach}\n"
-        "spec:\n  env: {id: 'harness.reach:PointReach-v0'}\n  stop: {timesteps: 3500000}\n"
+        "spec:\n  env: {id: 'harness.reach:PointReach-v0'}\n  stop: {timesteps: 5000000}\n"
     )
     out = _train(tmp_path, str(manifest), pythonpath=str(ROOT))
     mark = reach.RANDOM_RETURN + 0.8 * (reach.BEST_RETURN - reach.RANDOM_RETURN)
