@@ -9,6 +9,8 @@ have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin
 have chromium || need+=(chromium)
 have wrk || need+=(wrk)
 have openssl || need+=(openssl)
+have git || need+=(git)           # build.sh's Go builds look for it (VCS stamping)
+have flock || need+=(util-linux)  # the build caches' locks
 if [ "$(id -u)" -eq 0 ]; then
   have containerd || need+=(containerd)
   have runc || need+=(runc)

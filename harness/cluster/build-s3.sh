@@ -9,6 +9,7 @@ set -euo pipefail
 
 VERSITYGW_VERSION="${VERSITYGW_VERSION:-v1.8.0}"
 BUILD_PARALLELISM="${BUILD_PARALLELISM:-2}"
+NODWARF="-gcflags=all=-dwarf=false"   # the linker drops DWARF (-w): the compiler need not make it
 export GOTOOLCHAIN=local
 export CGO_ENABLED=0
 GO_VERSION="$(go env GOVERSION)"
@@ -33,7 +34,7 @@ log "building versitygw $VERSITYGW_VERSION with $GO_VERSION (first build takes a
 tmp="$(mktemp -d "$ROOT/out.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 # `go install pkg@version` builds the module with its own go.mod (its replaces included).
-GOBIN="$tmp" GOFLAGS=-mod=mod go install -p "$BUILD_PARALLELISM" -trimpath -ldflags "-s -w" \
+GOBIN="$tmp" GOFLAGS=-mod=mod go install -p "$BUILD_PARALLELISM" -trimpath "$NODWARF" -ldflags "-s -w" \
   "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION"
 mv "$tmp/versitygw" "$BIN/versitygw"
 log "done: $BIN/versitygw"

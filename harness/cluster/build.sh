@@ -29,6 +29,9 @@ PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
 PROMETHEUS_OPERATOR_VERSION="${PROMETHEUS_OPERATOR_VERSION:-v0.94.0}"
 KREW_VERSION="${KREW_VERSION:-v0.4.3}"
 BUILD_PARALLELISM="${BUILD_PARALLELISM:-2}"
+# The linker drops DWARF (-w) anyway; the compiler then need not make it: ~12% less compile time
+# (k8s.io/client-go cold: 61 s of CPU instead of 70).
+NODWARF="-gcflags=all=-dwarf=false"
 
 # Never reach for a newer toolchain: the cache key is the local Go version.
 export GOTOOLCHAIN=local
@@ -117,7 +120,7 @@ if has kube-apiserver || has kube-controller-manager || has kube-scheduler || ha
   if [[ ${#pkgs[@]} -gt 0 ]]; then
     log "building ${pkgs[*]} (first build takes a while)"
     tmp="$(mktemp -d "$ROOT/out.XXXXXX")"
-    (cd "$WRAP" && GOFLAGS=-mod=mod go build -p "$BUILD_PARALLELISM" -trimpath \
+    (cd "$WRAP" && GOFLAGS=-mod=mod go build -p "$BUILD_PARALLELISM" -trimpath "$NODWARF" \
         -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}")
     # Move into place only after a complete build so an interrupted run never caches junk.
     mv "$tmp"/* "$BIN/"
@@ -137,7 +140,7 @@ if has kube-apiserver || has kube-controller-manager || has kube-scheduler || ha
       (cd "$WRAP" && GOFLAGS=-mod=mod go get "go.etcd.io/etcd/v3@$etcd_version")
       etcd_pkg=go.etcd.io/etcd/v3
     fi
-    (cd "$WRAP" && GOFLAGS=-mod=mod go build -p "$BUILD_PARALLELISM" -trimpath -ldflags "-s -w" \
+    (cd "$WRAP" && GOFLAGS=-mod=mod go build -p "$BUILD_PARALLELISM" -trimpath "$NODWARF" -ldflags "-s -w" \
         -o "$BIN/etcd.tmp" "$etcd_pkg")
     mv "$BIN/etcd.tmp" "$BIN/etcd"
   fi
@@ -149,7 +152,7 @@ install_tool() { # name package version [extra ldflags [build tags]]
   log "installing $name $version"
   tmp="$(mktemp -d "$ROOT/out.XXXXXX")"
   # GOFLAGS=-mod=mod is rejected by `go install pkg@version`, so it is cleared here.
-  GOFLAGS= GOBIN="$tmp" go install -p "$BUILD_PARALLELISM" -trimpath -ldflags "-s -w $extra" \
+  GOFLAGS= GOBIN="$tmp" go install -p "$BUILD_PARALLELISM" -trimpath "$NODWARF" -ldflags "-s -w $extra" \
     -tags "$tags" "$pkg@$version"
   mv "$tmp/$name" "$BIN/$name"
   rm -rf "$tmp"
@@ -185,7 +188,7 @@ if has coredns; then
     > "$dns_wrap/go.mod"
   rm -f "$dns_wrap/go.sum"
   (cd "$dns_wrap" && GOFLAGS=-mod=mod go get "github.com/coredns/coredns@$COREDNS_VERSION" \
-    && GOFLAGS=-mod=mod go build -p "$BUILD_PARALLELISM" -trimpath \
+    && GOFLAGS=-mod=mod go build -p "$BUILD_PARALLELISM" -trimpath "$NODWARF" \
       -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
       -o "$BIN/coredns.tmp" .)
   mv "$BIN/coredns.tmp" "$BIN/coredns"

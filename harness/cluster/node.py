@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 from ..cache import cache_root
 from .kube import wait_for
@@ -196,6 +196,65 @@ def default_image_store() -> Path:
     containerd's version (its on-disk format is that version's)."""
     version = re.sub(r"[^A-Za-z0-9._-]", "_", _run("containerd", "--version").stdout.split()[2])
     return cache_root() / f"real-node-containerd-{version}"
+
+
+STORE_WAIT_S = 1200.0
+"""How long a node waits for the kept store while another process holds it: tests/run.sh's
+preload (preload.py) imports the product image into it beside the Go builds, ~5 min cold."""
+
+
+def hold_store(store: Path, wait: float = 0.0) -> IO[str] | None:
+    """Take the kept store's lock (`flock` on `store/.lock`), waiting up to `wait` seconds; the
+    open lock file (the lock lasts while it is open), or None when another process kept it."""
+    store.mkdir(parents=True, exist_ok=True)
+    lock = (store / ".lock").open("w")
+    deadline = time.monotonic() + wait
+    announced = False
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return lock
+        except OSError:
+            if time.monotonic() >= deadline:
+                lock.close()
+                return None
+            if not announced:
+                print(f"[real-node] waiting up to {wait:.0f} s for {store} (held by an import)")
+                announced = True
+            time.sleep(2.0)
+
+
+class Ctr(Protocol):
+    """`ctr` against one containerd, in its `k8s.io` namespace (the CRI's)."""
+
+    def __call__(self, *args: str, timeout: float = 600, check: bool = True) -> Any: ...
+
+
+def import_archives(ctr: Ctr, archives: Sequence[Path], scratch: Path) -> None:
+    """Import OCI archives into containerd, each without the blobs it already holds (a code
+    change imports its project layer alone), name them as the CRI looks them up, and remove the
+    images none of `archives` holds (an earlier build's), so a kept store does not grow with every
+    dependency change: containerd collects their layers."""
+    for i, archive in enumerate(archives):
+        present = set(ctr("content", "ls", "-q").stdout.split())
+        started = time.monotonic()
+        thin = without_blobs(archive, present, scratch / f"image-{i}.oci.tar")
+        # Beside the Go builds (preload.py) a first import takes longer than alone (~5 min).
+        ctr("images", "import", str(thin or archive), timeout=1800)
+        took = time.monotonic() - started
+        print(f"[real-node] imported {archive.name} in {took:.0f} s", file=sys.stderr)
+    # buildah names the image by its short reference ("impalajob:0.1.0"); the CRI finds images by
+    # their full one, so every short name is tagged as that too, again each time: in a kept store
+    # the full name may still point at an earlier build.
+    for name in ctr("images", "ls", "-q").stdout.split():
+        if not name.startswith("sha256:") and docker_reference(name) != name:
+            ctr("images", "tag", "--force", name, docker_reference(name))
+    # After the import: the layers an old build shares with the new one stay referenced.
+    wanted = set().union(*(manifest_digests(a) for a in archives))
+    for line in ctr("images", "ls").stdout.splitlines()[1:]:
+        ref, _kind, digest = line.split()[:3]
+        if digest not in wanted:
+            ctr("images", "rm", ref, check=False)
 
 
 def manifest_digests(archive: Path) -> set[str]:
@@ -473,15 +532,10 @@ class RealNode:
         local = self.dir / "containerd" / "root"
         if self.image_store is None:
             return local
-        self.image_store.mkdir(parents=True, exist_ok=True)
-        lock = (self.image_store / ".lock").open("w")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            lock.close()
+        self._store_lock = hold_store(self.image_store, wait=STORE_WAIT_S)
+        if self._store_lock is None:
             print(f"[real-node] {self.image_store} is another session's: images imported anew")
             return local
-        self._store_lock = lock
         return self.image_store / "root"
 
     def _start_containerd(self, spawn: Spawn) -> None:
@@ -535,33 +589,10 @@ disabled_plugins = [
         for chunk in range(0, len(stale), 50):
             self._ctr("containers", "rm", *stale[chunk : chunk + 50], check=False)
 
-    def _keep_only(self, archives: Sequence[Path]) -> None:
-        """Remove the images that none of `archives` holds (an earlier build's), so the kept
-        store does not grow with every dependency change: containerd collects their layers."""
-        wanted = set().union(*(manifest_digests(a) for a in archives))
-        for line in self._ctr("images", "ls").stdout.splitlines()[1:]:
-            ref, _kind, digest = line.split()[:3]
-            if digest not in wanted:
-                self._ctr("images", "rm", ref, check=False)
-
     def _import_images(self) -> None:
         self._forget_earlier_sessions()
-        archives = [pause_image_archive(self.bin_dir / "pause", self.dir / "pause.oci.tar")]
-        for i, archive in enumerate([*archives, *self.images]):
-            present = set(self._ctr("content", "ls", "-q").stdout.split())
-            started = time.monotonic()
-            thin = without_blobs(archive, present, self.dir / f"image-{i}.oci.tar")
-            self._ctr("images", "import", str(thin or archive))
-            took = time.monotonic() - started
-            print(f"[real-node] imported {archive.name} in {took:.0f} s", file=sys.stderr)
-        # buildah names the image by its short reference ("impalajob:0.1.0"); the CRI finds
-        # images by their full one, so every short name is tagged as that too, again each time:
-        # in a kept store the full name may still point at an earlier build.
-        for name in self._ctr("images", "ls", "-q").stdout.split():
-            if not name.startswith("sha256:") and docker_reference(name) != name:
-                self._ctr("images", "tag", "--force", name, docker_reference(name))
-        # After the import: the layers an old build shares with the new one stay referenced.
-        self._keep_only([*archives, *self.images])
+        pause = pause_image_archive(self.bin_dir / "pause", self.dir / "pause.oci.tar")
+        import_archives(self._ctr, [pause, *self.images], self.dir)
 
     def _make_cgroup_root(self) -> None:
         # The kubelet refuses a cgroupRoot that does not exist in every hierarchy. A new cpuset

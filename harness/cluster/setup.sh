@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Prepare the e2e control plane before pytest runs: Debian packages the harness needs, then the
-# cached Kubernetes binaries (build.sh; a no-op once they are built), and versitygw (build-s3.sh).
+# Prepare the e2e control plane (tests/run.sh runs it beside pytest): Debian packages the harness
+# needs, versitygw (build-s3.sh), then the cached Kubernetes binaries (build.sh; no-ops once built).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
@@ -22,5 +22,6 @@ if ! command -v go >/dev/null 2>&1; then
   exit 1
 fi
 
+# versitygw first: the storage tests of the integration layer, which runs while build.sh does.
+bash "$here/build-s3.sh" >/dev/null
 bash "$here/build.sh" >/dev/null
-bash "$here/build-s3.sh" >/dev/null   # versitygw: the S3-compatible server of the storage tests

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,15 @@ def test_an_archive_names_its_manifests_and_the_thin_copy_keeps_them(tmp_path: P
 def _blobs(archive: Path) -> list[Path]:
     with tarfile.open(archive) as tar:
         return [Path(m.name) for m in tar.getmembers() if m.isfile() and "/sha256/" in m.name]
+
+
+def test_the_kept_store_waits_for_an_import_and_is_refused_to_a_holder(tmp_path: Path) -> None:
+    """tests/run.sh's preload holds the store while it imports; the node waits for it, and a
+    holder that outlasts the wait leaves the node its own root (None)."""
+    preload = node.hold_store(tmp_path)
+    assert preload is not None
+    assert node.hold_store(tmp_path, wait=0.0) is None
+    threading.Timer(0.5, preload.close).start()  # the import ends
+    waited = node.hold_store(tmp_path, wait=30.0)
+    assert waited is not None
+    waited.close()
