@@ -12,6 +12,13 @@
 #   ${IMPALA_TEST_CACHE:-$HOME/.cache/impalajob}/k8s-<k8s version>-<go version>/bin
 # Idempotent: a binary that is already cached is skipped. Prints the bin dir on the last line.
 #
+#   bash build.sh                  # everything, in the order the e2e tests need it (ORDER below)
+#   bash build.sh kubectl helm     # only these (and what they need), e.g. a test's fixture
+#
+# Each target is built under the cache's lock, released between targets: tests/run.sh builds
+# everything in the background while a fixture asks for its own few, and gets them as soon as
+# they are in (or builds them itself, first).
+#
 # Knobs (environment): K8S_VERSION, KWOK_VERSION, HELM_VERSION, COREDNS_VERSION, KUBE_ROUTER_VERSION,
 # KUEUE_VERSION, LOCAL_PATH_VERSION, PROMETHEUS_VERSION, PROMETHEUS_OPERATOR_VERSION, KREW_VERSION,
 # IMPALA_TEST_CACHE, BUILD_PARALLELISM (go build -p, default 2: the CI machines are small and shared).
@@ -45,21 +52,36 @@ mkdir -p "$BIN" "$WRAP"
 
 log() { echo "[build.sh] $*" >&2; }
 
-# Two builders (setup.sh and a pytest session) must not race on the same cache dir.
+# Two builders (setup.sh and a pytest session) must not race on the same cache dir: each target
+# is built holding the lock, and looked for again once it is held.
 exec 9>"$ROOT/.lock"
-if command -v flock >/dev/null 2>&1; then
-  flock 9
-fi
+lock() { if command -v flock >/dev/null 2>&1; then flock 9; fi; }
+unlock() { if command -v flock >/dev/null 2>&1; then flock -u 9; fi; }
 
-need=()
-for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm \
-         kubelet kube-proxy coredns kube-router pause kueue local-path-provisioner promtool \
-         prometheus krew; do
-  [[ -x "$BIN/$b" ]] || need+=("$b")
+K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
+# The control plane and kwok's fake nodes first, then what the e2e modules after them need, in
+# their order (install paths: krew; Kueue; monitoring), then the real node's parts.
+ORDER=("${K8S_CMDS[@]}" etcd kwok helm krew kueue kueue-manifests promtool
+       prometheus-operator-crds coredns kube-router local-path-provisioner prometheus pause)
+present() {
+  case "$1" in
+    kueue-manifests) [[ -f "$ROOT/kueue-$KUEUE_VERSION.yaml" ]] ;;
+    prometheus-operator-crds)
+      [[ -f "$ROOT/prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION.yaml" ]] ;;
+    *) [[ -x "$BIN/$1" ]] ;;
+  esac
+}
+want=("$@")
+[[ ${#want[@]} -gt 0 ]] || want=("${ORDER[@]}")
+wanted() { local x; for x in "${want[@]}"; do [[ "$x" == "$1" ]] && return 0; done; return 1; }
+for t in "${want[@]}"; do
+  [[ " ${ORDER[*]} " == *" $t "* ]] || { log "unknown target $t (one of: ${ORDER[*]})"; exit 2; }
 done
-[[ -f "$ROOT/kueue-$KUEUE_VERSION.yaml" ]] || need+=(kueue-manifests)
-[[ -f "$ROOT/prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION.yaml" ]] \
-  || need+=(prometheus-operator-crds)
+wanted kueue-manifests && want+=(helm)   # the chart is rendered by `helm template`
+need=()
+for t in "${ORDER[@]}"; do
+  if wanted "$t" && ! present "$t"; then need+=("$t"); fi
+done
 if [[ ${#need[@]} -eq 0 ]]; then
   log "all binaries cached in $BIN"
   echo "$BIN"
@@ -67,15 +89,15 @@ if [[ ${#need[@]} -eq 0 ]]; then
 fi
 log "missing: ${need[*]} (k8s $K8S_VERSION, $GO_VERSION, cache $ROOT)"
 
-has() { local x; for x in "${need[@]}"; do [[ "$x" == "$1" ]] && return 0; done; return 1; }
+# Wanted and still missing (looked for under the lock).
+has() { wanted "$1" && ! present "$1"; }
 
 # --- k8s.io/kubernetes wrapper module -------------------------------------------------------
 # k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with ./staging paths;
 # replace directives of a dependency are ignored, so the wrapper must replace every staging module
 # with its published tag (v1.Y.Z -> v0.Y.Z). The list is read from that release's own go.mod so a
 # new staging module in a future release is picked up without editing this script.
-if has kube-apiserver || has kube-controller-manager || has kube-scheduler || has kubectl \
-   || has etcd || has kubelet || has kube-proxy; then
+k8s_wrapper() {
   STAGING_VERSION="v0.${K8S_VERSION#v1.}"
   if [[ ! -f "$WRAP/go.mod" ]] || ! grep -q "k8s.io/kubernetes $K8S_VERSION" "$WRAP/go.mod"; then
     log "generating wrapper module for k8s.io/kubernetes $K8S_VERSION"
@@ -100,6 +122,10 @@ if has kube-apiserver || has kube-controller-manager || has kube-scheduler || ha
     printf '%s' "$info" | sed -n 's/^[[:space:]]*"Hash": "\([0-9a-f]*\)".*/\1/p' | head -1 \
       > "$WRAP/commit" || true
   fi
+}
+
+build_k8s() {
+  k8s_wrapper
   commit="$(cat "$WRAP/commit" 2>/dev/null || true)"
   minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
   build_date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -126,25 +152,26 @@ if has kube-apiserver || has kube-controller-manager || has kube-scheduler || ha
     mv "$tmp"/* "$BIN/"
     rmdir "$tmp"
   fi
+}
 
-  if has etcd; then
-    # etcd comes from the same build list, so it is exactly the version Kubernetes requires.
-    etcd_version="$(cd "$WRAP" && GOFLAGS=-mod=mod go list -m -f '{{.Version}}' \
-        go.etcd.io/etcd/server/v3)"
-    log "building etcd $etcd_version"
-    if (cd "$WRAP" && GOFLAGS=-mod=mod go list -f '{{.Name}}' go.etcd.io/etcd/server/v3 \
-        2>/dev/null | grep -qx main); then
-      etcd_pkg=go.etcd.io/etcd/server/v3
-    else
-      # Older layouts keep main only in the root module; pin it to the server's version.
-      (cd "$WRAP" && GOFLAGS=-mod=mod go get "go.etcd.io/etcd/v3@$etcd_version")
-      etcd_pkg=go.etcd.io/etcd/v3
-    fi
-    (cd "$WRAP" && GOFLAGS=-mod=mod go build -p "$BUILD_PARALLELISM" -trimpath "$NODWARF" -ldflags "-s -w" \
-        -o "$BIN/etcd.tmp" "$etcd_pkg")
-    mv "$BIN/etcd.tmp" "$BIN/etcd"
+build_etcd() {
+  k8s_wrapper
+  # etcd comes from the same build list, so it is exactly the version Kubernetes requires.
+  etcd_version="$(cd "$WRAP" && GOFLAGS=-mod=mod go list -m -f '{{.Version}}' \
+      go.etcd.io/etcd/server/v3)"
+  log "building etcd $etcd_version"
+  if (cd "$WRAP" && GOFLAGS=-mod=mod go list -f '{{.Name}}' go.etcd.io/etcd/server/v3 \
+      2>/dev/null | grep -qx main); then
+    etcd_pkg=go.etcd.io/etcd/server/v3
+  else
+    # Older layouts keep main only in the root module; pin it to the server's version.
+    (cd "$WRAP" && GOFLAGS=-mod=mod go get "go.etcd.io/etcd/v3@$etcd_version")
+    etcd_pkg=go.etcd.io/etcd/v3
   fi
-fi
+  (cd "$WRAP" && GOFLAGS=-mod=mod go build -p "$BUILD_PARALLELISM" -trimpath "$NODWARF" -ldflags "-s -w" \
+      -o "$BIN/etcd.tmp" "$etcd_pkg")
+  mv "$BIN/etcd.tmp" "$BIN/etcd"
+}
 
 # --- standalone tools: plain `go install module/cmd@tag` --------------------------------------
 install_tool() { # name package version [extra ldflags [build tags]]
@@ -157,18 +184,20 @@ install_tool() { # name package version [extra ldflags [build tags]]
   mv "$tmp/$name" "$BIN/$name"
   rm -rf "$tmp"
 }
-has kwok && install_tool kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
+build_kwok() { install_tool kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"; }
 # Helm's own release builds stamp the full version; without it `helm version` says only vX.Y.
-helm_major="${HELM_VERSION%%.*}"
-has helm && install_tool helm "helm.sh/helm/$helm_major/cmd/helm" "$HELM_VERSION" \
-  "-X helm.sh/helm/$helm_major/internal/version.version=$HELM_VERSION"
+build_helm() {
+  local major="${HELM_VERSION%%.*}"
+  install_tool helm "helm.sh/helm/$major/cmd/helm" "$HELM_VERSION" \
+    "-X helm.sh/helm/$major/internal/version.version=$HELM_VERSION"
+}
 
 # CoreDNS for the real node's Service DNS names, with the plugins its Corefile names alone
 # (harness/cluster/node.py `_start_coredns`; a plugin added there is added here): CoreDNS's own
 # custom-build recipe, a main that imports coremain and the plugins. The release's full plugin
 # set (the cloud DNS providers' SDKs, tracing) took 171 s cold on 2 cores; these take 112 s.
 COREDNS_PLUGINS="bind cache errors health kubernetes ready"
-if has coredns; then
+build_coredns() {
   log "building coredns $COREDNS_VERSION (plugins: $COREDNS_PLUGINS)"
   dns_wrap="$ROOT/coredns-wrapper"
   mkdir -p "$dns_wrap"
@@ -192,22 +221,27 @@ if has coredns; then
       -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
       -o "$BIN/coredns.tmp" .)
   mv "$BIN/coredns.tmp" "$BIN/coredns"
-fi
+}
 # NetworkPolicy enforcement on the real node (the CNI bridge plugin enforces none): kube-router's
 # network policy controller alone (iptables + ipset). SIG Network's kube-network-policies needs
 # nftables' queue expression, which these machines' kernel lacks.
-has kube-router && install_tool kube-router github.com/cloudnativelabs/kube-router/v2/cmd/kube-router \
-  "$KUBE_ROUTER_VERSION"
+build_kube-router() {
+  install_tool kube-router github.com/cloudnativelabs/kube-router/v2/cmd/kube-router \
+    "$KUBE_ROUTER_VERSION"
+}
 # Kueue's manager from its Go module (no replace directives: `go install` builds it as released),
 # version-stamped as its release builds are.
-has kueue && install_tool kueue sigs.k8s.io/kueue/cmd/kueue "$KUEUE_VERSION" \
-  "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
+build_kueue() {
+  install_tool kueue sigs.k8s.io/kueue/cmd/kueue "$KUEUE_VERSION" \
+    "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
+}
 # The real node's dynamic volumes: Rancher's local-path provisioner (harness/cluster/provisioner.py).
-has local-path-provisioner && install_tool local-path-provisioner \
-  github.com/rancher/local-path-provisioner "$LOCAL_PATH_VERSION"
+build_local-path-provisioner() {
+  install_tool local-path-provisioner github.com/rancher/local-path-provisioner "$LOCAL_PATH_VERSION"
+}
 # Kueue's own Helm chart, from the same module, rendered once: the harness applies its CRDs,
 # webhook configurations and webhook Service (harness/cluster/kueue.py) and runs the manager above.
-if has kueue-manifests; then
+build_kueue-manifests() {
   log "rendering Kueue $KUEUE_VERSION's chart"
   kueue_dir="$(cd "$WRAP" && GOFLAGS= go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" \
       | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
@@ -215,23 +249,27 @@ if has kueue-manifests; then
   "$BIN/helm" template kueue "$kueue_dir/charts/kueue" --namespace kueue-system \
     > "$ROOT/kueue-$KUEUE_VERSION.yaml.tmp"
   mv "$ROOT/kueue-$KUEUE_VERSION.yaml.tmp" "$ROOT/kueue-$KUEUE_VERSION.yaml"
-fi
+}
 # promtool checks and unit-tests the chart's alerting rules. Without its service-discovery
 # plugins (Prometheus's `remove_all_sd` tag; rules need none of them) it builds in ~2.5 min
 # instead of compiling every cloud provider's SDK.
-has promtool && install_tool promtool github.com/prometheus/prometheus/cmd/promtool \
-  "$PROMETHEUS_VERSION" "-X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION" \
-  remove_all_sd
+build_promtool() {
+  install_tool promtool github.com/prometheus/prometheus/cmd/promtool \
+    "$PROMETHEUS_VERSION" "-X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION" \
+    remove_all_sd
+}
 # The Prometheus server that scrapes the real node (tests/e2e/test_real_node.py), with the one
 # service discovery the Prometheus Operator's scrape jobs use, Kubernetes'.
-has prometheus && install_tool prometheus github.com/prometheus/prometheus/cmd/prometheus \
-  "$PROMETHEUS_VERSION" "-X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION" \
-  remove_all_sd,enable_kubernetes_sd
+build_prometheus() {
+  install_tool prometheus github.com/prometheus/prometheus/cmd/prometheus \
+    "$PROMETHEUS_VERSION" "-X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION" \
+    remove_all_sd,enable_kubernetes_sd
+}
 # krew installs the kubectl plugin from the repository's manifest (plugins/krew/).
-has krew && install_tool krew sigs.k8s.io/krew/cmd/krew "$KREW_VERSION"
+build_krew() { install_tool krew sigs.k8s.io/krew/cmd/krew "$KREW_VERSION"; }
 # The Prometheus Operator's CRDs, as its module ships them: the API server validates the chart's
 # ServiceMonitor, PodMonitor and PrometheusRule against their real schemas.
-if has prometheus-operator-crds; then
+build_prometheus-operator-crds() {
   log "reading the Prometheus Operator $PROMETHEUS_OPERATOR_VERSION CRDs"
   po_dir="$(cd "$WRAP" && GOFLAGS= go mod download -json \
       "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" \
@@ -244,15 +282,29 @@ if has prometheus-operator-crds; then
     cat "$crds/monitoring.coreos.com_$kind.yaml"
   done > "$out.tmp"
   mv "$out.tmp" "$out"
-fi
+}
 # The pod sandbox process: static, so it runs in an image with nothing else in it.
-if has pause; then
+build_pause() {
   log "compiling pause"
   cc="${CC:-gcc}"
   "$cc" -Os -static -s -o "$BIN/pause.tmp" "$(dirname "$0")/node/pause.c"
   mv "$BIN/pause.tmp" "$BIN/pause"
-fi
+}
 
+# --- the targets, one at a time under the lock ---------------------------------------------------
+for t in "${ORDER[@]}"; do
+  wanted "$t" || continue
+  lock
+  if ! present "$t"; then
+    case "$t" in
+      kube-*|kubectl|kubelet) build_k8s ;;   # every wanted command in one go build
+      *) "build_$t" ;;
+    esac
+  fi
+  unlock
+done
+
+lock
 cat > "$ROOT/versions.env" <<VERS
 K8S_VERSION=$K8S_VERSION
 KWOK_VERSION=$KWOK_VERSION
@@ -266,5 +318,6 @@ PROMETHEUS_OPERATOR_VERSION=$PROMETHEUS_OPERATOR_VERSION
 KREW_VERSION=$KREW_VERSION
 GO_VERSION=$GO_VERSION
 VERS
+unlock
 log "done: $(ls "$BIN" | tr '\n' ' ')"
 echo "$BIN"

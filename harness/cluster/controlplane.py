@@ -58,10 +58,12 @@ COMPONENTS = (
 NODE_COMPONENTS = ("kubelet", "kube-proxy", "coredns", "kube-router", "pause")
 
 
-def build_binaries(*, quiet: bool = False) -> Path:
-    """Run build.sh (a no-op when everything is cached) and return the cached bin directory."""
+def build_binaries(*names: str, quiet: bool = False) -> Path:
+    """Run build.sh for `names` (all when none; a no-op when they are cached) and return the cached
+    bin directory. While tests/run.sh builds everything beside the tests, this waits for `names`
+    alone (build.sh locks each target apart)."""
     proc = subprocess.run(
-        ["bash", str(BUILD_SH)],
+        ["bash", str(BUILD_SH), *names],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL if quiet else None,  # progress goes to the terminal
         text=True,

@@ -21,6 +21,7 @@ from types import FrameType
 import pytest
 
 from harness.cluster import ControlPlane, Kube, NodeSpec, build_binaries
+from harness.cluster.controlplane import COMPONENTS
 from harness.cluster.node import RealNode
 
 
@@ -33,7 +34,7 @@ def _existing_cluster() -> Kube | None:
     # Prefer the cached kubectl/helm (known versions); fall back to whatever is on PATH.
     bin_dir: Path | None
     try:
-        bin_dir = build_binaries(quiet=True)
+        bin_dir = build_binaries("kubectl", "helm", quiet=True)
     except (OSError, subprocess.CalledProcessError):
         bin_dir = None
     kube = Kube(
@@ -65,7 +66,7 @@ def kube() -> Iterator[Kube]:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
-        with ControlPlane.start(build_binaries()) as k:
+        with ControlPlane.start(build_binaries(*COMPONENTS)) as k:
             yield k
     finally:
         if previous is not None:

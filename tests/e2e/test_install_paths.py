@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.cluster import CommandError, Kube
+from harness.cluster import CommandError, Kube, build_binaries
 from tests.support.crd import install_crd
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -304,6 +304,7 @@ def test_krew_installs_the_kubectl_plugin_from_the_repository(
     """plugins/krew/impalajob.yaml matches the archive hack/krew-plugin.sh packs, krew (from
     its Go module) installs it from the checkout, and `kubectl impalajob` then reaches the
     cluster through the launcher krew put on PATH."""
+    build_binaries("krew", quiet=True)  # beside the kube fixture's binaries (tests/run.sh)
     subprocess.run(["bash", str(ROOT / "hack" / "krew-plugin.sh"), "--check"], check=True,
                    capture_output=True, timeout=60)  # fmt: skip
     (archive,) = (ROOT / "dist").glob("kubectl-impalajob-v*.tar.gz")

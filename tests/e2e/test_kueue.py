@@ -61,7 +61,8 @@ def seconds_since(start: float) -> float:
 def kueue(kube: Kube) -> Iterator[None]:
     if not kube.is_local:
         pytest.skip("runs Kueue beside the local control plane")
-    with kueue_harness.running(kube, build_binaries(), kube.workdir / "kueue"):
+    bin_dir = build_binaries("kueue", "kueue-manifests")
+    with kueue_harness.running(kube, bin_dir, kube.workdir / "kueue"):
         kube.apply(queues.resource_flavor(FLAVOR, {"type": "kwok"}, tolerations=[TOLERATION]))
         for name, value in (("impala-low", 100), ("impala-high", 1000)):
             kube.apply(queues.priority_class(name, value))

@@ -32,7 +32,7 @@ ALL_ON = [
 
 @pytest.fixture(scope="module")
 def bin_dir() -> Path:
-    return build_binaries(quiet=True)
+    return build_binaries("promtool", "prometheus-operator-crds", quiet=True)
 
 
 def _render(kube: Kube, namespace: str, *args: str) -> list[dict[str, Any]]:
