@@ -20,8 +20,8 @@ if [[ " $* " != *"not slow"* ]]; then
   nice -n 15 bash harness/cluster/setup.sh >"$logs/cluster.log" 2>&1 &
   builds+=("$!:cluster")
   if [ "$(id -u)" -eq 0 ]; then
-    nice -n 10 bash -c 'archive="$(bash hack/build-image.sh | tail -n 1)" \
-      && python3 -m harness.cluster.preload "$archive"' >"$logs/image.log" 2>&1 &
+    nice -n 10 bash -c 'set -euo pipefail; archive="$(bash hack/build-image.sh | tail -n 1)"
+      python3 -m harness.cluster.preload "$archive"' >"$logs/image.log" 2>&1 &
     builds+=("$!:image")
   fi
 fi
