@@ -52,6 +52,23 @@ mkdir -p "$BIN" "$WRAP"
 
 log() { echo "[build.sh] $*" >&2; }
 
+# The versions this cache is built at (the knobs above), for the tests that check what runs; a
+# fixture that asked for a few binaries reads it before the rest are built. Replaced atomically.
+cat > "$ROOT/versions.env.$$" <<VERS
+K8S_VERSION=$K8S_VERSION
+KWOK_VERSION=$KWOK_VERSION
+HELM_VERSION=$HELM_VERSION
+COREDNS_VERSION=$COREDNS_VERSION
+KUBE_ROUTER_VERSION=$KUBE_ROUTER_VERSION
+KUEUE_VERSION=$KUEUE_VERSION
+LOCAL_PATH_VERSION=$LOCAL_PATH_VERSION
+PROMETHEUS_VERSION=$PROMETHEUS_VERSION
+PROMETHEUS_OPERATOR_VERSION=$PROMETHEUS_OPERATOR_VERSION
+KREW_VERSION=$KREW_VERSION
+GO_VERSION=$GO_VERSION
+VERS
+mv "$ROOT/versions.env.$$" "$ROOT/versions.env"
+
 # Two builders (setup.sh and a pytest session) must not race on the same cache dir: each target
 # is built holding the lock, and looked for again once it is held.
 exec 9>"$ROOT/.lock"
@@ -297,27 +314,16 @@ for t in "${ORDER[@]}"; do
   lock
   if ! present "$t"; then
     case "$t" in
-      kube-*|kubectl|kubelet) build_k8s ;;   # every wanted command in one go build
+      kube-apiserver|kube-controller-manager|kube-scheduler|kubectl|kubelet|kube-proxy)
+        build_k8s ;;   # every wanted one of them in one go build
       *) "build_$t" ;;
     esac
   fi
   unlock
 done
+for t in "${ORDER[@]}"; do
+  if wanted "$t" && ! present "$t"; then log "$t was not built"; exit 1; fi
+done
 
-lock
-cat > "$ROOT/versions.env" <<VERS
-K8S_VERSION=$K8S_VERSION
-KWOK_VERSION=$KWOK_VERSION
-HELM_VERSION=$HELM_VERSION
-COREDNS_VERSION=$COREDNS_VERSION
-KUBE_ROUTER_VERSION=$KUBE_ROUTER_VERSION
-KUEUE_VERSION=$KUEUE_VERSION
-LOCAL_PATH_VERSION=$LOCAL_PATH_VERSION
-PROMETHEUS_VERSION=$PROMETHEUS_VERSION
-PROMETHEUS_OPERATOR_VERSION=$PROMETHEUS_OPERATOR_VERSION
-KREW_VERSION=$KREW_VERSION
-GO_VERSION=$GO_VERSION
-VERS
-unlock
 log "done: $(ls "$BIN" | tr '\n' ' ')"
 echo "$BIN"
