@@ -9,7 +9,7 @@ bash tests/setup-system.sh            # Debian packages (chromium, wrk; the real
 # The slow builds start first, in the background and niced, so they take the CPU the tests leave
 # idle: the Go builds of the control plane and the real node (harness/cluster/setup.sh) and, as
 # root, the product image (hack/build-image.sh) then its import into the real node's containerd
-# store (harness/cluster/preload.py: ~5 min of disk a first time). All are cached, so a warm
+# store (harness/cluster/preload.py: ~2 min of disk a first time). All are cached, so a warm
 # machine skips them. pytest meanwhile runs the unit and integration layers (pyproject.toml's
 # testpaths put them first); the e2e fixtures wait for the builds on their locks. The fast set
 # (`-m "not slow"`) needs none of them.
