@@ -200,7 +200,7 @@ def default_image_store() -> Path:
 
 STORE_WAIT_S = 1200.0
 """How long a node waits for the kept store while another process holds it: tests/run.sh's
-preload (preload.py) imports the product image into it beside the Go builds, ~5 min cold."""
+preload (preload.py) imports the product image into it beside the Go builds (~2 min cold)."""
 
 
 def hold_store(store: Path, wait: float = 0.0) -> IO[str] | None:
@@ -239,7 +239,7 @@ def import_archives(ctr: Ctr, archives: Sequence[Path], scratch: Path) -> None:
         present = set(ctr("content", "ls", "-q").stdout.split())
         started = time.monotonic()
         thin = without_blobs(archive, present, scratch / f"image-{i}.oci.tar")
-        # Beside the Go builds (preload.py) a first import takes longer than alone (~5 min).
+        # A first import of the product image: 80 s alone, 110 s beside the Go builds (preload.py).
         ctr("images", "import", str(thin or archive), timeout=1800)
         took = time.monotonic() - started
         print(f"[real-node] imported {archive.name} in {took:.0f} s", file=sys.stderr)

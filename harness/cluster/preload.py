@@ -1,9 +1,9 @@
 """`python -m harness.cluster.preload ARCHIVE...` (as root): import OCI archives into the real
 node's kept containerd store (`node.default_image_store`) before any node starts.
 
-A first import of the product image unpacks ~3 GB of layers, ~5 min of mostly disk on the CI
-machine. The real-node tests' setup used to wait for it; tests/run.sh runs this as soon as the
-image is built, while the Go builds hold the CPU, and the node then finds every blob in place.
+A first import of the product image unpacks ~3.4 GB of layers, 80-110 s of mostly disk on the
+CI machine. The real-node tests' setup used to wait for it; tests/run.sh runs this as soon as
+the image is built, while the Go builds hold the CPU, and the node then finds every blob in place.
 The import runs against a containerd of its own on the kept root, with the CRI plugin off (no
 pods, no network), holding the store's lock, which the node waits for (`node.STORE_WAIT_S`).
 """
