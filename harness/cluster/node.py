@@ -230,6 +230,32 @@ class Ctr(Protocol):
     def __call__(self, *args: str, timeout: float = 600, check: bool = True) -> Any: ...
 
 
+def containerd_ctr(socket: Path) -> Ctr:
+    """`ctr` against the containerd listening on `socket`, in namespace `k8s.io`."""
+
+    def ctr(
+        *args: str, timeout: float = 600, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return _run(
+            "ctr", "--address", str(socket), "--namespace", "k8s.io", *args,
+            timeout=timeout, check=check,
+        )  # fmt: skip
+
+    return ctr
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float) -> None:
+    """SIGTERM, then SIGKILL after `timeout` seconds; reaped either way."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def import_archives(ctr: Ctr, archives: Sequence[Path], scratch: Path) -> None:
     """Import OCI archives into containerd, each without the blobs it already holds (a code
     change imports its project layer alone), name them as the CRI looks them up, and remove the
@@ -490,10 +516,7 @@ class RealNode:
     def _ctr(
         self, *args: str, timeout: float = 600, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        return _run(
-            "ctr", "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args,
-            timeout=timeout, check=check,
-        )  # fmt: skip
+        return containerd_ctr(self.containerd_socket)(*args, timeout=timeout, check=check)
 
     def _write_cni_config(self) -> None:
         conf = self.dir / "cni" / "net.d"
@@ -751,13 +774,7 @@ disabled_plugins = [
         try:
             yield proc
         finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc, timeout=15)
             self._remove_network_policy_rules()
 
     def _remove_network_policy_rules(self) -> None:

@@ -17,10 +17,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from .kube import wait_for
-from .node import default_image_store, hold_store, import_archives
+from .node import (
+    containerd_ctr,
+    default_image_store,
+    hold_store,
+    import_archives,
+    stop_process,
+)
 
 WAIT_S = 1800.0
 """How long to wait for the store when a real-node session holds it."""
@@ -69,22 +74,9 @@ def preload(archives: list[Path], store: Path | None = None) -> None:
             if containerd.poll() is not None:
                 log_text = (tmp / "containerd.log").read_text()
                 raise SystemExit(f"preload: containerd exited:\n{log_text}")
-
-            def ctr(*args: str, timeout: float = 600, check: bool = True) -> Any:
-                argv = ["ctr", "--address", str(socket), "--namespace", "k8s.io", *args]
-                proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-                if check and proc.returncode != 0:
-                    raise RuntimeError(f"{' '.join(argv)}: {proc.stderr.strip()}")
-                return proc
-
-            import_archives(ctr, archives, tmp)
+            import_archives(containerd_ctr(socket), archives, tmp)
         finally:
-            containerd.terminate()
-            try:
-                containerd.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                containerd.kill()
-                containerd.wait()
+            stop_process(containerd, timeout=30)
 
 
 def main() -> None:
