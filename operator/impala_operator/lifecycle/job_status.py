@@ -198,13 +198,18 @@ def progress(snapshot: StatusSnapshot) -> dict[str, Any]:
     }
 
 
+RUNNING = ("Starting", "Running")
+"""The phases a job has time left in (the ETA column)."""
+TIME_LEFT_KEYS = ("remainingSeconds", "eta")
+
+
 def _completion(snapshot: StatusSnapshot) -> dict[str, Any]:
     """Percent done and the time left, where the stop criteria let them be known (timesteps,
     timeLimitSeconds); the time left only while the run goes on."""
     stop, out = snapshot.stop, dict[str, Any]()
     if stop.foreseeable is not None:
         out["percentComplete"] = int(100 * stop.foreseeable)
-    if stop.remaining_seconds is not None and snapshot.phase in ("Starting", "Running"):
+    if stop.remaining_seconds is not None and snapshot.phase in RUNNING:
         out["remainingSeconds"] = round(stop.remaining_seconds)
         out["eta"] = duration_text(stop.remaining_seconds)
     return out
@@ -353,6 +358,11 @@ def compute_status(
         status["progress"] = progress(snapshot)
     elif previous.get("progress"):
         status["progress"] = dict(previous["progress"])
+    if state.phase not in RUNNING and "progress" in status:
+        # An ended or suspended job has no time left, whatever its last snapshot foresaw.
+        status["progress"] = {
+            k: v for k, v in status["progress"].items() if k not in TIME_LEFT_KEYS
+        }
     for key, value in (
         ("startTime", state.start_time),
         ("completionTime", state.completion_time),
@@ -415,5 +425,15 @@ def _created(
 
 
 def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """The top-level status keys that changed (a merge patch; None deletes a key)."""
-    return {k: v for k, v in new.items() if old.get(k) != v}
+    """The top-level status keys that changed, as a JSON merge patch: None deletes a key, and
+    a changed object carries None for each of its keys that `new` no longer has (a merge patch
+    of an object merges into the stored one, so a key left out would stay)."""
+    patch = {}
+    for key, value in new.items():
+        was = old.get(key)
+        if was == value:
+            continue
+        if isinstance(value, Mapping) and isinstance(was, Mapping):
+            value = {**dict.fromkeys(set(was) - set(value)), **value}
+        patch[key] = value
+    return patch

@@ -280,6 +280,26 @@ def test_percent_done_and_time_left_come_where_the_criteria_let_them_be_known() 
     assert not {"percentComplete", "remainingSeconds", "eta"} & set(alone)
 
 
+def test_an_ended_job_has_no_time_left_in_its_status_or_its_patch() -> None:
+    """A job that ends is no longer read from its sidecar (its pods go): the progress kept from
+    the last Running tick loses its time left, and the merge patch deletes the keys the API
+    server holds (a key left out of a merge patch's object would stay: `kubectl get ij`
+    showed ETA 1s on a finished job)."""
+    stop = StopProgress(criteria={"timesteps": 40_000}, progress=0.99, foreseeable=0.99,
+                        remaining_seconds=1.2)  # fmt: skip
+    running = _compute(snapshot=_snapshot(stop=stop))
+    assert running["progress"]["eta"] == "1s"
+    done = JobState(phase="Succeeded", restarts=1, start_time=T0, completion_time=T0 + 60)
+    ended = _compute(state=done, snapshot=None, previous=running)
+    assert ended["progress"]["percentComplete"] == 99
+    assert not {"eta", "remainingSeconds"} & set(ended["progress"])
+    patch = status_patch(running, ended)
+    assert patch["progress"]["eta"] is None and patch["progress"]["remainingSeconds"] is None
+    assert patch["progress"]["percentComplete"] == 99
+    suspended = JobState(phase="Suspended", restarts=1, start_time=T0)
+    assert "eta" not in _compute(state=suspended, snapshot=_snapshot(stop=stop))["progress"]
+
+
 def test_progress_is_kept_while_the_sidecar_is_away() -> None:
     first = _compute()
     again = _compute(snapshot=None, previous=first)
