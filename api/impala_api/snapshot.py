@@ -146,7 +146,8 @@ class ReturnTrend(Snap):
     (`impala_trainer.rundir.trend`): once a full window of episodes has ended, the first window's
     mean and the best; `regressed` when the mean has given back at least half of what it gained
     from the first to the best, and stayed there for at least a quarter of the env steps the best
-    took (and a full window of episodes). A job scored against a fixed opponent
+    took (and a full window of episodes); a training return whose best rose above the first
+    window no more than chance does is never regressed. A job scored against a fixed opponent
     (spec.evaluation.opponent: self-play, whose training return is a zero-sum game's) follows its
     evaluation rounds' return instead."""
 

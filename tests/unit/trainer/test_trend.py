@@ -3,6 +3,8 @@ lost for long; a dip, a run still learning or one that never learned says nothin
 
 from __future__ import annotations
 
+import numpy as np
+
 from impala_api.snapshot import EvaluationInfo, Membership, ReturnTrend
 from impala_api.spec import StopSpec
 from impala_trainer.rundir import trend
@@ -42,6 +44,35 @@ def test_a_dip_a_run_still_learning_and_one_that_never_learned_say_nothing() -> 
     # Below for long in env steps, but not for a window of episodes yet.
     short = _run([(0.0, 1_000, 100), (10.0, 10_000, 200), (1.0, 20_000, 210), (1.0, 40_000, 250)])
     assert short.below_since_env_steps == 20_000 and not short.regressed
+
+
+def _training(returns: list[list[float]]) -> tuple[bool, ReturnTrend]:
+    """RunStats fed batches of episode returns, a snapshot after each (as the driver does):
+    whether the trend ever said regressed, and its last state."""
+    stats, steps, ever = RunStats("t", StopSpec(timesteps=10**9)), 0, False
+    for batch in returns:
+        stats.add_episodes(batch, [max(1, round(r)) for r in batch])
+        steps += sum(max(1, round(r)) for r in batch)
+        stats.counters.num_env_steps_sampled = steps
+        ever |= stats.snapshot("Running", Membership()).return_trend.regressed
+    return ever, stats.trend
+
+
+def test_a_return_wobbling_around_random_play_is_no_regression() -> None:
+    # A policy that never learns, CartPole-like returns (mean 22, sd 11) over 6,000 episodes
+    # with a snapshot every 20: its rolling window's best rises 3-5 above its first by chance
+    # and falls back (a job said REGRESSED 31 s in, "from 20.5 to its best 23.64").
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        ever, state = _training([rng.gamma(4.0, 5.5, 20).round().tolist() for _ in range(300)])
+        assert not ever, (seed, state)
+    # The same noise around a policy that learned (22 -> 120) and then lost it (-> 30) is.
+    rng = np.random.default_rng(0)
+    levels = [22.0] * 50 + [120.0] * 100 + [30.0] * 150
+    ever, state = _training([rng.normal(m, m / 2, 20).clip(1).tolist() for m in levels])
+    assert ever and state.regressed and state.first_return_mean is not None
+    assert state.first_return_mean < 30 and state.best_return_mean is not None
+    assert state.best_return_mean > 110
 
 
 def test_the_trend_is_in_the_snapshot_and_survives_a_resume() -> None:

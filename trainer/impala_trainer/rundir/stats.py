@@ -279,7 +279,7 @@ class RunStats:
             c = self.counters
             error = pstdev(returns) / math.sqrt(len(returns))
             self.trend = trend.observe(
-                self.trend, mean, c.num_env_steps_sampled, c.episodes, error
+                self.trend, mean, c.num_env_steps_sampled, c.episodes, error, from_start=True
             )
         return StatusSnapshot(
             job=self.job,
