@@ -240,8 +240,25 @@ def _progress_schema() -> dict[str, Any]:
                 "nullable": True,
                 "description": (
                     "The best of those means so far, once 100 episodes have ended (the "
-                    "ReturnRegressed condition compares the mean with it)."
+                    "ReturnRegressed condition compares the mean with it); absent for a job "
+                    "whose returnSource is evaluation."
                 ),
+            },
+            "returnMean": {
+                "type": "number",
+                "nullable": True,
+                "description": (
+                    "The return the job is judged by (the Return column; its ReturnRegressed "
+                    "condition follows it): episodeReturnMean, or for a job scored against a "
+                    "fixed opponent (spec.evaluation.opponent: self-play, whose zero-sum "
+                    "training return is 0 whatever it learns) evaluationReturnMean (null "
+                    "before the first evaluation)."
+                ),
+            },
+            "returnSource": {
+                "type": "string",
+                "enum": ["training", "evaluation"],
+                "description": "Which return returnMean is: training or evaluation.",
             },
             "evaluationReturnMean": {
                 "type": "number",
@@ -469,7 +486,7 @@ def build_crd() -> dict[str, Any]:
         ("Learners", "string", ".status.learner.summary", 0),
         ("Rollouts", "string", ".status.rollouts.summary", 0),
         ("Steps", "integer", ".status.progress.timesteps", 0),
-        ("Return", "number", ".status.progress.episodeReturnMean", 0),
+        ("Return", "number", ".status.progress.returnMean", 0),
         ("Done%", "integer", ".status.progress.percentComplete", 0),
         ("ETA", "string", ".status.progress.eta", 0),
         ("Age", "date", ".metadata.creationTimestamp", 0),

@@ -306,6 +306,16 @@ class StatusSnapshot(Snap):
     are `learner`'s keys prefixed `<policy>/`. episode_return_mean is then the team's: each
     episode's rewards summed over all its agents."""
 
+    @property
+    def followed_return_mean(self) -> float | None:
+        """The return the run is judged by, the one its trend follows (`return_trend.source`):
+        the training episodes' mean, or, for a job scored against a fixed opponent (self-play,
+        whose zero-sum training return is 0 whatever it learns), its latest evaluation's (None
+        before the first)."""
+        if self.return_trend.source == "evaluation":
+            return self.evaluation.episode_return_mean if self.evaluation else None
+        return self.episode_return_mean
+
 
 class HistoryPoint(Snap):
     time: float

@@ -18,13 +18,26 @@ from impala_api.snapshot import StatusSnapshot, duration_text
 
 
 def describe(snap: StatusSnapshot) -> str:
-    """One-line summary of a snapshot: steps, mean return, throughput."""
-    ret = "n/a" if snap.episode_return_mean is None else f"{snap.episode_return_mean:.1f}"
+    """One-line summary of a snapshot: steps, the return the run is judged by, throughput."""
     return (
-        f"steps {snap.counters.num_env_steps_sampled:,}  return {ret}  "
+        f"steps {snap.counters.num_env_steps_sampled:,}  {_return(snap)}  "
         f"{snap.throughput.env_steps_per_s:,.0f} steps/s  "
         f"updates {snap.counters.learner_updates:,}  workers {snap.membership.rollout_workers}"
     )
+
+
+def _return(snap: StatusSnapshot) -> str:
+    """The training return, or for a job scored against an opponent its evaluation's (with the
+    round's win rate): the return its trend follows."""
+    value = snap.followed_return_mean
+    if snap.return_trend.source == "training":
+        return f"return {'n/a' if value is None else f'{value:.1f}'}"
+    if value is None:
+        return "eval return n/a"
+    ev = snap.evaluation
+    assert ev is not None
+    won = f", win rate {ev.win_rate:.0%}" if ev.win_rate is not None else ""
+    return f"eval return {value:.2f} (vs {ev.opponent}{won})"
 
 
 class ProgressReporter:

@@ -162,8 +162,11 @@ def metric_sample(snapshot: StatusSnapshot | None, now: float, stale_after: floa
 
 
 def progress(snapshot: StatusSnapshot) -> dict[str, Any]:
-    """`status.progress` from a sidecar snapshot."""
-    best = snapshot.return_trend.best_return_mean
+    """`status.progress` from a sidecar snapshot: `returnMean` is the return the run is judged
+    by (the RETURN column), its training return's, or for a job scored against a fixed opponent
+    its evaluation's."""
+    trend = snapshot.return_trend
+    best = trend.best_return_mean if trend.source == "training" else None
     evaluation: dict[str, Any] = {}
     if snapshot.evaluation is not None:
         ev = snapshot.evaluation
@@ -186,6 +189,8 @@ def progress(snapshot: StatusSnapshot) -> dict[str, Any]:
         "timesteps": snapshot.counters.num_env_steps_sampled,
         "episodes": snapshot.counters.episodes,
         "episodeReturnMean": snapshot.episode_return_mean,
+        "returnMean": snapshot.followed_return_mean,
+        "returnSource": trend.source,
         **({"bestEpisodeReturnMean": best} if best is not None else {}),
         **evaluation,
         **({"policies": policies} if policies else {}),

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from impala_api.crd import status_schema
+from impala_api.crd import build_crd, status_schema
 from impala_api.snapshot import (
     STATUS_FILE,
     Counters,
@@ -206,6 +206,8 @@ def test_compute_status_fields() -> None:
         "timesteps": 12_000,
         "episodes": 300,
         "episodeReturnMean": 87.5,
+        "returnMean": 87.5,
+        "returnSource": "training",
         "stopProgress": 0.0,
         "envStepsPerSecond": 650.25,
         "learnerQueueFill": 0.0625,
@@ -259,6 +261,28 @@ def test_a_multi_agent_jobs_progress_is_per_policy_and_fits_the_schema() -> None
     assert set(progress) <= set(schema["properties"])
     per_policy = schema["properties"]["policies"]["additionalProperties"]["properties"]
     assert set(progress["policies"]["main"]) <= set(per_policy)
+
+
+def test_the_return_column_shows_what_the_trend_follows() -> None:
+    """A self-play job's training return is a zero-sum game's (0.0 all run long): RETURN and
+    status.progress.returnMean show its evaluation against the fixed opponent instead, and
+    bestEpisodeReturnMean (the trend's best, then an evaluation's) is not claimed for it."""
+    evaluation = EvaluationInfo(evaluations=3, episodes=100, episode_return_mean=0.86,
+                                best_return_mean=0.9, opponent="random", win_rate=0.9)  # fmt: skip
+    followed = ReturnTrend(source="evaluation", first_return_mean=0.5, best_return_mean=0.9)
+    snap = _snapshot(episode_return_mean=0.0, evaluation=evaluation, return_trend=followed)
+    progress = _compute(snapshot=snap)["progress"]
+    assert (progress["returnMean"], progress["returnSource"]) == (0.86, "evaluation")
+    assert progress["episodeReturnMean"] == 0.0 and "bestEpisodeReturnMean" not in progress
+    assert progress["bestEvaluationReturnMean"] == 0.9
+    before = _snapshot(episode_return_mean=0.0, return_trend=ReturnTrend(source="evaluation"))
+    assert _compute(snapshot=before)["progress"]["returnMean"] is None
+    trained = _compute(snapshot=_snapshot(return_trend=ReturnTrend(best_return_mean=90.0)))
+    assert trained["progress"]["returnMean"] == 87.5
+    assert trained["progress"]["bestEpisodeReturnMean"] == 90.0
+    printed = build_crd()["spec"]["versions"][0]["additionalPrinterColumns"]
+    columns = {c["name"]: c["jsonPath"] for c in printed}
+    assert columns["Return"] == ".status.progress.returnMean"
 
 
 def test_percent_done_and_time_left_come_where_the_criteria_let_them_be_known() -> None:

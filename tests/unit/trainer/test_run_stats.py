@@ -6,7 +6,13 @@ import io
 
 import pytest
 
-from impala_api.snapshot import Counters, Membership, Throughput, duration_text
+from impala_api.snapshot import (
+    Counters,
+    EvaluationInfo,
+    Membership,
+    Throughput,
+    duration_text,
+)
 from impala_api.spec import StopSpec
 from impala_cli.commands.progress import ProgressReporter
 from impala_trainer.learning.learner_thread import WindowStat
@@ -211,3 +217,21 @@ def test_a_progress_line_tells_the_time_left_while_the_run_goes_on() -> None:
     running, done = out.getvalue().splitlines()
     assert running.endswith("progress 25%  ETA 15s")
     assert "ETA" not in done
+
+
+def test_a_self_play_job_shows_the_return_its_trend_follows() -> None:
+    """A zero-sum game's training return is 0 whatever is learned: the progress line shows the
+    evaluation against the fixed opponent (and its win rate) instead, n/a before the first."""
+    out = io.StringIO()
+    reporter = ProgressReporter("ttt", stream=out, tty=False, log_interval=0)
+    stats = RunStats("ttt", StopSpec(timesteps=10**6), trend_source="evaluation")
+    stats.add_episodes([1.0, -1.0] * 50, [7] * 100)
+    reporter.update(stats.snapshot("Running", Membership()))
+    stats.add_evaluation(EvaluationInfo(evaluations=1, episodes=100, episode_return_mean=0.86,
+                                        opponent="random", wins=90, draws=6, losses=4,
+                                        win_rate=0.9))  # fmt: skip
+    reporter.update(stats.snapshot("Running", Membership()))
+    before, after = out.getvalue().splitlines()
+    assert "eval return n/a" in before and "return 0.0" not in before
+    assert "eval return 0.86 (vs random, win rate 90%)" in after, after
+    assert stats.snapshot("Running", Membership()).followed_return_mean == 0.86
