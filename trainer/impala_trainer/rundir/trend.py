@@ -13,9 +13,10 @@ noise) and has been for at least `HOLD_FRACTION` of the env steps it took to rea
 for at least a full window of episodes. Where the first window is the run's start (the training
 return: an untrained policy's), a best that rose above it by no more than chance does in as many
 windows (`chance_rise`) gained nothing, so there is nothing to lose: a return wobbling around
-random play is not a regression. It clears as soon as the mean is above the threshold again. Pure: the driver calls `observe` at each snapshot, or, for a job scored against a fixed
-opponent (self-play: the training return of a zero-sum game is the same whatever is learned or
-lost), at each evaluation round with the round's return and the evaluation games so far.
+random play is not a regression. It clears as soon as the mean is above the threshold again.
+Pure: the driver calls `observe` at each snapshot, or, for a job scored against a fixed opponent
+(self-play: the training return of a zero-sum game is the same whatever is learned or lost), at
+each evaluation round with the round's return and the evaluation games so far.
 """
 
 from __future__ import annotations
