@@ -4,7 +4,10 @@ policy for N episodes and report.
 Greedy by default (the distribution's mode; `--explore` samples as training does), on env seeds
 of its own, nothing written back to the run. `--video DIR` records episodes as mp4 (GIF where no
 encoder is installed). A job NAME's config and checkpoint are copied from its claim or its
-storageUri first (`commands.results`). Exit 0 with the summary; exit 2 when the directory has
+storageUri first (`commands.results`). A multi-agent run plays whole games as its
+spec.evaluation does: one policy scored against an opponent (the job's, or `--opponent`), or,
+for a job without one (cooperating agents), every agent by its own policy and the team's
+return (`--team`). Exit 0 with the summary; exit 2 when the directory has
 no job or checkpoint to load, 1 when the cluster's copy cannot be read.
 """
 
@@ -21,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 from impala_cli.commands import CommandError, add_cluster_arguments
 
 if TYPE_CHECKING:
+    from impala_api.spec import ImpalaJobSpec
+    from impala_trainer.policy.games import GamePolicy
     from impala_trainer.policy.loaded import LoadedPolicy
 
 
@@ -41,7 +46,7 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policy",
         help="a multi-agent run's policy (default: its self-play policy, else the first that "
-        "learns)",
+        "learns; evaluate scores its spec.evaluation.policy first)",
     )
 
 
@@ -102,9 +107,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     games = parser.add_argument_group("a multi-agent run (spec.env.pettingzoo): games")
     games.add_argument(
         "--opponent",
-        default="random",
-        help="what every other agent acts by: random (among the allowed actions, the default) "
-        "or a policy of the job",
+        help="what every other agent acts by while --policy is scored: random (among the "
+        "allowed actions) or a policy of the job; default: the job's spec.evaluation.opponent, "
+        "else random for a self-play job, else none (--team)",
+    )
+    games.add_argument(
+        "--team",
+        action="store_true",
+        help="every agent acts by its own policy and the return is the team's, as training "
+        "reports it (the default for a job with no opponent: cooperating agents)",
     )
     games.add_argument(
         "--opponent-checkpoint",
@@ -141,12 +152,11 @@ def run(args: argparse.Namespace) -> int:
         if _multi_agent(run_dir):
             with loading():
                 return _games(args, run_dir, checkpoint)
-        from impala_api.spec import RANDOM_OPPONENT
-
         games_only = [
             flag
             for flag, given in (
-                ("--opponent", args.opponent != RANDOM_OPPONENT),
+                ("--opponent", args.opponent is not None),
+                ("--team", args.team),
                 ("--opponent-checkpoint", args.opponent_checkpoint is not None),
                 ("--opening", args.opening > 0),
             )
@@ -177,34 +187,101 @@ def _multi_agent(run_dir: Path) -> bool:
 def _games(args: argparse.Namespace, run_dir: Path, checkpoint: str | None) -> int:
     from impala_api.manifest import load_manifest
     from impala_api.snapshot import CONFIG_FILE
-    from impala_trainer.policy.games import RANDOM, load_game_policies, play_games
+    from impala_trainer.policy.games import load_game_policies
 
     job = load_manifest(run_dir / CONFIG_FILE)
     policies = load_game_policies(run_dir, checkpoint)
-    name = args.policy or job.spec.agents.main_policy
+    if args.team and args.opponent is not None:
+        raise CommandError("--team and --opponent: a team has no opponent; give one of them")
+    against = None if args.team else (args.opponent or default_opponent(job.spec))
+    if against is None:
+        return _team_games(args, job.metadata.name, policies, job.spec)
+    return _scored_games(args, job.metadata.name, policies, job.spec, against, run_dir)
+
+
+def default_opponent(spec: ImpalaJobSpec) -> str | None:
+    """What a job's games are scored against unless told: its spec.evaluation.opponent, else a
+    random player for a self-play job (a game against itself says nothing), else nothing: every
+    agent by its own policy, as its training and spec.evaluation play it."""
+    from impala_api.spec import RANDOM_OPPONENT
+
+    if spec.evaluation is not None and spec.evaluation.opponent is not None:
+        return spec.evaluation.opponent
+    return RANDOM_OPPONENT if spec.agents.self_play is not None else None
+
+
+def _team_games(
+    args: argparse.Namespace, job: str, policies: dict[str, GamePolicy], spec: ImpalaJobSpec
+) -> int:
+    from impala_trainer.policy.games import play_team
+
+    if args.policy is not None:
+        raise CommandError(
+            f"--policy {args.policy}: a team's games play every policy; score one against an "
+            "opponent with --opponent random|POLICY"
+        )
+    if args.opponent_checkpoint is not None:
+        raise CommandError(
+            "--opponent-checkpoint: a team's games have no opponent; give --opponent POLICY"
+        )
+    results = play_team(spec, policies, args.episodes, args.seed, args.explore, args.opening)
+    source = next(iter(policies.values())).source
+    summary = {
+        "job": job,
+        "checkpoint": source,
+        "team": sorted(policies),
+        "explore": args.explore,
+        "opening": args.opening,
+        **results.summary(),
+    }
+    for scored in ("wins", "draws", "losses", "win_rate", "score"):
+        del summary[scored]  # nobody is scored against anybody
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    means = summary.get("policy_return_means", {})
+    each = ", ".join(f"{name} {mean:.2f}" for name, mean in means.items())
+    print(
+        f"{job} {source}: every agent by its own policy, "
+        f"{'sampled' if args.explore else 'greedy'}, {results.games} games:\n"
+        f"  team return mean {summary['episode_return_mean']:.2f}  (per agent: {each})"
+    )
+    return 0
+
+
+def _scored_games(
+    args: argparse.Namespace,
+    job: str,
+    policies: dict[str, GamePolicy],
+    spec: ImpalaJobSpec,
+    against: str,
+    run_dir: Path,
+) -> int:
+    from impala_trainer.policy.games import RANDOM, load_game_policies, play_games
+
+    name = args.policy or spec.evaluated_policy
     if name not in policies:
         raise CommandError(f"--policy {name}: the run's policies are {', '.join(policies)}")
     opponent = None
-    if args.opponent != RANDOM:
+    if against != RANDOM:
         pool = policies
         if args.opponent_checkpoint is not None:
             pool = load_game_policies(run_dir, args.opponent_checkpoint)
-        if args.opponent not in pool:
+        if against not in pool:
             raise CommandError(
-                f"--opponent {args.opponent}: random, or one of the run's policies "
+                f"--opponent {against}: random, or one of the run's policies "
                 f"({', '.join(pool)})"
             )
-        opponent = pool[args.opponent]
+        opponent = pool[against]
     policy = policies[name]
-    results = play_games(
-        job.spec, policy, opponent, args.episodes, args.seed, args.explore, args.opening
-    )
-    against = "random" if opponent is None else f"{opponent.name} ({opponent.source})"
+    results = play_games(spec, policy, opponent, args.episodes, args.seed, args.explore,
+                         args.opening)  # fmt: skip
+    shown = "random" if opponent is None else f"{opponent.name} ({opponent.source})"
     summary = {
-        "job": job.metadata.name,
+        "job": job,
         "checkpoint": policy.source,
         "policy": name,
-        "opponent": against,
+        "opponent": shown,
         "explore": args.explore,
         "opening": args.opening,
         **results.summary(),
@@ -213,7 +290,7 @@ def _games(args: argparse.Namespace, run_dir: Path, checkpoint: str | None) -> i
         print(json.dumps(summary))
         return 0
     print(
-        f"{summary['job']} {policy.source}: policy {name} against {against}, "
+        f"{job} {policy.source}: policy {name} against {shown}, "
         f"{'sampled' if args.explore else 'greedy'}, {results.games} games:\n"
         f"  won {results.wins}  drawn {results.draws}  lost {results.losses}  "
         f"(win rate {summary['win_rate']:.1%}, score {results.score:.3f})"

@@ -566,3 +566,47 @@ def test_one_policy_of_a_multi_agent_run_loads_as_a_policy(tmp_path: Path) -> No
     assert load_policy(tmp_path / "run").job.spec.model.hidden == [8]  # the first trained: a
     with pytest.raises(PolicyNotFoundError, match="no policy 'c'"):
         load_policy(tmp_path / "run", policy="c")
+
+
+def _evaluate_json(capsys: pytest.CaptureFixture[str], run: Path, *flags: str) -> Any:
+    from impala_cli.main import main
+
+    code = main(["evaluate", "--run-dir", str(run), "--episodes", "4", "--json", *flags])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return json.loads(out.out)
+
+
+def test_evaluate_plays_a_job_without_an_opponent_as_its_team(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two policies that each play their own agents and no opponent (no selfPlay, no
+    spec.evaluation.opponent): `impalajob evaluate` plays every agent by its own policy and
+    reports the team's return, as training and spec.evaluation do; it once scored the first
+    policy against a random player ("0 wins, 200 draws")."""
+    spec = spec_of(RELAY, multiAgent=TWO_POLICIES, stop={"timesteps": 200})
+    _run(tmp_path, spec)
+    team = _evaluate_json(capsys, tmp_path / "run")
+    # Relay's game, whatever is played: a_0 7 x 1, a_1 3 x 2 (policy a), b_0 7 x 3 (policy b).
+    assert team["team"] == ["a", "b"] and "opponent" not in team and "wins" not in team, team
+    assert team["games"] == 4 and team["episode_return_mean"] == 34.0
+    assert team["policy_return_means"] == {"a": 6.5, "b": 21.0}
+    assert _evaluate_json(capsys, tmp_path / "run", "--team") == team
+    # Scoring one policy against a random player is still there when asked for.
+    scored = _evaluate_json(capsys, tmp_path / "run", "--opponent", "random", "--policy", "b")
+    assert scored["opponent"] == "random" and scored["policy"] == "b" and scored["games"] == 4
+    from impala_cli.main import main
+
+    assert main(["evaluate", "--run-dir", str(tmp_path / "run"), "--team", "--opponent", "a"]) == 2
+    assert "a team has no opponent" in capsys.readouterr().err
+
+
+def test_evaluate_scores_a_self_play_job_against_a_random_player_by_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = spec_of(TURNS, multiAgent=SELF_PLAY, stop={"timesteps": 300}, kwargs={"moves": 4})
+    _run(tmp_path, spec)
+    scored = _evaluate_json(capsys, tmp_path / "run")
+    # 4 moves: the second mover wins, so a policy taking each seat in turn wins half.
+    assert (scored["opponent"], scored["policy"]) == ("random", "main"), scored
+    assert (scored["wins"], scored["losses"]) == (2, 2)

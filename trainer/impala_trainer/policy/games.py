@@ -143,6 +143,9 @@ class GameResults:
     draws: int = 0
     losses: int = 0
     returns: list[float] | None = None
+    """The scored policy's return per game, or the team's (every agent's rewards)."""
+    policy_returns: dict[str, list[float]] | None = None
+    """A team's games: each policy's returns, one per agent and game."""
 
     @property
     def score(self) -> float:
@@ -151,6 +154,10 @@ class GameResults:
 
     def summary(self) -> dict[str, Any]:
         returns = self.returns or []
+        team = {}
+        if self.policy_returns is not None:
+            means = {k: float(np.mean(v)) for k, v in self.policy_returns.items() if v}
+            team = {"policy_return_means": means}
         return {
             "games": self.games,
             "wins": self.wins,
@@ -159,6 +166,7 @@ class GameResults:
             "win_rate": self.wins / self.games if self.games else 0.0,
             "score": self.score,
             "episode_return_mean": float(np.mean(returns)) if returns else None,
+            **team,
         }
 
 
@@ -184,6 +192,29 @@ def play_games(
             results.losses += game.outcome < 0
             assert results.returns is not None
             results.returns.append(game.returns[game.seat])
+    return results
+
+
+def play_team(
+    spec: ImpalaJobSpec,
+    policies: dict[str, GamePolicy],
+    games: int,
+    seed: int = 0,
+    explore: bool = False,
+    opening: int = 0,
+) -> GameResults:
+    """`games` games of the job's env with every agent acting by its own policy (a job without
+    an opponent: cooperating agents, or policies that each play their own part): the team's
+    return per game (every agent's rewards) and each policy's per agent, as training and
+    spec.evaluation report them. No wins or losses: nobody is scored against anybody."""
+    results = GameResults(returns=[], policy_returns={})
+    assert results.returns is not None and results.policy_returns is not None
+    with _GameEnv(spec, seed) as env:
+        for game in _team(env, policies, games, None, explore, opening):
+            results.games += 1
+            results.returns.append(float(sum(game.returns.values())))
+            for agent, value in game.returns.items():
+                results.policy_returns.setdefault(env.policy_of(agent), []).append(value)
     return results
 
 
@@ -309,11 +340,12 @@ def _team(
     games: int | None,
     steps: int | None,
     explore: bool,
+    opening: int = 0,
 ) -> Iterator[_Game]:
-    """Games with every agent acting by its own policy."""
+    """Games with every agent acting by its own policy (the first `opening` turns at random)."""
     played = 0
     for _ in _indices(games):
-        returns, turns = _play(env, lambda agent: policies[env.policy_of(agent)], explore)
+        returns, turns = _play(env, lambda agent: policies[env.policy_of(agent)], explore, opening)
         played += turns
         if steps is not None and played > steps:
             return
