@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,7 +71,11 @@ games moving first (the example at 1M against its 200K self, sampled: 251-69-80,
 def test_tictactoe_self_play_beats_a_random_player_and_its_earlier_self(tmp_path: Path) -> None:
     run = tmp_path / "ttt"
     _train(run, "tictactoe", f"stop.timesteps={SNAPSHOT_AT}", "training.seed=7")
-    snapshot = max(p.name for p in (run / "checkpoints").glob("ckpt-*"))  # the one at SNAPSHOT_AT
+    # The checkpoint at SNAPSHOT_AT, copied aside: the resumed run writes one every
+    # checkpoint.intervalSeconds of wall time and keeps the newest few, so on a slow machine
+    # it would be rotated away before the games against it.
+    newest = max((run / "checkpoints").glob("ckpt-*"))
+    snapshot = shutil.copytree(newest, tmp_path / f"earlier-{newest.name}")
     status = _train(run, "tictactoe", "training.seed=7", resume=True)
     assert status["counters"]["num_env_steps_sampled"] >= TRAINED_STEPS
     main = status["policies"]["main"]
@@ -101,10 +106,10 @@ def test_tictactoe_self_play_beats_a_random_player_and_its_earlier_self(tmp_path
     # The newest weights against their own 50K self, both sampling their moves (greedy
     # against greedy is one game per seat), over 400 games: 379-5-16, 364-8-28, 369-5-26.
     against_itself = games(
-        "--opponent", "main", "--opponent-checkpoint", snapshot, "--explore",
+        "--opponent", "main", "--opponent-checkpoint", str(snapshot), "--explore",
         "--checkpoint", max(p.name for p in (run / "checkpoints").glob("ckpt-*")), episodes=400,
     )  # fmt: skip
-    assert against_itself["opponent"] == f"main ({snapshot})", against_itself
+    assert against_itself["opponent"] == f"main ({snapshot.name})", against_itself
     assert against_itself["wins"] > 2 * against_itself["losses"], against_itself
 
 

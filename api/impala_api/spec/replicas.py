@@ -42,7 +42,27 @@ class LearnerSpec(SpecModel):
     its weights are the ones broadcast to the rollouts and checkpointed. V-trace mode only.
     impalajob train runs every learner on its embedded Ray; on a cluster each learner is a pod
     with the learner's resources (rank 0 the Ray head and driver, ranks 1..N-1 join it), started
-    together and, when one is lost, restarted together from the newest checkpoint."""
+    together and, when one is lost, restarted together from the newest checkpoint.
+
+    What it does to learning: N learners take one optimiser step per N x trainBatchSize env
+    steps, so a run makes 1/N of one learner's updates per env step, each on a less noisy
+    gradient but with the same learning rate. A run tuned for one learner then learns less
+    per env step (more per second only where the learners, not the rollouts, were the limit).
+    lrScaling is the usual remedy."""
+
+    lr_scaling: Literal["none", "sqrt", "linear"] = "none"
+    """How the learning rate (lr, lrVf and every point of lrSchedule) follows replicas: none
+    keeps it; sqrt multiplies it by sqrt(replicas), as RLlib's tuned multi-learner examples do
+    for Adam (the gradient's noise falls by that factor); linear by replicas (Goyal et al.'s
+    rule for SGD with momentum, often too much for Adam). The learner's cur_lr is the scaled
+    rate. With replicas 1 every choice is the same."""
+
+    @property
+    def lr_factor(self) -> float:
+        """What lrScaling multiplies the learning rate by."""
+        return {"none": 1.0, "sqrt": self.replicas**0.5, "linear": float(self.replicas)}[
+            self.lr_scaling
+        ]
 
     termination_grace_period_seconds: int = Field(default=120, ge=1, le=86_400)
     """SIGTERM to SIGKILL for the learner pod: time to write the final checkpoint (a large

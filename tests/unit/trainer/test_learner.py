@@ -258,6 +258,28 @@ def test_the_lr_schedule_scales_the_value_optimisers_rate_too() -> None:
     assert rates == pytest.approx([1e-4, 1e-3])
 
 
+@pytest.mark.parametrize(
+    ("scaling", "factor"), [("none", 1.0), ("sqrt", 2.0), ("linear", 4.0)]
+)
+def test_lr_scaling_multiplies_every_rate_by_its_factor_of_the_learners(
+    scaling: str, factor: float
+) -> None:
+    """Four learners make a quarter of one learner's updates per env step: learner.lrScaling
+    sqrt doubles the rate (lr, lrVf, the schedule's points), linear quadruples it."""
+    spec = learner_spec(
+        learner={"replicas": 4, "lrScaling": scaling}, separateVfOptimizer=True, lr=1e-3,
+        lrVf=1e-2, lrSchedule=[[0, 1e-3], [1000, 1e-4]],
+    )  # fmt: skip
+    learner = Learner(spec, (4,), 2)
+    learner.global_timestep = 1000
+    stats = learner.learn_on_batch(make_batch())
+    rates = [opt.param_groups[0]["lr"] for opt in learner.optimizers]
+    assert rates == pytest.approx([1e-4 * factor, 1e-3 * factor])
+    assert stats["cur_lr"] == pytest.approx(1e-4 * factor)
+    one = learner_spec(learner={"lrScaling": scaling})
+    assert one.learner.lr_factor == 1.0  # one learner: every choice the same
+
+
 def _frames(batch: TrainBatch, seed: int) -> TrainBatch:
     """The batch with uint8 84x84 frame stacks for observations (the CNN's input)."""
     rng = np.random.default_rng(seed)

@@ -174,6 +174,8 @@ class Learner:
         )
         """bfloat16 when learner.precision runs the forward and backward under autocast."""
         training = spec.training
+        self.lr_factor = spec.learner.lr_factor
+        """learner.lrScaling's factor on every learning rate (1 with one learner)."""
         self.lr_schedule = make_schedule(training.lr_schedule, training.lr)
         self.entropy_schedule = make_schedule(
             training.entropy_coeff_schedule, training.entropy_coeff_or_default
@@ -245,7 +247,7 @@ class Learner:
         return clip_grad_norms(groups, self.spec.training.grad_clip)
 
     def _step(self) -> None:
-        lr = self.lr_schedule(self.global_timestep)
+        lr = self.lr_schedule(self.global_timestep) * self.lr_factor
         self.optimizers[0].param_groups[0]["lr"] = lr
         if len(self.optimizers) > 1:
             # The value optimiser follows the same schedule, scaled to its own lrVf: RLlib's
