@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
             probe.unlink()
         except OSError as err:
             raise CommandError(f"--video {args.video} cannot be written: {err.strerror}") from None
-    from impala_trainer.policy.evaluation import evaluate
+    from impala_trainer.policy.episodes import evaluate
 
     with results_from(args) as (run_dir, checkpoint):
         if _multi_agent(run_dir):

@@ -19,7 +19,7 @@ from impala_api.spec import EvaluationSpec, ImpalaJob
 from impala_trainer.driver.evaluation import EvaluationSchedule, Round, merge, shares
 from impala_trainer.driver.launch import Wiring, build_driver
 from impala_trainer.driver.local_backend import LocalBackend
-from impala_trainer.policy.evaluation import EvaluationResult
+from impala_trainer.policy.episodes import EvaluationResult
 from impala_trainer.policy.loaded import load_policy
 from impala_trainer.rundir.writer import RunDir
 from tests.support.jobs import make_job

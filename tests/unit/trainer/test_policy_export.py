@@ -15,7 +15,7 @@ import torch
 
 from impala_trainer.learning.distributions import SquashedGaussian
 from impala_trainer.policy.acting import PolicyActor
-from impala_trainer.policy.evaluation import _quotas, evaluate
+from impala_trainer.policy.episodes import _quotas, evaluate
 from impala_trainer.policy.export import export_policy
 from impala_trainer.policy.loaded import PolicyNotFoundError, load_policy
 from impala_trainer.rollouts.envs import make_vector_env

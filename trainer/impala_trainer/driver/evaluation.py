@@ -17,7 +17,7 @@ import numpy as np
 
 from impala_api.snapshot import EvaluationInfo
 from impala_api.spec import EvaluationSpec
-from impala_trainer.policy.evaluation import EvaluationResult
+from impala_trainer.policy.episodes import EvaluationResult
 
 MAX_FAILED_ROUNDS = 3
 """Rounds in a row whose actors fail before the run fails (a broken env or model)."""

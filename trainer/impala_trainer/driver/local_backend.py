@@ -20,7 +20,7 @@ from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import Gradients, Handover, NodeInfo
 from impala_trainer.driver.backend import ROLES, LearnerMethod, NodeView, Role
 from impala_trainer.learning.learner_worker import LearnerWorker
-from impala_trainer.policy.evaluation import RoundPlayer, make_evaluator
+from impala_trainer.policy.rounds import RoundPlayer, make_evaluator
 from impala_trainer.rollouts.aggregation import Aggregator
 from impala_trainer.rollouts.multi_agent_worker import MultiAgentRolloutWorker
 from impala_trainer.rollouts.worker import RolloutWorker, rollout_worker

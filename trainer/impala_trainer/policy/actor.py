@@ -1,7 +1,7 @@
-"""The evaluation actor: a thin Ray shell around the plain `evaluation.Evaluator` (a PettingZoo
-env's `games.GameEvaluator`; both tested without Ray, and with the driver through
-`driver.local_backend`), as `rollouts.actors` wraps the rollout worker. The driver places it on
-its own node (`ray_backend.start_evaluator`)."""
+"""The evaluation actor: a thin Ray shell around the round player `rounds.make_evaluator`
+picks (`episodes.EpisodeEvaluator`, or a PettingZoo env's `games.GameEvaluator`; both tested
+without Ray, and with the driver through `driver.local_backend`), as `rollouts.actors` wraps the
+rollout worker. The driver places it on its own node (`ray_backend.start_evaluator`)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from typing import Any
 import ray
 
 from impala_api.spec import ImpalaJobSpec
-from impala_trainer.policy.evaluation import EvaluationResult, make_evaluator
+from impala_trainer.policy.episodes import EvaluationResult
+from impala_trainer.policy.rounds import make_evaluator
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class EvaluationActor:
-    """An Evaluator in its own process."""
+    """A round player in its own process."""
 
     def __init__(self, spec: ImpalaJobSpec, actor_id: str, seed: int) -> None:
         self.evaluator = make_evaluator(spec, seed)

@@ -33,7 +33,7 @@ from impala_trainer.learning.distributions import (
 )
 from impala_trainer.learning.model_factory import build_model
 from impala_trainer.learning.models import ActorCritic
-from impala_trainer.policy.evaluation import EvaluationResult
+from impala_trainer.policy.episodes import EvaluationResult
 from impala_trainer.policy.loaded import PolicyNotFoundError, find_checkpoint
 from impala_trainer.rollouts.agent_envs import (
     AgentEnv,

@@ -1,4 +1,6 @@
-"""Evaluation: N whole episodes of a policy on envs of their own seeds, nothing fed back.
+"""Whole episodes of a single-agent env's policy on envs of their own seeds, nothing fed back:
+`impalajob evaluate`'s `evaluate`, and spec.evaluation's rounds of them (`EpisodeEvaluator`); the
+round's result (`EvaluationResult`), which a multi-agent env's games (`games`) fill too.
 
 Episodes are shared out before they start (env i plays its quota, then idles), so short episodes
 do not crowd out long ones: taking whichever N episodes finish first over parallel envs would
@@ -13,7 +15,7 @@ import statistics
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -159,10 +161,11 @@ def _video_fps(vec: Any, env: EnvSpec) -> float:
     return fps / env.frame_skip if env.is_atari else fps
 
 
-class Evaluator:
-    """One evaluation actor's work (`policy.actor.EvaluationActor` runs it in its own
-    process): the job's network, loaded with the weights of each request, played on envs seeded
-    the same way every round, so rounds differ only by the policy."""
+class EpisodeEvaluator:
+    """One evaluation actor's work for a single-agent env (`policy.actor.EvaluationActor` runs
+    it in its own process; `rounds.make_evaluator` picks it): the job's network, loaded with the
+    weights of each request, played on envs seeded the same way every round, so rounds differ
+    only by the policy."""
 
     def __init__(self, spec: ImpalaJobSpec, seed: int) -> None:
         torch.set_num_threads(1)
@@ -197,22 +200,3 @@ class Evaluator:
             data = (first.suffix, first.read_bytes()) if first else None
             result.videos = []
         return result, data
-
-
-class RoundPlayer(Protocol):
-    """What an evaluation actor runs each round: `Evaluator`, or a PettingZoo env's
-    `games.GameEvaluator`."""
-
-    def run(
-        self, weights: dict[str, np.ndarray], share: int, video: bool
-    ) -> tuple[EvaluationResult, tuple[str, bytes] | None]: ...
-
-
-def make_evaluator(spec: ImpalaJobSpec, seed: int) -> RoundPlayer:
-    """The evaluation actor's work for this job's kind of env."""
-    if spec.env.multi_agent:
-        # Imported here: games builds on this module (EvaluationResult).
-        from impala_trainer.policy.games import GameEvaluator
-
-        return GameEvaluator(spec, seed)
-    return Evaluator(spec, seed)
