@@ -60,9 +60,9 @@ class LearnerSpec(SpecModel):
     @property
     def lr_factor(self) -> float:
         """What lrScaling multiplies the learning rate by."""
-        return {"none": 1.0, "sqrt": self.replicas**0.5, "linear": float(self.replicas)}[
-            self.lr_scaling
-        ]
+        if self.lr_scaling == "sqrt":
+            return float(self.replicas) ** 0.5
+        return float(self.replicas) if self.lr_scaling == "linear" else 1.0
 
     termination_grace_period_seconds: int = Field(default=120, ge=1, le=86_400)
     """SIGTERM to SIGKILL for the learner pod: time to write the final checkpoint (a large
