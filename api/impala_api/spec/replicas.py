@@ -3,6 +3,7 @@ autoscaling."""
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -61,7 +62,7 @@ class LearnerSpec(SpecModel):
     def lr_factor(self) -> float:
         """What lrScaling multiplies the learning rate by."""
         if self.lr_scaling == "sqrt":
-            return float(self.replicas) ** 0.5
+            return math.sqrt(self.replicas)
         return float(self.replicas) if self.lr_scaling == "linear" else 1.0
 
     termination_grace_period_seconds: int = Field(default=120, ge=1, le=86_400)
