@@ -184,7 +184,6 @@ _MULTI_AGENT_SUPPORTED = (
     "!has(self.env.pettingzoo) || ("
     "(!has(self.training.mode) || self.training.mode == 'vtrace') && "
     "(!has(self.learner.replicas) || self.learner.replicas == 1) && "
-    "(!has(self.evaluation) || !has(self.evaluation.video) || !self.evaluation.video) && "
     + _no_prev_action_reward("self.model") + " && "
     "(!has(self.multiAgent) || self.multiAgent.policies.all(k, "
     "!has(self.multiAgent.policies[k].model) || "

@@ -71,11 +71,18 @@ class Turns(AECEnv):  # type: ignore[misc]
 
     metadata: ClassVar[dict[str, Any]] = {"name": "turns_v0"}
 
-    def __init__(self, moves: int = 5) -> None:
+    def __init__(self, moves: int = 5, render_mode: str | None = None) -> None:
         super().__init__()
         self.possible_agents = ["first", "second"]
         self.moves = moves
         self.episode = -1
+        self.render_mode = render_mode
+
+    def render(self) -> np.ndarray | None:
+        """An rgb_array frame whose brightness is the moves made so far (a film of the game)."""
+        if self.render_mode != "rgb_array":
+            return None
+        return np.full((16, 24, 3), 40 * self.made, np.uint8)
 
     def observation_space(self, agent: str) -> spaces.Box:
         return _obs_space()

@@ -428,16 +428,6 @@ INVALID: list[Invalid] = [
         MULTI_AGENT_NOT_YET,
     ),
     Invalid(
-        "multi-agent-evaluation-video",
-        "cel",
-        {
-            "env": {"pettingzoo": "pettingzoo.classic.tictactoe_v3"},
-            "evaluation": {"video": True},
-        },
-        "spec.env.pettingzoo",
-        MULTI_AGENT_NOT_YET,
-    ),
-    Invalid(
         "evaluation-opponent-without-pettingzoo",
         "cel",
         {"evaluation": {"opponent": "random"}},
@@ -596,6 +586,15 @@ VALID: dict[str, dict[str, Any]] = {
         "spec": {"stop": {"timesteps": 1000}},
     },
     "base": base_job("base"),
+    "multi-agent-evaluation-video": merge(
+        base_job("multi-agent-evaluation-video"),
+        {
+            "spec": {
+                "env": {"pettingzoo": "pettingzoo.classic.tictactoe_v3"},
+                "evaluation": {"video": True, "opponent": "random"},
+            }
+        },
+    ),
     "multi-agent": merge(
         base_job("multi-agent"),
         {

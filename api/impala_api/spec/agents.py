@@ -38,8 +38,8 @@ MULTI_AGENT_NEEDS_PETTINGZOO = (
 )
 MULTI_AGENT_NOT_YET = (
     "spec.env.pettingzoo trains with training.mode vtrace, one learner per policy "
-    "(learner.replicas 1), no lstmUsePrevActionReward and no evaluation video for now: drop "
-    "the setting this message's field names"
+    "(learner.replicas 1) and no lstmUsePrevActionReward for now: drop the setting this "
+    "message's field names"
 )
 POLICY_MAX_SEQ_LEN_DIVIDES = (
     "spec.multiAgent.policies: a policy's model.maxSeqLen must divide "

@@ -46,7 +46,8 @@ class EvaluationSpec(SpecModel):
 
     video: bool = False
     """Record each evaluation's first episode (mp4) into the run directory's videos/, shown on
-    the dashboard and in TensorBoard."""
+    the dashboard and in TensorBoard; a PettingZoo env's first game, from the env's
+    `render_mode="rgb_array"`."""
 
     opponent: str | None = Field(default=None, pattern=POLICY_NAME_PATTERN, max_length=32)
     """A PettingZoo env's games scored against a fixed opponent: `random` (a uniform choice

@@ -160,7 +160,6 @@ def multi_agent_not_yet(spec: ImpalaJobSpec) -> bool:
     return (
         spec.training.mode != "vtrace"
         or spec.learner.replicas > 1
-        or (spec.evaluation is not None and spec.evaluation.video)
         or any(m.lstm_use_prev_action_reward for m in models)
     )
 

@@ -610,3 +610,22 @@ def test_evaluate_scores_a_self_play_job_against_a_random_player_by_default(
     # 4 moves: the second mover wins, so a policy taking each seat in turn wins half.
     assert (scored["opponent"], scored["policy"]) == ("random", "main"), scored
     assert (scored["wins"], scored["losses"]) == (2, 2)
+
+
+def test_a_game_evaluation_records_its_first_game_as_a_video(tmp_path: Path) -> None:
+    """spec.evaluation.video for a PettingZoo env: the first game of a round, from the env's
+    render_mode="rgb_array" frames, into the run's videos/ and the status' evaluation."""
+    evaluation = {"intervalTimesteps": 100, "duration": 3, "opponent": "random", "video": True}
+    spec = spec_of(TURNS, multiAgent=SELF_PLAY, stop={"timesteps": 300}, kwargs={"moves": 4},
+                   evaluation=evaluation)  # fmt: skip
+    assert job_problem(spec) is None
+    evaluator = GameEvaluator(spec, seed=0)
+    model = evaluator.policies["main"].model
+    weights = {f"main/{k}": v.numpy() for k, v in model.state_dict().items()}
+    result, video = evaluator.run({**weights, "main/@version": np.asarray(1)}, 3, True)
+    assert video is not None and video[0] in (".mp4", ".gif") and len(video[1]) > 100
+    assert result.preview is not None and result.wins + result.draws + result.losses == 3
+    assert evaluator.run(weights, 3, False)[1] is None  # asked for none, none recorded
+    _run(tmp_path, spec)
+    ev = json.loads((tmp_path / "run" / "status.json").read_text())["evaluation"]
+    assert ev["video"] is not None and (tmp_path / "run" / ev["video"]).stat().st_size > 100

@@ -10,7 +10,6 @@ reports them. With a video directory, env 0's episodes are recorded from `render
 
 from __future__ import annotations
 
-import os
 import statistics
 import tempfile
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from impala_trainer.learning.distributions import ActionDistribution
 from impala_trainer.learning.model_factory import build_model
 from impala_trainer.learning.models import ActorCritic
 from impala_trainer.policy.acting import PolicyActor
-from impala_trainer.policy.video import preview_gif, write_video
+from impala_trainer.policy.video import headless_rendering, preview_gif, write_video
 from impala_trainer.rollouts.envs import env_spaces, make_vector_env
 
 MAX_VIDEO_FRAMES = 5_000
@@ -102,10 +101,7 @@ def evaluate(
     if episodes < 1:
         raise ValueError("episodes must be at least 1")
     if video_dir is not None:
-        # pygame (the classic-control renderer) opens a display and an audio device on init;
-        # a pod or CI machine has neither, and SDL's and ALSA's complaints would fill the output.
-        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
-        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        headless_rendering()
     n = max(1, min(num_envs, episodes, max_steps or episodes))
     quotas = _quotas(episodes, n)
     vec = make_vector_env(env, n, seed, render=video_dir is not None)

@@ -33,8 +33,9 @@ from impala_trainer.learning.distributions import (
 )
 from impala_trainer.learning.model_factory import build_model
 from impala_trainer.learning.models import ActorCritic
-from impala_trainer.policy.episodes import EvaluationResult
+from impala_trainer.policy.episodes import MAX_VIDEO_FRAMES, EvaluationResult
 from impala_trainer.policy.loaded import PolicyNotFoundError, find_checkpoint
+from impala_trainer.policy.video import encode_video, headless_rendering, preview_gif
 from impala_trainer.rollouts.agent_envs import (
     AgentEnv,
     ObservationAdapter,
@@ -234,9 +235,10 @@ class GameEvaluator:
 
     def run(
         self, weights: dict[str, np.ndarray], share: int, video: bool
-    ) -> tuple[EvaluationResult, None]:
+    ) -> tuple[EvaluationResult, tuple[str, bytes] | None]:
         """Play `share` games (or env steps, durationUnit) with `weights`: the `<policy>/<name>`
-        arrays the learners broadcast."""
+        arrays the learners broadcast; with `video`, the first game recorded from the env's
+        frames (its file's suffix and bytes)."""
         split = policy_weights(weights)
         for name, policy in self.policies.items():
             own, policy.policy_version = split.get(name, ({}, 0))
@@ -247,7 +249,7 @@ class GameEvaluator:
         steps = share if by_steps else None
         explore = self.evaluation.explore
         result = EvaluationResult()
-        with _GameEnv(self.spec, self.seed) as env:
+        with _GameEnv(self.spec, self.seed, render=video) as env:
             if self.evaluation.opponent is None:
                 played = _team(env, self.policies, games, steps, explore)
             else:
@@ -268,7 +270,11 @@ class GameEvaluator:
                 for agent, value in game.returns.items():
                     if result.scored is None or agent == game.seat:
                         result.policy_returns.setdefault(env.policy_of(agent), []).append(value)
-        return result, None
+            frames, fps = env.frames, env.fps
+        if not frames:
+            return result, None
+        result.preview = preview_gif(frames, fps=fps)
+        return result, encode_video(frames, fps)
 
 
 @dataclass
@@ -283,13 +289,29 @@ class _Game:
 
 
 class _GameEnv:
-    """The job's env for whole games, its agents' policies and a random generator."""
+    """The job's env for whole games, its agents' policies and a random generator; with
+    `render`, the first game's frames (`frames`, at the env's `render_fps`)."""
 
-    def __init__(self, spec: ImpalaJobSpec, seed: int) -> None:
-        self.env = AgentEnv(make_pettingzoo(spec.env), seed)
+    def __init__(self, spec: ImpalaJobSpec, seed: int, render: bool = False) -> None:
+        if render:
+            headless_rendering()
+        made = make_pettingzoo(spec.env, render)
+        self.env = AgentEnv(made, seed)
         self.policy_of = policy_mapping(spec.agents)
         self.name = spec.env.name
         self.rng = np.random.default_rng(seed)
+        self.recording = render
+        """Frames are taken while this holds: the first game, up to MAX_VIDEO_FRAMES."""
+        self.frames: list[np.ndarray] = []
+        self.fps = float((getattr(made, "metadata", None) or {}).get("render_fps") or 30)
+        self._render = made.render
+
+    def record(self) -> None:
+        """The env's frame now, while the first game is recorded."""
+        if self.recording and len(self.frames) < MAX_VIDEO_FRAMES:
+            frame = self._render()
+            if frame is not None:
+                self.frames.append(np.asarray(frame))
 
     def __enter__(self) -> _GameEnv:
         return self
@@ -361,6 +383,7 @@ def _play(
     states: dict[str, np.ndarray | None] = {}
     """Each agent's recurrent state in this game (its seat's policy does not change in one)."""
     turn = env.env.reset()
+    env.record()
     turns = 0
     while True:
         actions = {}
@@ -373,8 +396,10 @@ def _play(
                 states[agent] = actor.initial_state()
             actions[agent], states[agent] = actor.act(obs, env.rng, explore, states[agent])
         turn = env.env.step(actions)
+        env.record()
         turns += 1
         for out in turn.outcomes:
             returns[out.agent] += out.reward
         if turn.episode_over:
+            env.recording = False  # one game's video
             return returns, turns

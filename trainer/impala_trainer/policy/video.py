@@ -15,6 +15,16 @@ from typing import Any
 import numpy as np
 
 
+def headless_rendering() -> None:
+    """Before an env is made to render: pygame (the classic-control and PettingZoo classic
+    renderers) opens a display and an audio device on init; a pod or CI machine has neither,
+    and SDL's and ALSA's complaints would fill the output."""
+    import os
+
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+
+
 def _even(frame: np.ndarray) -> np.ndarray:
     """Pad to even height and width (yuv420p halves both)."""
     h, w = frame.shape[:2]
@@ -44,7 +54,7 @@ def write_video(frames: Sequence[np.ndarray], path: Path, fps: float = 30.0) -> 
     out = path.with_suffix(".mp4")
     h, w = rgb[0].shape[:2]
     writer = imageio_ffmpeg.write_frames(
-        str(out), (w, h), fps=fps, codec="libx264", macro_block_size=1,
+        str(out), (w, h), fps=fps, codec="libx264", macro_block_size=1, ffmpeg_log_level="error",
         output_params=["-movflags", "+faststart"],  # playable while it streams
     )  # fmt: skip
     writer.send(None)  # the generator starts ffmpeg on its first send
@@ -52,6 +62,16 @@ def write_video(frames: Sequence[np.ndarray], path: Path, fps: float = 30.0) -> 
         writer.send(frame)
     writer.close()
     return out
+
+
+def encode_video(frames: Sequence[np.ndarray], fps: float) -> tuple[str, bytes]:
+    """The frames as a video file's (suffix, bytes): what an evaluation actor sends the driver
+    (its process has no say in where the run directory is)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="impala-video-") as tmp:
+        written = write_video(frames, Path(tmp) / "episode", fps)
+        return written.suffix, written.read_bytes()
 
 
 def _write_gif(frames: list[np.ndarray], path: Path, fps: float) -> Path:

@@ -45,8 +45,9 @@ class MappingError(ValueError):
         self.field = field
 
 
-def make_pettingzoo(env: EnvSpec) -> Any:
-    """A new env of spec.env.pettingzoo, called with spec.env.kwargs, inside spec.env.wrappers.
+def make_pettingzoo(env: EnvSpec, render: bool = False) -> Any:
+    """A new env of spec.env.pettingzoo, called with spec.env.kwargs, inside spec.env.wrappers;
+    with `render`, made with `render_mode="rgb_array"` (its `render()` then returns the frame).
 
     A module names PettingZoo's own layout: `parallel_env()` where the module has it, else
     `env()` (an AEC env); `module:constructor` names the callable."""
@@ -66,7 +67,7 @@ def make_pettingzoo(env: EnvSpec) -> Any:
             )
     if not callable(make):
         raise UserCodeError("pettingzoo", f"{env.pettingzoo} is not callable")
-    made = make(**env.kwargs)
+    made = make(**{**env.kwargs, **({"render_mode": "rgb_array"} if render else {})})
     for wrap in wrapper_factories(env):
         made = wrap(made)
     if not isinstance(made, ParallelEnv | AECEnv):
