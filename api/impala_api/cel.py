@@ -168,10 +168,6 @@ def _pod_overrides(group: str) -> dict[tuple[str, ...], list[Rule]]:
     }
 
 
-def _no_prev_action_reward(model: str) -> str:
-    return f"(!has({model}.lstmUsePrevActionReward) || !{model}.lstmUsePrevActionReward)"
-
-
 def _is_policy(name: str) -> str:
     """CEL: `name` is a key of spec.multiAgent.policies (its one default policy without it)."""
     return (
@@ -183,12 +179,7 @@ def _is_policy(name: str) -> str:
 _MULTI_AGENT_SUPPORTED = (
     "!has(self.env.pettingzoo) || ("
     "(!has(self.training.mode) || self.training.mode == 'vtrace') && "
-    "(!has(self.learner.replicas) || self.learner.replicas == 1) && "
-    + _no_prev_action_reward("self.model") + " && "
-    "(!has(self.multiAgent) || self.multiAgent.policies.all(k, "
-    "!has(self.multiAgent.policies[k].model) || "
-    + _no_prev_action_reward("self.multiAgent.policies[k].model")
-    + ")))"
+    "(!has(self.learner.replicas) || self.learner.replicas == 1))"
 )
 """MULTI_AGENT_NOT_YET (`job.multi_agent_not_yet`) as CEL."""
 

@@ -379,20 +379,6 @@ INVALID: list[Invalid] = [
         "spec.multiAgent.policies",
     ),
     Invalid(
-        "multi-agent-with-prev-action-reward",
-        "cel",
-        {
-            "env": {"pettingzoo": "mpe2.simple_spread_v3"},
-            "multiAgent": {
-                "policies": {
-                    "default": {"model": {"useLstm": True, "lstmUsePrevActionReward": True}}
-                }
-            },
-        },
-        "spec.env.pettingzoo",
-        MULTI_AGENT_NOT_YET,
-    ),
-    Invalid(
         "policy-max-seq-len-not-dividing",
         "cel",
         {
@@ -592,6 +578,19 @@ VALID: dict[str, dict[str, Any]] = {
             "spec": {
                 "env": {"pettingzoo": "pettingzoo.classic.tictactoe_v3"},
                 "evaluation": {"video": True, "opponent": "random"},
+            }
+        },
+    ),
+    "multi-agent-prev-action-reward": merge(
+        base_job("multi-agent-prev-action-reward"),
+        {
+            "spec": {
+                "env": {"pettingzoo": "mpe2.simple_spread_v3"},
+                "multiAgent": {
+                    "policies": {
+                        "default": {"model": {"useLstm": True, "lstmUsePrevActionReward": True}}
+                    }
+                },
             }
         },
     ),

@@ -156,12 +156,7 @@ class ImpalaJobSpec(SpecModel):
 
 def multi_agent_not_yet(spec: ImpalaJobSpec) -> bool:
     """What a PettingZoo env does not train with yet (MULTI_AGENT_NOT_YET)."""
-    models = [spec.model, *(p.model for p in spec.agents.policies.values() if p.model)]
-    return (
-        spec.training.mode != "vtrace"
-        or spec.learner.replicas > 1
-        or any(m.lstm_use_prev_action_reward for m in models)
-    )
+    return spec.training.mode != "vtrace" or spec.learner.replicas > 1
 
 
 class ObjectMeta(BaseModel):

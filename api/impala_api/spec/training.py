@@ -219,7 +219,8 @@ class ModelSpec(SpecModel):
 
     lstm_use_prev_action_reward: bool = False
     """Also feed the LSTM core the previous action (one-hot, or the Box sample) and reward,
-    zeros at an episode's start (RLlib's lstm_use_prev_action_reward)."""
+    zeros at an episode's start (RLlib's lstm_use_prev_action_reward); in a PettingZoo env each
+    agent's own last action and reward."""
 
     max_seq_len: int | None = Field(default=None, ge=1, le=10_000)
     """Steps the learner unrolls a recurrent model through before it restarts from a state the

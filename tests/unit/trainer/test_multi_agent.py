@@ -314,6 +314,54 @@ def test_a_recurrent_policys_columns_start_from_the_state_their_agent_acted_from
         columns_are_trajectories(a.obs[:, :4], {0, 1})
 
 
+PREV_ACTION_REWARD = {
+    **TWO_POLICIES,
+    "policies": {
+        "a": {"model": {"useLstm": True, "lstmCellSize": 8, "maxSeqLen": 2,
+                        "lstmUsePrevActionReward": True}},
+        "b": {},
+    },
+}  # fmt: skip
+
+
+def test_a_policy_that_takes_its_previous_action_and_reward_is_unrolled_as_it_acted() -> None:
+    """lstmUsePrevActionReward for a PettingZoo env: each agent's state takes its own last
+    action and reward once the reward is in, so the learner's unroll of a sequence from its
+    state, with the column's actions and rewards, gives back exactly the logits it acted by."""
+    spec = spec_of(RELAY, multiAgent=PREV_ACTION_REWARD)
+    assert job_problem(spec) is None
+    worker = MultiAgentRolloutWorker(spec, "w", seed=4)
+    model = worker.policies["a"].model
+    assert model.uses_prev_action_reward
+    carried = []
+    for _ in range(3):
+        a = worker.sample().fragments["a"]
+        done = torch.from_numpy(a.terminateds | a.truncateds)
+        resets = torch.cat([done.new_zeros(1, done.shape[1]), done[:-1]])
+        with torch.no_grad():
+            outputs, _, _ = model.forward_sequence(
+                torch.from_numpy(a.obs), torch.from_numpy(a.state_in), resets,
+                torch.from_numpy(a.actions), torch.from_numpy(a.rewards),
+            )  # fmt: skip
+        assert np.allclose(outputs.numpy(), a.behaviour_logits, atol=1e-5)
+        carried.extend(a.state_in[:, -1].tolist())
+    # The last reward rides in the state: a_0's is 1 at each step, a_1's 2 (Relay); 0 at an
+    # episode's start.
+    assert set(carried) == {0.0, 1.0, 2.0}
+    # Evaluation's games carry them the same way (whole games, as the team).
+    evaluator_spec = spec.model_copy(
+        update={"evaluation": ImpalaJobSpec.model_validate(
+            {"evaluation": {"duration": 2}, "stop": {"timesteps": 1}}).evaluation}
+    )  # fmt: skip
+    evaluator = GameEvaluator(evaluator_spec, seed=0)
+    result, _ = evaluator.run(worker.get_weights(), 2, False)
+    assert result.returns == [34.0, 34.0]
+    policy = evaluator.policies["a"]
+    state = policy.initial_state()
+    _, chosen, after = policy.act(np.zeros(3, np.float32), np.random.default_rng(0), False, state)
+    assert policy.carry(after, chosen, 2.0)[0, -1] == 2.0
+
+
 def test_a_recurrent_policy_trains_resumes_and_plays_games(tmp_path: Path) -> None:
     spec = spec_of(RELAY, multiAgent=RECURRENT, stop={"timesteps": 400})
     driver = _run(tmp_path, spec)

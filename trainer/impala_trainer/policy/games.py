@@ -25,7 +25,7 @@ import torch
 from impala_api.manifest import load_manifest
 from impala_api.snapshot import CONFIG_FILE
 from impala_api.spec import RANDOM_OPPONENT, ImpalaJobSpec
-from impala_trainer.learning.acting import acting_policy, recurrent_policy
+from impala_trainer.learning.acting import acting_policy, carried_state, recurrent_policy
 from impala_trainer.learning.distributions import (
     MASKED_LOGIT,
     ActionDistribution,
@@ -66,6 +66,7 @@ class GamePolicy:
         self.recurrent = self.model.state_size > 0
         self._logits = None if self.recurrent else acting_policy(self.model)
         self._step = recurrent_policy(self.model) if self.recurrent else None
+        self._carry = carried_state(self.model)
 
     @property
     def source(self) -> str:
@@ -76,11 +77,20 @@ class GamePolicy:
         """A recurrent policy's state at an episode's start (None for a feed-forward one)."""
         return self.model.initial_state(1).numpy() if self.recurrent else None
 
+    def carry(self, state: np.ndarray | None, chosen: np.ndarray, reward: float) -> Any:
+        """The state after the step that took `chosen` (as `act` returned it) was rewarded
+        `reward` (as the learner saw it): with it written in, for a model that takes its previous
+        action and reward; else unchanged."""
+        if self._carry is None or state is None:
+            return state
+        return self._carry(state, chosen[None], np.array([reward], np.float32))
+
     @torch.inference_mode()
     def act(
         self, obs: Any, rng: np.random.Generator, explore: bool, state: np.ndarray | None = None
-    ) -> tuple[Any, np.ndarray | None]:
-        """The action for `obs` (and a recurrent policy's next state, from `state`)."""
+    ) -> tuple[Any, np.ndarray, np.ndarray | None]:
+        """The env's action for `obs`, the action as the learner stores it (for `carry`), and
+        a recurrent policy's next state, from `state`."""
         model_input = self.adapter.model_input(obs)[None]
         if self._step is not None:
             assert state is not None
@@ -95,9 +105,9 @@ class GamePolicy:
             out = self.actions.empty_actions(1, 1)[0]
             self.actions.sample(logits, self.actions.noise(rng, 1, 1)[0], out)
         else:
-            out = self.actions.greedy(logits)
+            out = np.asarray(self.actions.greedy(logits), self.actions.action_dtype)
         action = self.actions.to_env(out)[0]
-        return (action.item() if np.ndim(action) == 0 else action), state
+        return (action.item() if np.ndim(action) == 0 else action), out[0], state
 
 
 def game_policies(spec: ImpalaJobSpec) -> dict[str, GamePolicy]:
@@ -299,6 +309,7 @@ class _GameEnv:
         self.env = AgentEnv(made, seed)
         self.policy_of = policy_mapping(spec.agents)
         self.name = spec.env.name
+        self.clip_rewards = spec.env.clips_rewards
         self.rng = np.random.default_rng(seed)
         self.recording = render
         """Frames are taken while this holds: the first game, up to MAX_VIDEO_FRAMES."""
@@ -382,6 +393,8 @@ def _play(
     returns = dict.fromkeys(env.env.possible_agents, 0.0)
     states: dict[str, np.ndarray | None] = {}
     """Each agent's recurrent state in this game (its seat's policy does not change in one)."""
+    acted: dict[str, tuple[GamePolicy, np.ndarray]] = {}
+    """Each agent's last step by a policy, until its reward comes in (`GamePolicy.carry`)."""
     turn = env.env.reset()
     env.record()
     turns = 0
@@ -394,12 +407,17 @@ def _play(
                 continue
             if agent not in states:
                 states[agent] = actor.initial_state()
-            actions[agent], states[agent] = actor.act(obs, env.rng, explore, states[agent])
+            actions[agent], chosen, states[agent] = actor.act(obs, env.rng, explore, states[agent])
+            acted[agent] = (actor, chosen)
         turn = env.env.step(actions)
         env.record()
         turns += 1
         for out in turn.outcomes:
             returns[out.agent] += out.reward
+            if out.agent in acted:
+                actor, chosen = acted.pop(out.agent)
+                seen = float(np.sign(out.reward)) if env.clip_rewards else out.reward
+                states[out.agent] = actor.carry(states[out.agent], chosen, seen)
         if turn.episode_over:
             env.recording = False  # one game's video
             return returns, turns

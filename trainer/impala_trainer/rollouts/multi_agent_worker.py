@@ -7,7 +7,9 @@ are grouped by policy and each policy runs one batched forward for all of them (
 per-policy batched inference). The steps of a trained policy's agents go into lanes
 (`rollouts.lanes`) until each trained policy has a whole fragment; the steps of a policy that
 does not learn are not kept. A recurrent policy's state is each agent's own (per env and agent,
-zeroed when the env's episode ends), and each step keeps the state it acted from.
+zeroed when the env's episode ends), and each step keeps the state it acted from; a model that
+takes its previous action and reward has the agent's own written into its state once that
+step's reward is in (lstmUsePrevActionReward), as the learner's unroll writes them.
 
 The weights arrive as one flat mapping of every policy's arrays, keyed `<policy>/<name>`, with
 each policy's version under `<policy>/@version` (`WEIGHTS_VERSION`): a fragment carries its own
@@ -27,7 +29,12 @@ import torch
 
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import MultiAgentFragment
-from impala_trainer.learning.acting import WeightLoader, acting_policy, recurrent_policy
+from impala_trainer.learning.acting import (
+    WeightLoader,
+    acting_policy,
+    carried_state,
+    recurrent_policy,
+)
 from impala_trainer.learning.distributions import (
     MASKED_LOGIT,
     ActionDistribution,
@@ -82,6 +89,9 @@ class ActingPolicy:
     load: WeightLoader
     trained: bool
     version: int = 0
+    carry: Any = None
+    """(state, action, reward) -> state, numpy, for a model that takes its previous action and
+    reward (lstmUsePrevActionReward); None for any other."""
 
     @property
     def recurrent(self) -> bool:
@@ -139,6 +149,9 @@ class MultiAgentRolloutWorker:
         self._lengths = [0] * self.num_envs
         self._states: dict[tuple[int, str], np.ndarray] = {}
         """A recurrent policy's state per (env, agent) in this episode; absent: zeros."""
+        self._to_carry: dict[tuple[int, str], tuple[ActingPolicy, np.ndarray]] = {}
+        """An agent's step whose action and reward its state takes once the reward is in
+        (lstmUsePrevActionReward): (env, agent) -> (the policy it acted by, the action)."""
         self.policy_version = 0
         self.env_steps = 0
         self._busy_seconds = 0.0
@@ -153,7 +166,8 @@ class MultiAgentRolloutWorker:
             logits: Any = recurrent_policy(model)
         else:
             logits = acting_policy(model, acting_dtype(spec.learner.precision))
-        return ActingPolicy(name, model, dist, adapter, logits, WeightLoader(model), trained)
+        return ActingPolicy(name, model, dist, adapter, logits, WeightLoader(model), trained,
+                            carry=carried_state(model))  # fmt: skip
 
     def set_weights(self, weights: Mapping[str, Any] | bytes, policy_version: int) -> None:
         """Load every policy's weights (`WEIGHTS_VERSION` says the layout)."""
@@ -294,6 +308,8 @@ class MultiAgentRolloutWorker:
             to_env = dist.to_env(chosen)
             for i, (e, agent, _) in enumerate(picked):
                 actions[e][agent] = to_env[i].item() if to_env[i].ndim == 0 else to_env[i]
+                if policy.carry is not None:
+                    self._to_carry[e, agent] = (policy, chosen[i].copy())
                 lane = self._lane_of.get((e, agent)) if policy.trained else None
                 if lane is not None:
                     mask = None if masks is None else masks[i]
@@ -304,9 +320,11 @@ class MultiAgentRolloutWorker:
             self._lengths[e] += 1
             for out in turn.outcomes:
                 self._returns[e][out.agent] += out.reward
+                # The learner sees clipped rewards; the episode return reports the env's own.
+                reward = float(np.sign(out.reward)) if self.clip_rewards else out.reward
+                self._carry(e, out.agent, reward)
                 lane = self._lane_of.get((e, out.agent))
                 if lane is not None:
-                    reward = float(np.sign(out.reward)) if self.clip_rewards else out.reward
                     final = out.final_obs
                     if final is not None:
                         adapter = self.policies[self.policy_of[out.agent]].adapter
@@ -343,7 +361,19 @@ class MultiAgentRolloutWorker:
         self._lengths[e] = 0
         for agent in agent_returns:  # a new episode: every recurrent state starts at zero
             self._states.pop((e, agent), None)
+            self._to_carry.pop((e, agent), None)
         self._seat(e)
+
+    def _carry(self, e: int, agent: str, reward: float) -> None:
+        """A completed step's action and reward into the agent's state, as the learner's
+        unroll writes them after that step (zeroed with the state when the episode ends)."""
+        acted = self._to_carry.pop((e, agent), None)
+        state = self._states.get((e, agent))
+        if acted is None or state is None:
+            return
+        policy, action = acted
+        rewards = np.array([reward], np.float32)
+        self._states[e, agent] = policy.carry(state[None], action[None], rewards)[0]
 
     def _state(self, e: int, agent: str, policy: ActingPolicy) -> np.ndarray:
         state = self._states.get((e, agent))
