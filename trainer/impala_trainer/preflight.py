@@ -119,7 +119,21 @@ def _agents_problem(spec: ImpalaJobSpec) -> tuple[str, str] | None:
             f"no agent of {spec.env.pettingzoo} acts by policy {spec.stop.policy}, so it has "
             f"no return to stop on: name one some agent acts by ({', '.join(sorted(policies))})"
         )
-    return _games_problem(spec, policies)
+    return _games_problem(spec, policies) or _video_problem(spec)
+
+
+def _video_problem(spec: ImpalaJobSpec) -> tuple[str, str] | None:
+    """spec.evaluation.video of a PettingZoo env: it must be made with render_mode."""
+    if spec.evaluation is None or not spec.evaluation.video:
+        return None
+    from impala_trainer.rollouts.agent_envs import make_pettingzoo
+    from impala_trainer.user_code import UserCodeError
+
+    try:
+        make_pettingzoo(spec.env, render=True).close()
+    except UserCodeError as err:
+        return err.field, str(err)
+    return None
 
 
 def _games_problem(spec: ImpalaJobSpec, policies: dict[str, Any]) -> tuple[str, str] | None:

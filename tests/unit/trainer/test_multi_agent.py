@@ -677,3 +677,7 @@ def test_a_game_evaluation_records_its_first_game_as_a_video(tmp_path: Path) -> 
     _run(tmp_path, spec)
     ev = json.loads((tmp_path / "run" / "status.json").read_text())["evaluation"]
     assert ev["video"] is not None and (tmp_path / "run" / ev["video"]).stat().st_size > 100
+    # An env that cannot render is refused before the job starts, naming the field.
+    relay = spec_of(RELAY, multiAgent=TWO_POLICIES, evaluation={"duration": 1, "video": True})
+    problem = job_problem(relay)
+    assert problem is not None and problem[0] == "evaluation.video" and "render_mode" in problem[1]

@@ -67,7 +67,16 @@ def make_pettingzoo(env: EnvSpec, render: bool = False) -> Any:
             )
     if not callable(make):
         raise UserCodeError("pettingzoo", f"{env.pettingzoo} is not callable")
-    made = make(**{**env.kwargs, **({"render_mode": "rgb_array"} if render else {})})
+    try:
+        made = make(**{**env.kwargs, **({"render_mode": "rgb_array"} if render else {})})
+    except TypeError as err:
+        if not render or "render_mode" not in str(err):
+            raise
+        raise UserCodeError(
+            "evaluation.video",
+            f"{env.pettingzoo} takes no render_mode: a video needs an env made with "
+            "render_mode='rgb_array' whose render() returns its frame; drop evaluation.video",
+        ) from None
     for wrap in wrapper_factories(env):
         made = wrap(made)
     if not isinstance(made, ParallelEnv | AECEnv):
