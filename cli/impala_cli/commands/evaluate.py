@@ -234,13 +234,10 @@ def _team_games(
         "opening": args.opening,
         **results.summary(),
     }
-    for scored in ("wins", "draws", "losses", "win_rate", "score"):
-        del summary[scored]  # nobody is scored against anybody
     if args.json:
         print(json.dumps(summary))
         return 0
-    means = summary.get("policy_return_means", {})
-    each = ", ".join(f"{name} {mean:.2f}" for name, mean in means.items())
+    each = ", ".join(f"{k} {v:.2f}" for k, v in summary["policy_return_means"].items())
     print(
         f"{job} {source}: every agent by its own policy, "
         f"{'sampled' if args.explore else 'greedy'}, {results.games} games:\n"

@@ -164,11 +164,13 @@ class GameResults:
         return (self.wins + 0.5 * self.draws) / self.games if self.games else 0.0
 
     def summary(self) -> dict[str, Any]:
+        """Games and the mean return; a team's each policy's mean, scored games their wins,
+        draws and losses (nobody in a team is scored against anybody)."""
         returns = self.returns or []
-        team = {}
+        mean = float(np.mean(returns)) if returns else None
         if self.policy_returns is not None:
             means = {k: float(np.mean(v)) for k, v in self.policy_returns.items() if v}
-            team = {"policy_return_means": means}
+            return {"games": self.games, "episode_return_mean": mean, "policy_return_means": means}
         return {
             "games": self.games,
             "wins": self.wins,
@@ -176,8 +178,7 @@ class GameResults:
             "losses": self.losses,
             "win_rate": self.wins / self.games if self.games else 0.0,
             "score": self.score,
-            "episode_return_mean": float(np.mean(returns)) if returns else None,
-            **team,
+            "episode_return_mean": mean,
         }
 
 
