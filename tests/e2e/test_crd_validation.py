@@ -133,8 +133,8 @@ def test_scale_subresource_and_printer_columns(crd: Kube, namespace: str) -> Non
             "selector": "app.kubernetes.io/instance=scaled,app.kubernetes.io/component=rollout",
         },
         "progress": {
-            "timesteps": 12345, "episodeReturnMean": 87.5, "percentComplete": 41,
-            "remainingSeconds": 200, "eta": "3m20s",
+            "timesteps": 12345, "episodeReturnMean": 87.5, "returnMean": 87.5,
+            "percentComplete": 41, "remainingSeconds": 200, "eta": "3m20s",
         },
     }
     crd.kubectl(
