@@ -177,9 +177,7 @@ def _is_policy(name: str) -> str:
 
 
 _MULTI_AGENT_SUPPORTED = (
-    "!has(self.env.pettingzoo) || ("
-    "(!has(self.training.mode) || self.training.mode == 'vtrace') && "
-    "(!has(self.learner.replicas) || self.learner.replicas == 1))"
+    "!has(self.env.pettingzoo) || !has(self.training.mode) || self.training.mode == 'vtrace'"
 )
 """MULTI_AGENT_NOT_YET (`job.multi_agent_not_yet`) as CEL."""
 

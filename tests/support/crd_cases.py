@@ -407,9 +407,9 @@ INVALID: list[Invalid] = [
         SELF_PLAY_POLICY,
     ),
     Invalid(
-        "multi-agent-with-replicas",
+        "multi-agent-with-async-gradients",
         "cel",
-        {"env": {"pettingzoo": "mpe2.simple_spread_v3"}, "learner": {"replicas": 2}},
+        {"env": {"pettingzoo": "mpe2.simple_spread_v3"}, "training": {"mode": "async-gradients"}},
         "spec.env.pettingzoo",
         MULTI_AGENT_NOT_YET,
     ),

@@ -37,8 +37,8 @@ MULTI_AGENT_NEEDS_PETTINGZOO = (
     "spec.multiAgent maps the agents of a PettingZoo env: it needs spec.env.pettingzoo"
 )
 MULTI_AGENT_NOT_YET = (
-    "spec.env.pettingzoo trains with training.mode vtrace and one learner per policy "
-    "(learner.replicas 1) for now: drop the setting this message's field names"
+    "spec.env.pettingzoo trains with training.mode vtrace for now: drop "
+    "spec.training.mode async-gradients"
 )
 POLICY_MAX_SEQ_LEN_DIVIDES = (
     "spec.multiAgent.policies: a policy's model.maxSeqLen must divide "

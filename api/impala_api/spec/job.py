@@ -156,7 +156,7 @@ class ImpalaJobSpec(SpecModel):
 
 def multi_agent_not_yet(spec: ImpalaJobSpec) -> bool:
     """What a PettingZoo env does not train with yet (MULTI_AGENT_NOT_YET)."""
-    return spec.training.mode != "vtrace" or spec.learner.replicas > 1
+    return spec.training.mode != "vtrace"
 
 
 class ObjectMeta(BaseModel):

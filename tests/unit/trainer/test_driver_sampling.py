@@ -401,13 +401,13 @@ def test_the_actors_start_before_the_learner_is_built_and_go_if_it_fails(
     first, so their start-up overlaps it. A learner that cannot be built takes them down."""
     backend = LocalBackend(rollout_units=2)
     started: list[int] = []
-    real = driver_mod.make_learner_group
+    real = driver_mod.make_learner_groups
 
     def build(*args: Any, **kwargs: Any) -> Any:
         started.append(len(backend.actors))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(driver_mod, "make_learner_group", build)
+    monkeypatch.setattr(driver_mod, "make_learner_groups", build)
     driver = build_driver(_job(), RunDir(tmp_path / "run"), backend, Wiring(rollout_workers=2))
     assert started == [2]
     assert [a.actor_id for a in driver._new_actors] == ["rollout-0", "rollout-1"]
@@ -415,7 +415,7 @@ def test_the_actors_start_before_the_learner_is_built_and_go_if_it_fails(
     def fail(*args: Any, **kwargs: Any) -> Any:
         raise MemoryError("the learner does not fit")
 
-    monkeypatch.setattr(driver_mod, "make_learner_group", fail)
+    monkeypatch.setattr(driver_mod, "make_learner_groups", fail)
     again = LocalBackend(rollout_units=2)
     with pytest.raises(MemoryError):
         build_driver(_job(), RunDir(tmp_path / "again"), again, Wiring(rollout_workers=2))

@@ -21,13 +21,13 @@ import torch
 import impala_trainer.driver.learner_group as group_mod
 import impala_trainer.learning.collective as collective_mod
 from impala_api.roles import COLLECTIVE_PORT_ENV, LEARNER_PORTS
-from impala_api.spec import ImpalaJob
+from impala_api.spec import DEFAULT_POLICY, ImpalaJob
 from impala_trainer.driver.impala import ImpalaDriver
 from impala_trainer.driver.launch import Wiring, build_driver
 from impala_trainer.driver.learner_group import DistributedLearnerGroup, LocalLearnerGroup
 from impala_trainer.driver.local_backend import LocalBackend, LocalRef
 from impala_trainer.learning.collective import Rendezvous
-from impala_trainer.learning.learner_worker import LearnerWorker
+from impala_trainer.learning.learner_worker import LearnerPolicy, LearnerWorker
 from impala_trainer.rundir.checkpoint import list_checkpoints
 from impala_trainer.rundir.writer import RunDir
 from tests.support.jobs import make_job
@@ -59,7 +59,7 @@ def _run(job: ImpalaJob, run_dir: RunDir, resume: bool = False) -> ImpalaDriver:
 
 
 def _same_weights(backend: LocalBackend) -> None:
-    weights = [pickle.loads(a.learner.weights()) for a in backend.learners]  # type: ignore[union-attr]
+    weights = [pickle.loads(a.learner.weights(DEFAULT_POLICY)) for a in backend.learners]  # type: ignore[union-attr]
     for other in weights[1:]:
         for k, v in weights[0].items():
             np.testing.assert_array_equal(v, other[k])
@@ -96,7 +96,7 @@ def test_two_learners_train_one_set_of_weights_on_batches_of_their_own(tmp_path:
     result = driver.run()
     assert result.phase == "Succeeded", result.message
     c = driver.stats.counters
-    versions = [a.learner.learner.policy_version for a in backend.learners]  # type: ignore[union-attr]
+    versions = [a.learner.learners[DEFAULT_POLICY].policy_version for a in backend.learners]  # type: ignore[union-attr]
     assert versions == [c.policy_version] * 2, (versions, fed)
     # Each step trains a batch on each learner: the steps count once, the env steps twice.
     assert c.learner_updates >= 1
@@ -184,7 +184,7 @@ def test_the_other_learners_start_only_once_learner_0_is_placed(tmp_path: Path) 
     address_refs: list[LocalRef] = []
 
     def start(*args: Any) -> Any:
-        rank = args[3]
+        rank = args[2]
         if rank > 0:
             answered.append(bool(address_refs) and address_refs[0].done())
         return real_start(*args)
@@ -208,7 +208,8 @@ def test_the_other_learners_start_only_once_learner_0_is_placed(tmp_path: Path) 
 def test_rank_0_meets_its_peers_on_the_port_its_pod_pins(monkeypatch: pytest.MonkeyPatch) -> None:
     """The TCPStore's port: the one the operator pins in learner pods (the NetworkPolicy opens
     it to learner pods alone), else a free one."""
-    worker = LearnerWorker(_job(2).spec, (4,), 2, seed=0, rank=0, intra_op_threads=1)
+    policy = LearnerPolicy(_job(2).spec, (4,), 2)
+    worker = LearnerWorker({DEFAULT_POLICY: policy}, seed=0, rank=0, intra_op_threads=1)
     monkeypatch.setenv(COLLECTIVE_PORT_ENV, str(LEARNER_PORTS.store))
     assert worker.address("10.1.2.3") == Rendezvous("10.1.2.3", LEARNER_PORTS.store, 0)
     monkeypatch.delenv(COLLECTIVE_PORT_ENV)

@@ -5,6 +5,7 @@ field; the driver trains one learner per policy and checkpoints each."""
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -282,6 +283,27 @@ def test_each_trained_policy_learns_on_its_own_learner_and_resumes(
     resumed = _run(tmp_path, more, resume=True, aggregators=aggregators)
     again = resumed.learner.state_dict()["policies"]
     assert all(again[name]["policy_version"] > versions[name] for name in versions)
+
+
+def test_two_learners_train_every_policy_in_lock_step_and_resume_at_one(tmp_path: Path) -> None:
+    # 2000 steps: the learners' first steps are slow (gloo warming up) while the relay samples fast.
+    spec = spec_of(RELAY, multiAgent=TWO_POLICIES, stop={"timesteps": 2000},
+                   learner={"replicas": 2})  # fmt: skip
+    driver = _run(tmp_path, spec)
+    learners = [actor.learner for actor in driver.backend.learners]
+    assert len(learners) == 2
+    versions = driver.learner.state_dict()["policies"]
+    for name in ("a", "b"):
+        expected = versions[name]["policy_version"]
+        assert [w.learners[name].policy_version for w in learners] == [expected] * 2
+        ours, theirs = (pickle.loads(w.weights(name)) for w in learners)
+        assert all(np.array_equal(v, theirs[k]) for k, v in ours.items())
+    assert versions["a"]["policy_version"] > 0 and versions["b"]["policy_version"] > 0
+    learner = spec.learner.model_copy(update={"replicas": 1})
+    stop = spec.stop.model_copy(update={"timesteps": 3000})
+    one = spec.model_copy(update={"learner": learner, "stop": stop})
+    again = _run(tmp_path, one, resume=True).learner.state_dict()["policies"]
+    assert all(again[n]["policy_version"] > versions[n]["policy_version"] for n in ("a", "b"))
 
 
 RECURRENT = {

@@ -13,9 +13,12 @@ its timeout, `get` takes the value or raises `backend.failure` when the actor di
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
 from impala_api.spec import ImpalaJobSpec
+
+if TYPE_CHECKING:  # torch, which the driver's backends import only once a learner is made
+    from impala_trainer.learning.learner_worker import LearnerPolicy
 
 Role = Literal["rollout", "aggregator"]
 ROLES: tuple[Role, ...] = ("rollout", "aggregator")
@@ -97,15 +100,10 @@ class Backend(Protocol):
         ...
 
     def start_learner(
-        self,
-        spec: ImpalaJobSpec,
-        model: tuple[tuple[int, ...], Any],
-        seed: int,
-        rank: int,
-        intra_op_threads: int,
+        self, policies: dict[str, LearnerPolicy], seed: int, rank: int, intra_op_threads: int
     ) -> Handle:
-        """Create learner `rank` of a group (learner.replicas > 1) on a unit of the learner
-        resource, rank 0 on the driver's own node; `model` is (obs_shape, actions). Never
+        """Create learner `rank` of a group (learner.replicas > 1), holding the trained
+        `policies`, on a unit of the learner resource, rank 0 on the driver's own node. Never
         blocks."""
         ...
 

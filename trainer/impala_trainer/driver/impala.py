@@ -27,15 +27,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from impala_api.spec import ImpalaJob, ImpalaJobSpec
+from impala_api.spec import DEFAULT_POLICY, ImpalaJob, ImpalaJobSpec
 from impala_trainer.batches import Fragment, FragmentMeta, TrainBatch
 from impala_trainer.driver.actor_manager import ManagedActor
 from impala_trainer.driver.backend import Ref, Weights
 from impala_trainer.driver.base import WAIT_SECONDS, Driver
-from impala_trainer.driver.learner_group import LearnerGroup, make_learner_group
+from impala_trainer.driver.learner_group import LearnerGroup, make_learner_groups
 from impala_trainer.driver.ledger import Ledger
 from impala_trainer.driver.policies import policy_learner_groups
 from impala_trainer.learning.learner import LearnerState
+from impala_trainer.learning.learner_worker import LearnerPolicy
 from impala_trainer.rollouts.aggregation import Aggregator
 from impala_trainer.rundir.writer import RunDir
 
@@ -80,9 +81,10 @@ class ImpalaDriver(Driver):
                 self.spec, self.models, self.seed, self.backend, threads
             )
         else:
-            self.group = make_learner_group(
-                self.spec, (self.obs_shape, self.actions), self.seed, self.backend, threads
-            )
+            policy = LearnerPolicy(self.spec, self.obs_shape, self.actions)
+            self.group = make_learner_groups(
+                {DEFAULT_POLICY: policy}, self.seed, self.backend, threads
+            )[DEFAULT_POLICY]
         self.learner: LearnerState = self.group.learner
         replicas, process = self.spec.learner.replicas, self.spec.learner.process
         logger.info(

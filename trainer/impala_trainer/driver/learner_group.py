@@ -1,18 +1,20 @@
 """The learners as the driver sees them: one `LearnerGroup`, whatever they are (RLlib's name).
 
-The driver feeds batches (`try_put`, `put`), takes what was learned (`updates`), reads the
-weights it broadcasts and the state it checkpoints (`learner`), and never asks what kind of
-learner it talks to:
+Each trained policy has one (`make_learner_groups`; a single-agent job's one policy is
+`default`). The driver feeds batches (`try_put`, `put`), takes what was learned (`updates`),
+reads the weights it broadcasts and the state it checkpoints (`learner`), and never asks what
+kind of learner it talks to:
 
 - `LocalLearnerGroup`: one learner thread in the driver's process (learner.process driver), or
   in a process of its own (separate, `learning.learner_process`), which offers the same surface.
-- `DistributedLearnerGroup`: learner.replicas learners (`learning.learner_worker`) on the
-  driver's backend (Ray actors placed on the `learner` resource, learner 0 on the driver's node),
-  training one set of weights in lock step over torch.distributed (`learning.collective`). The
-  driver routes each batch to the learner with the fewest outstanding (RLlib routes its
-  aggregator actors' batches per learner), so each learner trains a stream of its own and all of
-  them take the same number of steps; a long poll per learner brings its updates back, rank 0's
-  with its newest weights.
+- `DistributedLearnerGroup`: one policy's share of `LearnerActors`, learner.replicas learners
+  (`learning.learner_worker`) on the driver's backend (Ray actors placed on the `learner`
+  resource, learner 0 on the driver's node), each holding every trained policy, each policy's
+  learners training one set of weights in lock step over torch.distributed
+  (`learning.collective`). The driver routes each batch to the learner with the fewest of that
+  policy's batches outstanding (RLlib routes its aggregator actors' batches per learner), so
+  each learner trains a stream of its own and all of them take the same number of steps; a long
+  poll per learner brings its updates back, rank 0's with its newest weights.
 """
 
 from __future__ import annotations
@@ -23,15 +25,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import TrainBatch
 from impala_trainer.driver.backend import Backend, Handle, LearnerMethod, Ref
 from impala_trainer.learning.collective import RENDEZVOUS_TIMEOUT_SECONDS, Rendezvous
-from impala_trainer.learning.distributions import ActionDistribution
 from impala_trainer.learning.learner import LearnerState
 from impala_trainer.learning.learner_process import LearnerProcess
 from impala_trainer.learning.learner_thread import POLICY_LAG, LearnerThread
-from impala_trainer.learning.learner_worker import LearnerInfo, LearnerProgress
+from impala_trainer.learning.learner_worker import LearnerInfo, LearnerPolicy, LearnerProgress
 
 POLL_SECONDS = 0.1
 """Longest a learner holds the driver's progress poll open while it has no update to report."""
@@ -153,11 +153,12 @@ class LocalLearnerGroup:
 
 
 class GroupState:
-    """`LearnerState` of a group: learner 0's weights as its last report carried them, and its
-    state asked of it (every learner holds the same after each step)."""
+    """`LearnerState` of one policy of a group: learner 0's weights as its last report carried
+    them, and its state asked of it (every learner holds the same after each step)."""
 
-    def __init__(self, group: DistributedLearnerGroup, info: LearnerInfo) -> None:
-        self._group = group
+    def __init__(self, actors: LearnerActors, policy: str, info: LearnerInfo) -> None:
+        self._actors = actors
+        self.policy = policy
         self._nbytes = info.weights_nbytes
         self.policy_version = info.policy_version
         self.weights: bytes | None = None
@@ -172,7 +173,8 @@ class GroupState:
 
     def pickled_weights(self) -> bytes:
         if self.weights is None:  # before learner 0's first report (the first broadcast)
-            self.weights = self._group.ask(0, "weights", timeout=REPLY_TIMEOUT_SECONDS)
+            self.weights = self._actors.ask(0, "weights", self.policy,
+                                            timeout=REPLY_TIMEOUT_SECONDS)  # fmt: skip
         return self.weights
 
     def get_weights(self) -> dict[str, Any]:
@@ -183,55 +185,60 @@ class GroupState:
         if self.final is not None:
             return self.final
         state: dict[str, Any] = pickle.loads(
-            self._group.ask(0, "state_dict", timeout=REPLY_TIMEOUT_SECONDS)
+            self._actors.ask(0, "state_dict", self.policy, timeout=REPLY_TIMEOUT_SECONDS)
         )
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         data = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-        versions = self._group.ask_all("load_state_dict", data, timeout=REPLY_TIMEOUT_SECONDS)
+        versions = self._actors.ask_all("load_state_dict", self.policy, data,
+                                        timeout=REPLY_TIMEOUT_SECONDS)  # fmt: skip
         self.policy_version = versions[0]
         self.weights = None
 
 
-class DistributedLearnerGroup:
-    """learner.replicas learners on the backend; see the module docstring."""
+class LearnerActors:
+    """learner.replicas learners on the backend, each holding every trained policy; see the
+    module docstring. Started once and closed once, whichever policy's group asks first."""
 
     def __init__(
         self,
-        spec: ImpalaJobSpec,
-        model: tuple[tuple[int, ...], ActionDistribution | int],
+        policies: dict[str, LearnerPolicy],
         seed: int,
         backend: Backend,
         intra_op_threads: int,
     ) -> None:
+        spec = next(iter(policies.values())).spec
         self.backend = backend
         self.world_size = spec.learner.replicas
         self.capacity = spec.training.learner_queue_size
-        """Batches one learner may have outstanding (queued, not yet begun)."""
-        self._learner_args = (spec, model, seed)
+        """Batches one learner may have outstanding of a policy (queued, not yet begun)."""
+        self._learner_args = (policies, seed)
         self._intra_op_threads = intra_op_threads
         self.handles: list[Handle] = [self._start(0)]  # the others once it is placed (`_form`)
-        self.outstanding = [0] * self.world_size
+        self.outstanding = {name: [0] * self.world_size for name in policies}
         self._polls: dict[Ref, int] = {}
         self._feeds: list[Ref] = []
-        self._pending = Updates()
-        self._stats: dict[str, float] = {}
-        self._queue_stats: dict[str, Any] = {}
-        self._error: BaseException | None = None
+        self.pending = {name: Updates() for name in policies}
+        """Each policy's updates not yet taken (`DistributedLearnerGroup.updates`)."""
+        self.stats: dict[str, dict[str, float]] = {}
+        self.queue_stats: dict[str, dict[str, Any]] = {}
+        self.error: BaseException | None = None
+        self._started = self._closed = False
         try:
-            info = self._form()
+            infos = self._form()
         except BaseException:
             self._kill()
             raise
-        self.state = GroupState(self, info)
-        self.learner: LearnerState = self.state
-        self.device, self.autocast_dtype = info.device, info.autocast_dtype
-        self._stats, self._queue_stats = info.stats, info.queue_stats
+        self.states = {name: GroupState(self, name, info) for name, info in infos.items()}
+        first = next(iter(infos.values()))
+        self.device, self.autocast_dtype = first.device, first.autocast_dtype
+        self.stats = {name: info.stats for name, info in infos.items()}
+        self.queue_stats = {name: info.queue_stats for name, info in infos.items()}
 
     # -- forming the group ------------------------------------------------------------------
 
-    def _form(self) -> LearnerInfo:
+    def _form(self) -> dict[str, LearnerInfo]:
         """Rank 0's address, then every learner joins there (blocks until all have).
 
         The other ranks are started only once rank 0 is placed: rank 0 must sit on the driver's
@@ -243,7 +250,7 @@ class DistributedLearnerGroup:
         self.handles += [self._start(rank) for rank in range(1, self.world_size)]
         rendezvous = Rendezvous(address.host, address.port, self.world_size)
         refs = [self._call(rank, "join", rendezvous) for rank in range(self.world_size)]
-        infos: list[LearnerInfo] = self._wait_for(refs, deadline, forming=True)
+        infos: list[dict[str, LearnerInfo]] = self._wait_for(refs, deadline, forming=True)
         return infos[0]
 
     def _start(self, rank: int) -> Handle:
@@ -292,7 +299,11 @@ class DistributedLearnerGroup:
     # -- training -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        self.ask_all("start", self.state.global_timestep, timeout=REPLY_TIMEOUT_SECONDS)
+        if self._started:
+            return
+        self._started = True
+        clocks = {name: state.global_timestep for name, state in self.states.items()}
+        self.ask_all("start", clocks, timeout=REPLY_TIMEOUT_SECONDS)
         for rank in range(self.world_size):
             self._poll(rank)
 
@@ -300,42 +311,31 @@ class DistributedLearnerGroup:
         self._polls[self._call(rank, "progress", POLL_SECONDS)] = rank
 
     def check(self) -> None:
-        self._pump(0.0)
-        if self._error is not None:
-            raise self._error
+        self.pump(0.0)
+        if self.error is not None:
+            raise self.error
 
     def try_put(self, batch: TrainBatch) -> bool:
         # `outstanding` as of the last reports read (the loop's `check` and `updates` read them):
         # a learner's queue counts fuller than it is until then, never emptier.
-        rank = min(range(self.world_size), key=lambda r: (self.outstanding[r], r))
-        if self.outstanding[rank] >= self.capacity:
+        outstanding = self.outstanding[batch.policy_id]
+        rank = min(range(self.world_size), key=lambda r: (outstanding[r], r))
+        if outstanding[rank] >= self.capacity:
             return False
         self._feeds.append(self._call(rank, "train", batch))
-        self.outstanding[rank] += 1
+        outstanding[rank] += 1
         return True
 
     def put(self, batch: TrainBatch, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while not self.try_put(batch):
             left = deadline - time.monotonic()
-            if left <= 0 or self._error is not None:
+            if left <= 0 or self.error is not None:
                 return False
-            self._pump(left)  # a report frees room
+            self.pump(left)  # a report frees room
         return True
 
-    def updates(self) -> Updates:
-        self._pump(0.0)
-        out, self._pending = self._pending, Updates()
-        return out
-
-    def stats(self) -> dict[str, float]:
-        self._pump(0.0)
-        return self._stats
-
-    def queue_stats(self) -> dict[str, Any]:
-        return self._queue_stats
-
-    def _pump(self, timeout: float, again: bool = True) -> None:
+    def pump(self, timeout: float, again: bool = True) -> None:
         """Take the progress reports that are in (waiting up to `timeout` for one), and poll
         those learners `again`."""
         if self._feeds:
@@ -346,7 +346,7 @@ class DistributedLearnerGroup:
                 except Exception as exc:  # its learner died, or had no room for a minute
                     failed = LearnerGroupError(f"a learner of spec.learner.replicas failed "
                                                f"({_short(exc)})")  # fmt: skip
-                    self._error = self._error or failed
+                    self.error = self.error or failed
         if not self._polls:
             return
         ready, _ = self.backend.wait(list(self._polls), len(self._polls), timeout)
@@ -358,46 +358,53 @@ class DistributedLearnerGroup:
                 died = LearnerGroupError(
                     f"learner {rank} of spec.learner.replicas died ({_short(exc)})"
                 )
-                self._error = self._error or died
+                self.error = self.error or died
                 continue
             if again:
                 self._poll(rank)
 
     def _on_progress(self, progress: LearnerProgress) -> None:
         rank = progress.rank
-        for env_steps, stats in progress.updates:
-            if env_steps:  # a batch's first pass: it left the learner's queue
-                self.outstanding[rank] = max(0, self.outstanding[rank] - 1)
-            self._pending.add(env_steps, stats, counts_step=rank == 0)
-        if progress.error is not None and self._error is None:
-            self._error = LearnerGroupError(
+        for name, updates in progress.updates.items():
+            for env_steps, stats in updates:
+                if env_steps:  # a batch's first pass: it left the learner's queue
+                    self.outstanding[name][rank] = max(0, self.outstanding[name][rank] - 1)
+                self.pending[name].add(env_steps, stats, counts_step=rank == 0)
+        if progress.error is not None and self.error is None:
+            self.error = LearnerGroupError(
                 f"learner {rank} of spec.learner.replicas stopped ({_short(progress.error)})"
             )
         if rank == 0:
-            self._stats, self._queue_stats = progress.stats, progress.queue_stats
-            self.state.policy_version = progress.policy_version
-            if progress.weights is not None:
-                self.state.weights = progress.weights
+            self.stats, self.queue_stats = progress.stats, progress.queue_stats
+            for name, state in self.states.items():
+                state.policy_version = progress.policy_version[name]
+                if name in progress.weights:
+                    state.weights = progress.weights[name]
 
     def close(self, timeout: float) -> None:
-        """Stop every learner, keep learner 0's final state, end the learners' processes.
+        """Stop every learner, keep learner 0's final state of each policy, end the learners'
+        processes.
 
         A learner already lost is skipped: the others stop at their next all-reduce (which
         fails without it), and learner 0's state is still read for the last checkpoint."""
+        if self._closed:
+            return
+        self._closed = True
         deadline = time.monotonic() + timeout
         try:
             stops = [self._call(rank, "stop") for rank in range(self.world_size)]
             self.backend.wait(stops, len(stops), max(0.0, deadline - time.monotonic()))
             # Every step taken is reported by now: the open polls, then a last one each.
             while self._polls and time.monotonic() < deadline:
-                self._pump(POLL_SECONDS, again=False)
+                self.pump(POLL_SECONDS, again=False)
             for rank in range(self.world_size):
                 try:
                     left = max(POLL_SECONDS, deadline - time.monotonic())
                     self._on_progress(self.ask(rank, "progress", 0.0, timeout=left))
                 except LearnerGroupError:  # lost: its steps are learner 0's too
                     continue
-            self.state.final = self.state.state_dict()
+            for state in self.states.values():
+                state.final = state.state_dict()
         finally:
             self._kill()
 
@@ -409,6 +416,42 @@ class DistributedLearnerGroup:
                 continue
 
 
+class DistributedLearnerGroup:
+    """One policy's learners of `LearnerActors`, as the driver's `LearnerGroup`."""
+
+    def __init__(self, actors: LearnerActors, policy: str) -> None:
+        self.actors, self.policy = actors, policy
+        self.learner: LearnerState = actors.states[policy]
+        self.device, self.autocast_dtype = actors.device, actors.autocast_dtype
+
+    def start(self) -> None:
+        self.actors.start()
+
+    def check(self) -> None:
+        self.actors.check()
+
+    def try_put(self, batch: TrainBatch) -> bool:
+        return self.actors.try_put(batch)
+
+    def put(self, batch: TrainBatch, timeout: float) -> bool:
+        return self.actors.put(batch, timeout)
+
+    def updates(self) -> Updates:
+        self.actors.pump(0.0)
+        out, self.actors.pending[self.policy] = self.actors.pending[self.policy], Updates()
+        return out
+
+    def stats(self) -> dict[str, float]:
+        self.actors.pump(0.0)
+        return self.actors.stats[self.policy]
+
+    def queue_stats(self) -> dict[str, Any]:
+        return self.actors.queue_stats[self.policy]
+
+    def close(self, timeout: float) -> None:
+        self.actors.close(timeout)
+
+
 def _short(exc: BaseException) -> str:
     """An error in one line: Ray's actor errors run to a dozen lines of advice, and the run's
     failure message is one line (the last: `base.one_line`)."""
@@ -417,23 +460,33 @@ def _short(exc: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def make_learner_group(
-    spec: ImpalaJobSpec,
-    model: tuple[tuple[int, ...], ActionDistribution | int],
+def make_learner_groups(
+    policies: dict[str, LearnerPolicy],
     seed: int,
     backend: Backend,
     intra_op_threads: int,
-) -> LearnerGroup:
-    """The group the spec asks for: learner.replicas learners, else one learner thread where
+) -> dict[str, LearnerGroup]:
+    """Each trained policy's group, as the spec asks (every policy's learner section is the
+    job's): learner.replicas learner actors holding them all, else a learner thread each where
     learner.process says. `intra_op_threads`: what the driver's process was given for its
-    learner (node/cpus.py), and so what each learner of a group takes."""
+    learner (node/cpus.py), and so what each learner actor takes."""
+    spec = next(iter(policies.values())).spec
     if spec.learner.replicas > 1:
         # Each learner gets what the driver was given: on a cluster each learner pod has the
         # same CPU request as the driver's; locally `impalajob train` gave the driver its share
         # of the machine (node/cpus.py: local_learner_threads).
-        return DistributedLearnerGroup(spec, model, seed, backend, intra_op_threads)
+        actors = LearnerActors(policies, seed, backend, intra_op_threads)
+        return {name: DistributedLearnerGroup(actors, name) for name in policies}
     if spec.learner.process == "separate":
-        return LocalLearnerGroup(LearnerProcess(spec, *model, seed, intra_op_threads))
+        return {
+            name: LocalLearnerGroup(
+                LearnerProcess(p.spec, p.obs_shape, p.actions, seed, intra_op_threads)
+            )
+            for name, p in policies.items()
+        }
     from impala_trainer.learning.threads import make_learner_thread
 
-    return LocalLearnerGroup(make_learner_thread(spec, *model))
+    return {
+        name: LocalLearnerGroup(make_learner_thread(p.spec, p.obs_shape, p.actions))
+        for name, p in policies.items()
+    }

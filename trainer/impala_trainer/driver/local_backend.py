@@ -19,7 +19,7 @@ from typing import Any, Literal
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import Gradients, Handover, NodeInfo
 from impala_trainer.driver.backend import ROLES, LearnerMethod, NodeView, Role
-from impala_trainer.learning.learner_worker import LearnerWorker
+from impala_trainer.learning.learner_worker import LearnerPolicy, LearnerWorker
 from impala_trainer.policy.rounds import RoundPlayer, make_evaluator
 from impala_trainer.rollouts.aggregation import Aggregator
 from impala_trainer.rollouts.multi_agent_worker import MultiAgentRolloutWorker
@@ -210,14 +210,9 @@ class LocalBackend:
     # -- results --------------------------------------------------------------------------------
 
     def start_learner(
-        self,
-        spec: ImpalaJobSpec,
-        model: tuple[tuple[int, ...], Any],
-        seed: int,
-        rank: int,
-        intra_op_threads: int,
+        self, policies: dict[str, LearnerPolicy], seed: int, rank: int, intra_op_threads: int
     ) -> LocalActor:
-        worker = LearnerWorker(spec, *model, seed, rank, intra_op_threads)
+        worker = LearnerWorker(policies, seed, rank, intra_op_threads)
         pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix=f"learner-{rank}")
         actor = LocalActor("learner", f"learner-{rank}", learner=worker, pool=pool)
         self.learners.append(actor)

@@ -1,9 +1,10 @@
 """A multi-agent job's learners: one `LearnerGroup` per trained policy, as one group.
 
 RLlib gives each trained policy its own learner; so does this: each trained policy has the
-learner group its spec asks for (`learner_group.make_learner_group`, the policy's model in place
-of spec.model), with its own V-trace loss, optimiser, schedules and stats, and trains on the
-batches of its own agents (`TrainBatch.policy_id`). `PolicyLearnerGroups` is that set as the
+learner group its spec asks for (`learner_group.make_learner_groups`, the policy's model in
+place of spec.model; learner.replicas actors hold every policy), with its own V-trace loss,
+optimiser, schedules and stats, and trains on the batches of its own agents
+(`TrainBatch.policy_id`). `PolicyLearnerGroups` is that set as the
 driver's one `LearnerGroup`, and `PolicySetState` their weights and state as its one
 `LearnerState`:
 
@@ -27,8 +28,9 @@ import torch
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import TrainBatch
 from impala_trainer.driver.backend import Backend
-from impala_trainer.driver.learner_group import LearnerGroup, Updates, make_learner_group
+from impala_trainer.driver.learner_group import LearnerGroup, Updates, make_learner_groups
 from impala_trainer.learning.learner import Learner, LearnerState
+from impala_trainer.learning.learner_worker import LearnerPolicy
 from impala_trainer.rollouts.agent_envs import PolicyModel
 from impala_trainer.rollouts.multi_agent_worker import WEIGHTS_VERSION, policy_weights
 from impala_trainer.rundir.checkpoint import policy_state
@@ -218,22 +220,23 @@ def policy_learner_groups(
     intra_op_threads: int,
 ) -> PolicyLearnerGroups:
     """A learner group for each trained policy, and the fixed weights of the others (built in
-    the policies' order, so one seed makes the same initial weights)."""
+    that order, each in the policies' order, so one seed makes the same initial weights)."""
     trained = set(spec.agents.trained)
-    groups: dict[str, LearnerGroup] = {}
-    frozen: dict[str, LearnerState] = {}
-    for name, model in models.items():
-        policy_spec = spec.policy_spec(name)
-        if name in trained:
-            groups[name] = make_learner_group(
-                policy_spec, (model.obs_shape, model.actions), seed, backend, intra_op_threads
-            )
-        else:
-            frozen[name] = Learner(policy_spec, model.obs_shape, model.actions)
-    if not groups:
+    learned = {
+        name: LearnerPolicy(spec.policy_spec(name), model.obs_shape, model.actions)
+        for name, model in models.items()
+        if name in trained
+    }
+    if not learned:
         raise ValueError(
             "spec.multiAgent.policiesToTrain: no agent of this env acts by a policy that learns"
         )
+    groups = make_learner_groups(learned, seed, backend, intra_op_threads)
+    frozen: dict[str, LearnerState] = {
+        name: Learner(spec.policy_spec(name), model.obs_shape, model.actions)
+        for name, model in models.items()
+        if name not in trained
+    }
     play = spec.agents.self_play
     pool = None
     if play is not None:

@@ -21,6 +21,7 @@ from impala_trainer.driver.backend import (
 )
 from impala_trainer.driver.channels import ChannelRef, SampleChannels, wait_mixed
 from impala_trainer.learning.actor import LEARNER_RESOURCE, LearnerActor
+from impala_trainer.learning.learner_worker import LearnerPolicy
 from impala_trainer.node.ray_node import pinned_port
 from impala_trainer.policy.actor import EvaluationActor
 from impala_trainer.rollouts.actors import (
@@ -125,12 +126,7 @@ class RayBackend:
         return handle.evaluate.remote(weights, share, video)
 
     def start_learner(
-        self,
-        spec: ImpalaJobSpec,
-        model: tuple[tuple[int, ...], Any],
-        seed: int,
-        rank: int,
-        intra_op_threads: int,
+        self, policies: dict[str, LearnerPolicy], seed: int, rank: int, intra_op_threads: int
     ) -> Handle:
         # Placed by its unit of `learner`, as the rollouts by theirs: no CPU is asked of the node.
         options: dict[str, Any] = {"num_cpus": 0, "resources": {LEARNER_RESOURCE: 1}}
@@ -138,13 +134,11 @@ class RayBackend:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
                 ray.get_runtime_context().get_node_id(), soft=False
             )
-        if spec.learner.gpus:
-            options["num_gpus"] = spec.learner.gpus
+        gpus = next(iter(policies.values())).spec.learner.gpus  # the job's, every policy's
+        if gpus:
+            options["num_gpus"] = gpus
         cls: Any = LearnerActor
-        obs_shape, actions = model
-        return cls.options(**options).remote(
-            spec, obs_shape, actions, seed, rank, intra_op_threads
-        )
+        return cls.options(**options).remote(policies, seed, rank, intra_op_threads)
 
     def learner_call(self, handle: Handle, method: LearnerMethod, *args: Any) -> Ref:
         return getattr(handle, method).remote(*args)

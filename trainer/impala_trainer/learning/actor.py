@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import ray
 
-from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import TrainBatch
 from impala_trainer.learning.collective import Rendezvous
-from impala_trainer.learning.distributions import ActionDistribution
-from impala_trainer.learning.learner_worker import LearnerInfo, LearnerProgress, LearnerWorker
+from impala_trainer.learning.learner_worker import (
+    LearnerInfo,
+    LearnerPolicy,
+    LearnerProgress,
+    LearnerWorker,
+)
 
 LEARNER_RESOURCE = "learner"
 
@@ -26,27 +29,21 @@ class LearnerActor:
     """A LearnerWorker in its own process."""
 
     def __init__(
-        self,
-        spec: ImpalaJobSpec,
-        obs_shape: tuple[int, ...],
-        actions: ActionDistribution | int,
-        seed: int,
-        rank: int,
-        intra_op_threads: int,
+        self, policies: dict[str, LearnerPolicy], seed: int, rank: int, intra_op_threads: int
     ) -> None:
-        self.worker = LearnerWorker(spec, obs_shape, actions, seed, rank, intra_op_threads)
+        self.worker = LearnerWorker(policies, seed, rank, intra_op_threads)
 
     def address(self) -> Rendezvous:
         return self.worker.address(ray.util.get_node_ip_address())
 
-    def join(self, rendezvous: Rendezvous) -> LearnerInfo:
+    def join(self, rendezvous: Rendezvous) -> dict[str, LearnerInfo]:
         return self.worker.join(rendezvous, ray.util.get_node_ip_address())
 
-    def load_state_dict(self, state: bytes) -> int:
-        return self.worker.load_state_dict(state)
+    def load_state_dict(self, policy: str, state: bytes) -> int:
+        return self.worker.load_state_dict(policy, state)
 
-    def start(self, global_timestep: int) -> None:
-        self.worker.start(global_timestep)
+    def start(self, global_timesteps: dict[str, int]) -> None:
+        self.worker.start(global_timesteps)
 
     def train(self, batch: TrainBatch) -> None:
         self.worker.train(batch)
@@ -54,11 +51,11 @@ class LearnerActor:
     def progress(self, wait_seconds: float) -> LearnerProgress:
         return self.worker.progress(wait_seconds)
 
-    def weights(self) -> bytes:
-        return self.worker.weights()
+    def weights(self, policy: str) -> bytes:
+        return self.worker.weights(policy)
 
-    def state_dict(self) -> bytes:
-        return self.worker.state_dict()
+    def state_dict(self, policy: str) -> bytes:
+        return self.worker.state_dict(policy)
 
     def stop(self) -> None:
         self.worker.stop()

@@ -66,6 +66,18 @@ def _gloo(store: Any, rank: int, world_size: int, host: str, timeout: datetime.t
     return dist.ProcessGroupGloo(store, rank, world_size, options)
 
 
+def rendezvous_store(
+    rendezvous: Rendezvous, rank: int, timeout_seconds: float | None = None
+) -> Any:
+    """The store the group meets in: rank 0 serves a `TCPStore` on the rendezvous port, the
+    others connect to it."""
+    seconds = RENDEZVOUS_TIMEOUT_SECONDS if timeout_seconds is None else timeout_seconds
+    return dist.TCPStore(
+        rendezvous.host, rendezvous.port, rendezvous.world_size, rank == 0,
+        timeout=datetime.timedelta(seconds=seconds), wait_for_workers=False,
+    )  # fmt: skip
+
+
 class Collective:
     """A learner's process group: its rank, the group's size, averaging and broadcasting."""
 
@@ -93,23 +105,22 @@ class Collective:
         store: Any = None,
         timeout_seconds: float | None = None,
         bucket_bytes: int = BUCKET_BYTES,
+        prefix: str = "impala-learners",
     ) -> Collective:
         """Join the group (blocks until every rank has): NCCL for a CUDA learner, else gloo.
 
-        `store`: an existing store (the tests' `HashStore`); otherwise rank 0 serves a
-        `TCPStore` on the rendezvous port and the others connect to it. `local_host`: this
-        learner's address, which gloo's connections between learners use."""
+        `store`: an existing store (one the learner's other groups meet in, the tests'
+        `HashStore`); otherwise `rendezvous_store`. `prefix`: the group's keys in the store
+        (one group per prefix). `local_host`: this learner's address, which gloo's connections
+        between learners use."""
         seconds = RENDEZVOUS_TIMEOUT_SECONDS if timeout_seconds is None else timeout_seconds
         timeout = datetime.timedelta(seconds=seconds)
         world = rendezvous.world_size
         if store is None:
-            store = dist.TCPStore(
-                rendezvous.host, rendezvous.port, world, rank == 0, timeout=timeout,
-                wait_for_workers=False,
-            )  # fmt: skip
+            store = rendezvous_store(rendezvous, rank, seconds)
         else:
             store.set_timeout(timeout)
-        store = dist.PrefixStore("impala-learners", store)
+        store = dist.PrefixStore(prefix, store)
         if device.type == "cuda":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
