@@ -183,3 +183,18 @@ def test_predators_and_prey_train_two_policies_of_different_models_in_one_job(
     assert predator > RANDOM_TAG["predator"], policies
     random_border = RANDOM_TAG["prey"] + RANDOM_TAG["predator"]
     assert prey + predator > random_border + 4, policies
+
+
+@pytest.mark.slow
+def test_two_learners_train_both_policies_on_ray_and_resume_with_one(tmp_path: Path) -> None:
+    # Each learner actor (a process of its own on the `learner` resource) holds both policies;
+    # each policy's gradients are averaged over the two in a gloo group of its own.
+    run = tmp_path / "tag"
+    first = _train(run, "tag", "stop.timesteps=60000", "learner.replicas=2", "training.seed=1")
+    assert "2 learners in lock step" in (run / "trainer.log").read_text()
+    for name in ("predator", "prey"):
+        assert f"{name}/total_loss" in first["learner"], sorted(first["learner"])
+    steps = first["counters"]["num_env_steps_sampled"]
+    again = _train(run, "tag", f"stop.timesteps={steps + 10_000}", "learner.replicas=1",
+                   "training.seed=1", resume=True)  # fmt: skip
+    assert again["counters"]["learner_updates"] > first["counters"]["learner_updates"]
