@@ -21,12 +21,12 @@ from impala_api.spec import (
     MAX_SEQ_LEN_DIVIDES,
     MOUNT_NAMES_VOLUME_MESSAGE,
     MULTI_AGENT_NEEDS_PETTINGZOO,
-    MULTI_AGENT_NOT_YET,
     NO_STOP_CRITERION,
     ONE_VOLUME_SOURCE_MESSAGE,
     PETTINGZOO_OR_ID,
     POLICY_MAX_SEQ_LEN_DIVIDES,
     POLICY_NAME_PATTERN,
+    POLICY_POPART_NEEDS_VTRACE,
     POPART_NEEDS_VTRACE,
     PREV_ACTION_REWARD_LSTM,
     RANDOM_OPPONENT,
@@ -176,12 +176,6 @@ def _is_policy(name: str) -> str:
     )
 
 
-_MULTI_AGENT_SUPPORTED = (
-    "!has(self.env.pettingzoo) || !has(self.training.mode) || self.training.mode == 'vtrace'"
-)
-"""MULTI_AGENT_NOT_YET (`job.multi_agent_not_yet`) as CEL."""
-
-
 RULES: dict[tuple[str, ...], list[Rule]] = {
     (): [
         _rule(
@@ -218,7 +212,15 @@ RULES: dict[tuple[str, ...], list[Rule]] = {
             MULTI_AGENT_NEEDS_PETTINGZOO,
             ".multiAgent",
         ),
-        _rule(_MULTI_AGENT_SUPPORTED, MULTI_AGENT_NOT_YET, ".env.pettingzoo"),
+        _rule(
+            "!has(self.training.mode) || self.training.mode == 'vtrace' || "
+            "!has(self.multiAgent) || self.multiAgent.policies.all(k, "
+            "!has(self.multiAgent.policies[k].model) || "
+            "!has(self.multiAgent.policies[k].model.popart) || "
+            "!self.multiAgent.policies[k].model.popart)",
+            POLICY_POPART_NEEDS_VTRACE,
+            ".multiAgent.policies",
+        ),
         _rule(
             "!has(self.multiAgent) || self.multiAgent.policies.all(k, "
             "!has(self.multiAgent.policies[k].model) || "

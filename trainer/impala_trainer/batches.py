@@ -142,12 +142,16 @@ Sample = Fragment | MultiAgentFragment
 
 @dataclass(frozen=True)
 class Gradients:
-    """A3C mode: a rollout worker's loss gradients on one fragment it sampled on-policy."""
+    """A3C mode: a rollout worker's loss gradients on one sample it took on-policy, for each
+    trained policy (`default` alone for a gymnasium env)."""
 
-    grads: list[np.ndarray]
+    grads: dict[str, list[np.ndarray]]
+    """Policy -> the gradients of its loss on its own columns of the sample, in its parameters'
+    order."""
     meta: FragmentMeta
     stats: dict[str, float]
-    """The learner stats of the gradient computation (loss terms, entropy...)."""
+    """The learner stats of the gradient computation (loss terms, entropy...); a PettingZoo
+    env's keyed `<policy>/<stat>`, as its learner groups' are."""
 
 
 @dataclass(frozen=True)

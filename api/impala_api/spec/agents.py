@@ -36,9 +36,10 @@ MAPPING_ONE_WAY = (
 MULTI_AGENT_NEEDS_PETTINGZOO = (
     "spec.multiAgent maps the agents of a PettingZoo env: it needs spec.env.pettingzoo"
 )
-MULTI_AGENT_NOT_YET = (
-    "spec.env.pettingzoo trains with training.mode vtrace for now: drop "
-    "spec.training.mode async-gradients"
+POLICY_POPART_NEEDS_VTRACE = (
+    "spec.multiAgent.policies: a policy's model.popart rewrites its value head as its learner's "
+    "statistics of the V-trace targets move, and spec.training.mode async-gradients has no such "
+    "learner (the driver applies each worker's gradients): use popart false, or mode vtrace"
 )
 POLICY_MAX_SEQ_LEN_DIVIDES = (
     "spec.multiAgent.policies: a policy's model.maxSeqLen must divide "

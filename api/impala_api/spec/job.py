@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from impala_api.spec.agents import (
     EVALUATION_GAMES_NEED_PETTINGZOO,
     MULTI_AGENT_NEEDS_PETTINGZOO,
-    MULTI_AGENT_NOT_YET,
     POLICY_MAX_SEQ_LEN_DIVIDES,
+    POLICY_POPART_NEEDS_VTRACE,
     UNKNOWN_EVALUATION_OPPONENT,
     UNKNOWN_EVALUATION_POLICY,
     UNKNOWN_STOP_POLICY,
@@ -118,8 +118,9 @@ class ImpalaJobSpec(SpecModel):
     def _agents(self) -> ImpalaJobSpec:
         if self.multi_agent is not None and not self.env.multi_agent:
             raise ValueError(MULTI_AGENT_NEEDS_PETTINGZOO)
-        if self.env.multi_agent and multi_agent_not_yet(self):
-            raise ValueError(MULTI_AGENT_NOT_YET)
+        own_popart = any(p.model and p.model.popart for p in self.agents.policies.values())
+        if own_popart and self.training.mode != "vtrace":
+            raise ValueError(POLICY_POPART_NEEDS_VTRACE)
         games = self.evaluation
         if games is not None and (games.opponent or games.policy):
             if not self.env.multi_agent:
@@ -152,11 +153,6 @@ class ImpalaJobSpec(SpecModel):
         place of spec.model, nothing else changed."""
         model = self.agents.policies[policy].model
         return self if model is None else self.model_copy(update={"model": model})
-
-
-def multi_agent_not_yet(spec: ImpalaJobSpec) -> bool:
-    """What a PettingZoo env does not train with yet (MULTI_AGENT_NOT_YET)."""
-    return spec.training.mode != "vtrace"
 
 
 class ObjectMeta(BaseModel):

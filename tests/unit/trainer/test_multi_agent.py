@@ -312,6 +312,49 @@ RECURRENT = {
 }
 
 
+def _async(spec: ImpalaJobSpec) -> ImpalaJobSpec:
+    training = spec.training.model_copy(update={"mode": "async-gradients"})
+    return spec.model_copy(update={"training": training})
+
+
+def test_a3c_gradients_of_each_policy_are_its_learners_on_its_own_agents_columns() -> None:
+    # Policy a recurrent (its columns unrolled from the states they acted from), b feed-forward.
+    spec = spec_of(RELAY, multiAgent=RECURRENT)
+    acting = MultiAgentRolloutWorker(_async(spec), "a", seed=11)
+    twin = MultiAgentRolloutWorker(spec, "b", seed=11)  # same seed, same weights: same sample
+    twin.set_weights(acting.get_weights(), 0)
+    gradients = acting.compute_gradients(global_timestep=0)
+    assert set(gradients.grads) == {"a", "b"}
+    assert {"a/total_loss", "b/total_loss", "a/entropy"} <= set(gradients.stats)
+    sample = twin.sample()
+    assert gradients.meta.env_steps == sample.env_steps > 0
+    for name, grads in gradients.grads.items():
+        learner = Learner(spec.policy_spec(name), (3,), acting.policies[name].actions)
+        learner.set_weights({k.partition("/")[2]: v for k, v in acting.get_weights().items()
+                             if k.startswith(f"{name}/")})  # fmt: skip
+        expected, _ = learner.compute_gradients(concat_fragments([sample.fragments[name]]))
+        assert len(grads) == len(expected)
+        for g, e in zip(grads, expected, strict=True):
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-7)
+
+
+def test_async_gradients_train_every_policy_and_resume(tmp_path: Path) -> None:
+    spec = _async(spec_of(RELAY, multiAgent=RECURRENT, stop={"timesteps": 400}))
+    driver = _run(tmp_path, spec)
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    c = status["counters"]
+    # Each sample trained once, as the gradients of both policies from the worker that took it.
+    assert c["num_env_steps_trained"] == c["num_env_steps_sampled"] >= 400
+    state = driver.learner.state_dict()["policies"]
+    versions = {name: s["policy_version"] for name, s in state.items()}
+    assert versions["a"] == versions["b"] == c["learner_updates"] > 0
+    assert {"a/total_loss", "b/total_loss"} <= set(status["learner"])
+    assert status["policies"]["b"]["episode_return_mean"] == pytest.approx(21.0)  # 7 x 3
+    more = spec.model_copy(update={"stop": spec.stop.model_copy(update={"timesteps": 800})})
+    again = _run(tmp_path, more, resume=True).learner.state_dict()["policies"]
+    assert all(again[name]["policy_version"] > versions[name] for name in versions)
+
+
 def test_a_recurrent_policys_columns_start_from_the_state_their_agent_acted_from() -> None:
     spec = spec_of(RELAY, multiAgent=RECURRENT)
     worker = MultiAgentRolloutWorker(spec, "w", seed=4)

@@ -194,7 +194,7 @@ def test_async_gradients_workers_compute_gradients_of_a_recurrent_policy() -> No
     learner = Learner(spec, worker.obs_shape, worker.actions)
     learner.set_weights(worker.get_weights())
     out = worker.compute_gradients()
-    assert out.stats["batch_count"] == 80 and len(out.grads) == len(learner.params)
-    assert any(np.abs(g).sum() > 0 for g in out.grads)
-    learner.apply_gradients(out.grads)
+    assert out.stats["batch_count"] == 80 and len(out.grads["default"]) == len(learner.params)
+    assert any(np.abs(g).sum() > 0 for g in out.grads["default"])
+    learner.apply_gradients(out.grads["default"])
     assert learner.policy_version == 1

@@ -203,7 +203,7 @@ def test_a3c_gradients_are_the_learner_gradients_of_the_sampled_fragment() -> No
     twin = RolloutWorker(make_spec(CARTPOLE), "b", seed=11)
     twin.set_weights(acting.get_weights(), 0)
     gradients = acting.compute_gradients(global_timestep=0)
-    grads = gradients.grads
+    grads = gradients.grads["default"]
     assert gradients.meta.env_steps == 120 and gradients.meta.policy_version == 0
     assert gradients.meta.busy_seconds > 0.0  # the sampling and the gradients
     assert set(gradients.stats) >= {"policy_loss", "vf_loss", "entropy"}

@@ -1,10 +1,12 @@
 """`training.mode: async-gradients`: A3C-style training (RLlib AsyncGradientsOptimizer, seeds/003).
 
 Each rollout actor samples one fragment with its current weights and returns the loss gradients
-on it; the driver applies them to its learner as they arrive and sends that actor the fresh
-weights with its next request. One request per actor is in flight (gradients computed on stale
-weights are the price of A3C's asynchrony; fewer in flight keeps them fresh). The weights are
-put in the object store once per update and shared by every request made before the next one.
+on it, one set per trained policy (a gymnasium env's one, `default`; a PettingZoo env's each on
+its own agents' columns); the driver applies each set to its policy's learner as they arrive and
+sends that actor the fresh weights with its next request. One request per actor is in flight
+(gradients computed on stale weights are the price of A3C's asynchrony; fewer in flight keeps
+them fresh). The weights are put in the object store once per update and shared by every
+request made before the next one.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from impala_api.spec import ImpalaJob
+from impala_api.spec import DEFAULT_POLICY, ImpalaJob
 from impala_trainer.batches import Gradients
 from impala_trainer.driver.actor_manager import ManagedActor
 from impala_trainer.driver.backend import Ref, Weights
 from impala_trainer.driver.base import WAIT_SECONDS, Driver
-from impala_trainer.learning.learner import Learner
+from impala_trainer.driver.policies import NOTHING_TO_TRAIN, PolicySetState, self_play_pool
+from impala_trainer.learning.learner import Learner, LearnerState
 from impala_trainer.learning.learner_thread import LearnerStarvedError, starved_message
 from impala_trainer.rundir.writer import RunDir
 
@@ -25,11 +28,25 @@ from impala_trainer.rundir.writer import RunDir
 class AsyncGradientsDriver(Driver):
     """The driver applies worker gradients; no learner thread."""
 
-    learner: Learner
+    learner: LearnerState
+    learners: dict[str, Learner]
+    """Each trained policy's learner, which its gradients step."""
 
     def __init__(self, job: ImpalaJob, run_dir: RunDir, **collaborators: Any) -> None:
         super().__init__(job, run_dir, **collaborators)
-        self.learner = Learner(self.spec, self.obs_shape, self.actions)
+        if self.models:  # a PettingZoo env: every policy's weights go out, the trained ones learn
+            every = {
+                name: Learner(self.spec.policy_spec(name), model.obs_shape, model.actions)
+                for name, model in self.models.items()
+            }
+            trained = set(self.spec.agents.trained)
+            self.learners = {name: ls for name, ls in every.items() if name in trained}
+            if not self.learners:
+                raise ValueError(NOTHING_TO_TRAIN)
+            self.learner = PolicySetState(dict(every), self_play_pool(self.spec))
+        else:
+            one = Learner(self.spec, self.obs_shape, self.actions)
+            self.learners, self.learner = {DEFAULT_POLICY: one}, one
         self.grad_refs: dict[Ref, str] = {}  # gradients ref -> actor id
         self._weights: tuple[Weights, int] | None = None  # (ref, version) of current weights
         self._last_update = time.monotonic()
@@ -88,17 +105,19 @@ class AsyncGradientsDriver(Driver):
     def _apply(self, actor_id: str, gradients: Gradients) -> None:
         start = time.perf_counter()
         self.learner.global_timestep = self.stats.counters.num_env_steps_trained
-        self.learner.apply_gradients(gradients.grads)
+        for policy, grads in gradients.grads.items():
+            self.learners[policy].apply_gradients(grads)
         self._apply_ms = 1000.0 * (time.perf_counter() - start)
         self._last_update = time.monotonic()
         meta, c = gradients.meta, self.stats.counters
-        c.num_env_steps_sampled += meta.env_steps
+        self._count_sample(meta)
         c.num_env_steps_trained += meta.env_steps
         c.learner_updates += 1
         c.policy_version = self.learner.policy_version
-        self.stats.add_episodes(meta.episode_returns, meta.episode_lengths)
-        self.stats.add_rollout_busy(meta.busy_seconds)
-        self.stats.add_policy_lag(float(c.policy_version - 1 - meta.policy_version))
+        # The updates since the weights it sampled with (each steps every trained policy once;
+        # a PettingZoo env's version is the sum of its policies').
+        lag = (c.policy_version - meta.policy_version) / len(gradients.grads) - 1
+        self.stats.add_policy_lag(float(lag))
         self.stats.add_learner_stats({k: float(v) for k, v in gradients.stats.items()})
         actor = self.manager.actors.get(actor_id)
         if actor is not None:

@@ -28,7 +28,7 @@ from impala_api.snapshot import (
     TrendSource,
 )
 from impala_api.spec import ImpalaJob, ImpalaJobSpec
-from impala_trainer.batches import Fragment
+from impala_trainer.batches import Fragment, FragmentMeta
 from impala_trainer.driver.actor_manager import ActorManager, ManagedActor
 from impala_trainer.driver.backend import Backend, Handle
 from impala_trainer.driver.evaluation import (
@@ -402,6 +402,16 @@ class Driver:
         self._round = None
 
     # -- actors ---------------------------------------------------------------------------------
+
+    def _count_sample(self, meta: FragmentMeta) -> None:
+        """A sample's env steps, episodes and busy time into the run's stats."""
+        self.stats.counters.num_env_steps_sampled += meta.env_steps
+        self.stats.add_episodes(meta.episode_returns, meta.episode_lengths)
+        self.stats.add_policy_returns(meta.policy_returns)
+        play = self.spec.agents.self_play
+        if play is not None:
+            self.stats.add_self_play(play.policy, meta.self_play_scores)
+        self.stats.add_rollout_busy(meta.busy_seconds)
 
     def _actor_failed(self, actor_id: str, error: BaseException) -> None:
         logger.warning("actor %s failed: %s", actor_id, one_line(error))

@@ -215,13 +215,7 @@ class ImpalaDriver(Driver):
         except self.backend.failure as err:
             self._actor_failed(actor_id, err)
             return
-        c = self.stats.counters
-        c.num_env_steps_sampled += meta.env_steps
-        self.stats.add_episodes(meta.episode_returns, meta.episode_lengths)
-        self.stats.add_policy_returns(meta.policy_returns)
-        if self.spec.multi_agent is not None and self.spec.multi_agent.self_play is not None:
-            self.stats.add_self_play(self.spec.multi_agent.self_play.policy, meta.self_play_scores)
-        self.stats.add_rollout_busy(meta.busy_seconds)
+        self._count_sample(meta)
         actor = self.manager.actors.get(actor_id)
         if actor is not None:
             actor.env_steps += meta.env_steps

@@ -35,6 +35,10 @@ from impala_trainer.rollouts.agent_envs import PolicyModel
 from impala_trainer.rollouts.multi_agent_worker import WEIGHTS_VERSION, policy_weights
 from impala_trainer.rundir.checkpoint import policy_state
 
+NOTHING_TO_TRAIN = (
+    "spec.multiAgent.policiesToTrain: no agent of this env acts by a policy that learns"
+)
+
 
 class SelfPlayPool:
     """spec.multiAgent.selfPlay's snapshots: the policy's weights every
@@ -228,17 +232,19 @@ def policy_learner_groups(
         if name in trained
     }
     if not learned:
-        raise ValueError(
-            "spec.multiAgent.policiesToTrain: no agent of this env acts by a policy that learns"
-        )
+        raise ValueError(NOTHING_TO_TRAIN)
     groups = make_learner_groups(learned, seed, backend, intra_op_threads)
     frozen: dict[str, LearnerState] = {
         name: Learner(spec.policy_spec(name), model.obs_shape, model.actions)
         for name, model in models.items()
         if name not in trained
     }
+    return PolicyLearnerGroups(groups, frozen, self_play_pool(spec))
+
+
+def self_play_pool(spec: ImpalaJobSpec) -> SelfPlayPool | None:
+    """spec.multiAgent.selfPlay's pool, empty; None without selfPlay."""
     play = spec.agents.self_play
-    pool = None
-    if play is not None:
-        pool = SelfPlayPool(play.policy, play.snapshot_interval_timesteps, play.pool_size)
-    return PolicyLearnerGroups(groups, frozen, pool)
+    if play is None:
+        return None
+    return SelfPlayPool(play.policy, play.snapshot_interval_timesteps, play.pool_size)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from impala_api.spec import ImpalaJobSpec
-from impala_trainer.batches import MultiAgentFragment
+from impala_trainer.batches import Gradients, MultiAgentFragment, concat_fragments
 from impala_trainer.learning.acting import (
     WeightLoader,
     acting_policy,
@@ -40,6 +40,7 @@ from impala_trainer.learning.distributions import (
     ActionDistribution,
     action_distribution,
 )
+from impala_trainer.learning.learner import Learner
 from impala_trainer.learning.model_factory import build_model
 from impala_trainer.learning.models import ActorCritic
 from impala_trainer.learning.precision import acting_dtype
@@ -114,6 +115,9 @@ class MultiAgentRolloutWorker:
             AgentEnv(make_pettingzoo(spec.env), seed + i * 1_000_000) for i in range(self.num_envs)
         ]
         trained = set(spec.agents.trained)
+        self._learners: dict[str, Learner] = {}
+        """A3C mode (training.mode async-gradients): a Learner copy per trained policy, owning
+        its acting model, so the gradients are those of the policy that acted."""
         self.policies: dict[str, ActingPolicy] = {}
         self.policy_of: dict[str, str] = {}
         self._spaces: dict[str, Any] = {}
@@ -160,7 +164,11 @@ class MultiAgentRolloutWorker:
         policy_spec = spec.policy_spec(name)
         adapter = ObservationAdapter(spaces)
         dist = action_distribution(spaces.action, policy_spec.model.squash_actions)
-        model = build_model(policy_spec.model, adapter.shape, dist)
+        if trained and spec.training.mode == "async-gradients":
+            learner = self._learners[name] = Learner(policy_spec, adapter.shape, dist)
+            model = learner.model
+        else:
+            model = build_model(policy_spec.model, adapter.shape, dist)
         model.eval()
         if model.state_size:
             logits: Any = recurrent_policy(model)
@@ -381,5 +389,20 @@ class MultiAgentRolloutWorker:
             state = policy.model.initial_state(1).numpy()[0]
         return state
 
-    def compute_gradients(self, global_timestep: int = 0) -> Any:
-        raise RuntimeError("a PettingZoo env trains with training.mode vtrace")
+    def compute_gradients(self, global_timestep: int = 0) -> Gradients:
+        """A3C mode: one sample on-policy, and each trained policy's loss gradients on its own
+        agents' columns of it (what its learner on the driver would compute on them)."""
+        if not self._learners:
+            raise RuntimeError("compute_gradients needs training.mode: async-gradients")
+        sample = self.sample()
+        start = time.perf_counter()
+        grads: dict[str, list[np.ndarray]] = {}
+        stats: dict[str, float] = {}
+        for name, fragment in sample.fragments.items():
+            learner = self._learners[name]
+            learner.global_timestep = global_timestep
+            with torch.enable_grad():
+                grads[name], own = learner.compute_gradients(concat_fragments([fragment]))
+            stats.update({f"{name}/{k}": v for k, v in own.items()})
+        sample.busy_seconds += time.perf_counter() - start  # the actor's time: gradients too
+        return Gradients(grads, sample.meta(), stats)

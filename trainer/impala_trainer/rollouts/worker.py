@@ -214,7 +214,7 @@ class RolloutWorker:
         with torch.enable_grad():
             grads, stats = self._learner.compute_gradients(concat_fragments([fragment]))
         fragment.busy_seconds += time.perf_counter() - start  # the actor's time: gradients too
-        return Gradients(grads, fragment.meta(), stats)
+        return Gradients({fragment.policy_id: grads}, fragment.meta(), stats)
 
 
 def rollout_worker(
