@@ -2,8 +2,8 @@
 tic-tac-toe (an AEC game with action masks) beats a random player and its own earlier self;
 MPE's simple_spread (three cooperating agents, one shared policy) improves its team return over
 random play, with discrete and with Box actions; simple_tag's predators and prey train two
-policies of different networks in one job. The CLI runs as a subprocess, as a user runs it;
-`impalajob evaluate` scores the result.
+policies of different networks in one job, in IMPALA and in A3C (async-gradients) mode. The
+CLI runs as a subprocess, as a user runs it; `impalajob evaluate` scores the result.
 """
 
 from __future__ import annotations
@@ -198,3 +198,28 @@ def test_two_learners_train_both_policies_on_ray_and_resume_with_one(tmp_path: P
     again = _train(run, "tag", f"stop.timesteps={steps + 10_000}", "learner.replicas=1",
                    "training.seed=1", resume=True)  # fmt: skip
     assert again["counters"]["learner_updates"] > first["counters"]["learner_updates"]
+
+
+@pytest.mark.slow
+def test_async_gradients_train_predators_and_prey_each_on_its_own_agents_and_resume(
+    tmp_path: Path,
+) -> None:
+    # A3C on a PettingZoo env: every rollout worker computes each policy's gradients on its own
+    # agents' columns of a fragment and the driver applies them to that policy, once per sample.
+    # Measured at 100K steps (seeds 1, 2, 3): predators 9.6, 7.8 and 11.1; the prey's loss at
+    # the border 4.8, 6.3 and 3.5 (random play: 3.8 and 12.7), as in IMPALA mode.
+    run = tmp_path / "tag"
+    a3c = ("training.mode=async-gradients", "learner.process=driver", "training.seed=1")
+    status = _train(run, "tag", "stop.timesteps=100000", *a3c)
+    c = status["counters"]
+    assert c["num_env_steps_trained"] == c["num_env_steps_sampled"] == 100_000
+    for name in ("predator", "prey"):
+        assert f"{name}/total_loss" in status["learner"], sorted(status["learner"])
+    policies = status["policies"]
+    prey = policies["prey"]["episode_return_mean"]
+    predator = policies["predator"]["episode_return_mean"]
+    assert predator > RANDOM_TAG["predator"], policies
+    assert prey + predator > RANDOM_TAG["prey"] + RANDOM_TAG["predator"] + 4, policies
+    again = _train(run, "tag", "stop.timesteps=120000", *a3c, resume=True)
+    assert again["counters"]["learner_updates"] > c["learner_updates"]
+    assert again["counters"]["policy_version"] > c["policy_version"]

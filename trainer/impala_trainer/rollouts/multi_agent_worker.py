@@ -14,6 +14,9 @@ step's reward is in (lstmUsePrevActionReward), as the learner's unroll writes th
 The weights arrive as one flat mapping of every policy's arrays, keyed `<policy>/<name>`, with
 each policy's version under `<policy>/@version` (`WEIGHTS_VERSION`): a fragment carries its own
 policy's version, so each learner measures its own policy lag.
+
+In async-gradients mode (A3C) `compute_gradients` samples as `sample` does and returns each
+trained policy's gradients on its own fragment, keyed by policy, for the driver to apply.
 """
 
 from __future__ import annotations
