@@ -399,16 +399,24 @@ def test_a_job_image_built_from_the_product_image_trains(real_kube: Kube, operat
 
 def test_a_multi_agent_self_play_job_trains_in_real_pods(real_kube: Kube, operator: None) -> None:
     """manifests/examples/tictactoe.yaml (a PettingZoo AEC game from the image's multiagent
-    extra, self-play against a snapshot pool) trains to Succeeded in the learner and rollout
-    pods, its policy's self-play games counted in the sidecar's status."""
+    extra, self-play against a snapshot pool) on two learner pods in lock step trains to
+    Succeeded with its rollout pod, its policy's self-play games counted in the sidecar's
+    status."""
     kube = real_kube
-    manifest = example_manifest("tictactoe", stop={"timesteps": 150_000})
+    small = {"requests": {"cpu": "200m"}}
+    manifest = example_manifest(
+        "tictactoe", stop={"timesteps": 150_000},
+        learner={"replicas": 2, "resources": small},
+        rollouts={"minReplicas": 1, "maxReplicas": 1, "autoscaling": {"enabled": False},
+                  "resources": small},
+    )  # fmt: skip
     with kube.namespace("agents") as ns, diagnosed(kube, ns):
         t0 = time.monotonic()
         kube.kubectl("apply", "-n", ns, "-f", "-", stdin=json.dumps(manifest))
 
         def playing() -> dict[str, Any] | None:
-            if job_status(kube, ns, "tictactoe").get("phase") != "Running":
+            st = job_status(kube, ns, "tictactoe")
+            if st.get("phase") != "Running" or st.get("learner", {}).get("summary") != "2/2":
                 return None
             try:
                 snap = impalajob_status(kube, ns, "tictactoe")

@@ -238,7 +238,8 @@ def test_metrics_parse_with_job_label(serve: Serve, run_dir: Path) -> None:
     assert value("impala_episode_return_mean") == snap.episode_return_mean
     assert value("impala_phase", phase="Running") == 1.0
     assert value("impala_phase", phase="Failed") == 0.0
-    assert value("impala_learner_stat", stat="vf_loss") == snap.learner["vf_loss"]
+    vf_loss = snap.learner["default/vf_loss"]
+    assert value("impala_policy_learner_stat", policy="default", stat="vf_loss") == vf_loss
     assert value("impala_timing_seconds", section="learner_grad") == pytest.approx(0.0115)
     assert value("impala_members", role="rollout", state="healthy") == 4
     assert value("impala_learner_queue_fill") == snap.learner_queue.fill

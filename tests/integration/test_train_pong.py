@@ -31,6 +31,6 @@ def test_pong_example_trains_briefly(tmp_path: Path) -> None:
     assert status["stop"]["stopped_by"] == "timesteps"
     assert status["counters"]["num_env_steps_sampled"] >= 3000
     assert status["counters"]["learner_updates"] >= 1
-    assert status["learner"]["entropy"] > 0
+    assert status["learner"]["default/entropy"] > 0
     assert "ALE/Pong-v5" in (run / "config.yaml").read_text()
     assert list((run / "checkpoints").glob("ckpt-*/learner.pt"))

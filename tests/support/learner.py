@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from impala_api.spec import ImpalaJobSpec
-from impala_trainer.batches import TrainBatch
+from impala_api.spec import DEFAULT_POLICY, ImpalaJobSpec
+from impala_trainer.batches import TrainBatch, policy_layout, policy_weights
 from tests.support.jobs import make_spec
 
 
@@ -28,6 +28,19 @@ def one_torch_thread() -> Iterator[None]:
 
 
 SMALL_MLP: dict[str, Any] = {"model": {"hidden": [32, 32]}}
+
+
+def broadcast(learner: Any, version: int | None = None) -> dict[str, Any]:
+    """`learner`'s weights as the driver broadcasts those of a job's one policy (`default`),
+    at its version or `version`."""
+    v = learner.policy_version if version is None else version
+    return policy_layout(DEFAULT_POLICY, learner.get_weights(), v)
+
+
+def acting_weights(worker: Any) -> dict[str, np.ndarray]:
+    """A rollout worker's own weights, out of the broadcast layout."""
+    arrays: dict[str, np.ndarray] = policy_weights(worker.get_weights())[DEFAULT_POLICY][0]
+    return arrays
 
 
 def learner_spec(*, learner: dict[str, Any] | None = None, **training: Any) -> ImpalaJobSpec:

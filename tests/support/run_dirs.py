@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from impala_api.spec import ImpalaJob
+from impala_api.spec import DEFAULT_POLICY, ImpalaJob
 from impala_trainer.learning.learner import Learner
 from impala_trainer.rollouts.envs import env_spaces
 from impala_trainer.rundir.checkpoint import DriverState, save_checkpoint
@@ -23,5 +23,6 @@ def checkpointed_run_dir(path: Path, job: ImpalaJob, seed: int = 0) -> Path:
     with torch.no_grad():
         for p in learner.model.parameters():
             p.add_(torch.randn_like(p) * 0.3)
-    save_checkpoint(path / "checkpoints", learner.state_dict(), DriverState(), keep=1)
+    state = {"policies": {DEFAULT_POLICY: learner.state_dict()}}  # the checkpoint layout
+    save_checkpoint(path / "checkpoints", state, DriverState(), keep=1)
     return path

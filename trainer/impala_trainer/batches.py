@@ -3,16 +3,45 @@
 Everything is time-major numpy: `[T, B, ...]` with T = rolloutFragmentLength and B = environments.
 Numpy (not torch) crosses process boundaries because Ray's object store hands numpy arrays to the
 reader zero-copy; the learner turns them into tensors with `torch.from_numpy`.
+
+Weights travel in one layout whatever the env: every policy's arrays keyed `<policy>/<name>`,
+with the policy's version under `<policy>/@version` (`policy_layout`, `policy_weights`); a
+gymnasium env's one policy is `default`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from impala_api.spec import DEFAULT_POLICY
+
+WEIGHTS_VERSION = "@version"
+"""The key, under a policy's prefix, of its weights' version in a broadcast."""
+
+
+def policy_layout(policy: str, arrays: Mapping[str, Any], version: int) -> dict[str, Any]:
+    """One policy's weights in the broadcast layout: `<policy>/<name>` and its version."""
+    out = {f"{policy}/{k}": v for k, v in arrays.items()}
+    out[f"{policy}/{WEIGHTS_VERSION}"] = np.asarray(version, np.int64)
+    return out
+
+
+def policy_weights(weights: Mapping[str, Any]) -> dict[str, tuple[dict[str, Any], int]]:
+    """A broadcast split per policy: policy -> (its arrays, its version)."""
+    out: dict[str, tuple[dict[str, Any], int]] = {}
+    for key, value in weights.items():
+        policy, _, name = key.partition("/")
+        arrays, version = out.get(policy, ({}, 0))
+        if name == WEIGHTS_VERSION:
+            version = int(value)
+        else:
+            arrays[name] = value
+        out[policy] = (arrays, version)
+    return out
 
 
 @dataclass

@@ -21,6 +21,7 @@ from impala_trainer.learning.distributions import (
 from impala_trainer.learning.learner import Learner
 from impala_trainer.rollouts.worker import RolloutWorker
 from tests.support.jobs import make_spec
+from tests.support.learner import acting_weights
 
 RNG = np.random.default_rng(0)
 
@@ -125,7 +126,7 @@ def test_box_actions_are_clipped_at_the_env_and_learned_unclipped() -> None:
     assert f.behaviour_logits.shape == (10, 3, 2)
     assert np.abs(f.actions).max() > 2.0  # stored as sampled: the log-prob is of this action
     learner = Learner(spec, worker.obs_shape, worker.actions)
-    learner.set_weights(worker.get_weights())
+    learner.set_weights(acting_weights(worker))
     stats = learner.learn_on_batch(concat_fragments([f]))
     assert stats["mean_rho"] == pytest.approx(1.0, abs=1e-5)  # same policy: every ratio is 1
     assert np.isfinite(stats["total_loss"])

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import impala_trainer.driver.impala as driver_mod
+import impala_trainer.driver.policies as policies_mod
 from impala_api.spec import ImpalaJob
 from impala_trainer.batches import Fragment, FragmentMeta
 from impala_trainer.driver.impala import ImpalaDriver
@@ -31,7 +32,12 @@ from impala_trainer.rundir.writer import RunDir
 
 def _thread(driver: ImpalaDriver) -> Any:
     """The driver's one learner thread (learner.replicas 1, learner.process driver)."""
-    return driver.group.thread  # type: ignore[attr-defined]
+    return driver.group.groups["default"].thread  # type: ignore[attr-defined]
+
+
+def _learner(driver: ImpalaDriver) -> Any:
+    """The learner of the job's one policy, `default`."""
+    return driver.learner.learners["default"]  # type: ignore[attr-defined]
 
 
 def _job(**training: Any) -> ImpalaJob:
@@ -205,11 +211,11 @@ def test_schedules_run_on_env_steps_trained_not_sampled(tmp_path: Path) -> None:
     driver, _, _ = _driver(tmp_path, job)
     driver._step()
     assert driver.stats.counters.num_env_steps_sampled == 64 and driver.learner.global_timestep == 0
-    assert driver.learner.lr_schedule(driver.learner.global_timestep) == 1e-3
+    assert _learner(driver).lr_schedule(driver.learner.global_timestep) == 1e-3
     _thread(driver).outqueue.put((32, {}))  # the learner thread trained on one batch
     driver._drain_learner()
     assert driver.learner.global_timestep == driver.stats.counters.num_env_steps_trained == 32
-    assert driver.learner.lr_schedule(driver.learner.global_timestep) == 5e-4
+    assert _learner(driver).lr_schedule(driver.learner.global_timestep) == 5e-4
 
 
 def test_policy_lag_is_the_learners_at_a_batchs_first_update(tmp_path: Path) -> None:
@@ -234,7 +240,7 @@ def test_broadcast_weights_ride_on_each_actors_next_sample_request(
     driver._step()  # both fragments in, both actors asked again: nothing new to send
     assert [h.versions_sent for h in handles] == [[0, None], [0, None]]
 
-    driver.learner.policy_version = 3  # as if the learner thread had taken three steps
+    _learner(driver).policy_version = 3  # as if the learner thread had taken three steps
     _thread(driver).outqueue.put((32, {}))
     driver._drain_learner()  # broadcast: new weights taken, no call to any actor
     assert driver.stats.counters.num_weight_broadcasts == 1
@@ -263,7 +269,7 @@ def test_small_weights_go_inline_and_large_ones_through_the_object_store(
             np.testing.assert_array_equal(array, learner_weights[name])
 
     monkeypatch.setattr(driver_mod, "INLINE_WEIGHTS_BYTES", 100)
-    driver.learner.policy_version = 1
+    _learner(driver).policy_version = 1
     driver._put_weights()
     assert backend.puts == 1 and isinstance(driver.weights_ref, LocalRef)
     driver._collect()  # the next requests carry the reference; the actors load its weights
@@ -401,13 +407,13 @@ def test_the_actors_start_before_the_learner_is_built_and_go_if_it_fails(
     first, so their start-up overlaps it. A learner that cannot be built takes them down."""
     backend = LocalBackend(rollout_units=2)
     started: list[int] = []
-    real = driver_mod.make_learner_groups
+    real = policies_mod.make_learner_groups
 
     def build(*args: Any, **kwargs: Any) -> Any:
         started.append(len(backend.actors))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(driver_mod, "make_learner_groups", build)
+    monkeypatch.setattr(policies_mod, "make_learner_groups", build)
     driver = build_driver(_job(), RunDir(tmp_path / "run"), backend, Wiring(rollout_workers=2))
     assert started == [2]
     assert [a.actor_id for a in driver._new_actors] == ["rollout-0", "rollout-1"]
@@ -415,7 +421,7 @@ def test_the_actors_start_before_the_learner_is_built_and_go_if_it_fails(
     def fail(*args: Any, **kwargs: Any) -> Any:
         raise MemoryError("the learner does not fit")
 
-    monkeypatch.setattr(driver_mod, "make_learner_groups", fail)
+    monkeypatch.setattr(policies_mod, "make_learner_groups", fail)
     again = LocalBackend(rollout_units=2)
     with pytest.raises(MemoryError):
         build_driver(_job(), RunDir(tmp_path / "again"), again, Wiring(rollout_workers=2))

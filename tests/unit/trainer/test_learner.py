@@ -16,7 +16,7 @@ from impala_trainer.learning.learner import Learner, clip_grad_norms
 from impala_trainer.learning.losses import model_inputs
 from impala_trainer.learning.models import ActorCritic
 from tests.support.jobs import make_spec
-from tests.support.learner import learner_spec, make_batch, one_torch_thread
+from tests.support.learner import acting_weights, learner_spec, make_batch, one_torch_thread
 
 STAT_KEYS = {
     "policy_loss",
@@ -237,7 +237,7 @@ def test_gradient_clipping_engages_at_rllibs_settings_on_real_samples() -> None:
     worker = RolloutWorker(spec, "w", seed=0)
     batch = concat_fragments([worker.sample()])
     learner = Learner(spec, worker.obs_shape, worker.num_actions)
-    learner.set_weights(worker.get_weights())
+    learner.set_weights(acting_weights(worker))
     grads, stats = learner.compute_gradients(batch)
     assert stats["grad_gnorm"] > 40.0
     norm = float(np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in grads)))

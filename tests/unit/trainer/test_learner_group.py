@@ -70,7 +70,8 @@ def test_one_learner_is_a_local_group_and_more_are_distributed(tmp_path: Path) -
         backend = LocalBackend(rollout_units=1)
         driver = build_driver(_job(replicas), RunDir(tmp_path / str(replicas)), backend,
                               Wiring(rollout_workers=1))  # fmt: skip
-        assert isinstance(driver, ImpalaDriver) and isinstance(driver.group, kind)
+        assert isinstance(driver, ImpalaDriver)
+        assert isinstance(driver.group.groups[DEFAULT_POLICY], kind)  # type: ignore[attr-defined]
         driver.manager.shutdown()
         driver.group.close(5)
 
@@ -82,7 +83,7 @@ def test_two_learners_train_one_set_of_weights_on_batches_of_their_own(tmp_path:
     run_dir.prepare(job)
     driver = build_driver(job, run_dir, backend, Wiring(rollout_workers=2))
     assert isinstance(driver, ImpalaDriver)
-    group = driver.group
+    group = driver.group.groups[DEFAULT_POLICY]  # type: ignore[attr-defined]
     assert isinstance(group, DistributedLearnerGroup)
     fed: list[int] = []
     real_call = backend.learner_call
@@ -116,7 +117,8 @@ def test_a_checkpoint_of_two_learners_resumes_at_another_count(tmp_path: Path, t
     saved = json.loads((newest / "state.json").read_text())["counters"]
     assert saved["learner_updates"] == first.stats.counters.learner_updates
     learner_state = torch.load(newest / "learner.pt", weights_only=False)
-    assert learner_state["policy_version"] == saved["learner_updates"]
+    policies = learner_state["policies"]
+    assert policies[DEFAULT_POLICY]["policy_version"] == saved["learner_updates"]
 
     again = _run(_job(then, timesteps=6_000), run_dir, resume=True)
     c = again.stats.counters

@@ -24,7 +24,7 @@ from impala_trainer.batches import concat_fragments
 from impala_trainer.learning.learner import Learner
 from impala_trainer.rollouts.worker import RolloutWorker
 from tests.support.jobs import make_spec
-from tests.support.learner import one_torch_thread
+from tests.support.learner import broadcast, one_torch_thread
 
 LAG = 5
 ENV_STEPS = 120_000
@@ -42,7 +42,7 @@ def _train_with_lag(lag: int, **training: object) -> list[float]:
                      training={"seed": 0, "trainBatchSize": 800, **training})  # fmt: skip
     worker = RolloutWorker(spec, "w", seed=0)
     learner = Learner(spec, worker.obs_shape, worker.actions)
-    weights = collections.deque([(learner.get_weights(), 0)], maxlen=lag + 1)
+    weights = collections.deque([(broadcast(learner), 0)], maxlen=lag + 1)
     worker.set_weights(*weights[0])
     means, returns, steps = [], [], 0
     while steps < ENV_STEPS:
@@ -50,7 +50,7 @@ def _train_with_lag(lag: int, **training: object) -> list[float]:
         returns.extend(fragment.episode_returns)
         steps += fragment.actions.shape[0] * fragment.actions.shape[1]
         learner.learn_on_batch(concat_fragments([fragment]))
-        weights.append((learner.get_weights(), learner.policy_version))
+        weights.append((broadcast(learner), learner.policy_version))
         worker.set_weights(*weights[0])
         if learner.policy_version % 25 == 0:
             means.append(float(np.mean(returns)))

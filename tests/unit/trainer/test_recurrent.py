@@ -20,7 +20,7 @@ from impala_trainer.learning.models import ActorCritic
 from impala_trainer.rollouts.worker import RolloutWorker
 from impala_trainer.rundir.checkpoint import DriverState, load_checkpoint, save_checkpoint
 from tests.support.jobs import make_spec
-from tests.support.learner import one_torch_thread
+from tests.support.learner import acting_weights, one_torch_thread
 
 STATELESS_CARTPOLE: dict[str, Any] = {
     "id": "CartPole-v1",
@@ -192,9 +192,10 @@ def test_async_gradients_workers_compute_gradients_of_a_recurrent_policy() -> No
     spec.training.mode = "async-gradients"
     worker = RolloutWorker(spec, "w", seed=5)
     learner = Learner(spec, worker.obs_shape, worker.actions)
-    learner.set_weights(worker.get_weights())
+    learner.set_weights(acting_weights(worker))
     out = worker.compute_gradients()
-    assert out.stats["batch_count"] == 80 and len(out.grads["default"]) == len(learner.params)
-    assert any(np.abs(g).sum() > 0 for g in out.grads["default"])
-    learner.apply_gradients(out.grads["default"])
+    grads = out.grads["default"]
+    assert out.stats["default/batch_count"] == 80 and len(grads) == len(learner.params)
+    assert any(np.abs(g).sum() > 0 for g in grads)
+    learner.apply_gradients(grads)
     assert learner.policy_version == 1

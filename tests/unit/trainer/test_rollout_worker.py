@@ -9,10 +9,14 @@ import numpy as np
 import pytest
 import torch
 
+from impala_api.spec import DEFAULT_POLICY
+from impala_trainer.batches import policy_layout
+from impala_trainer.driver.policies import PolicySetState
 from impala_trainer.learning import precision as precision_module
 from impala_trainer.learning.learner import Learner
 from impala_trainer.rollouts.worker import RolloutWorker
 from tests.support.jobs import make_spec
+from tests.support.learner import acting_weights
 
 CARTPOLE: dict[str, Any] = {
     "env": {"id": "CartPole-v1", "numEnvsPerWorker": 6},
@@ -98,20 +102,22 @@ def test_fragment_without_time_limits_has_no_final_obs() -> None:
 def test_set_weights_changes_policy_and_version() -> None:
     a = RolloutWorker(make_spec(CARTPOLE), "a", seed=0)
     b = RolloutWorker(make_spec(CARTPOLE), "b", seed=1)
-    weights = {k: v * 3.0 for k, v in b.get_weights().items()}
-    a.set_weights(weights, policy_version=9)
-    for k, v in a.get_weights().items():
+    weights = {k: v * 3.0 for k, v in acting_weights(b).items()}
+    a.set_weights(policy_layout(DEFAULT_POLICY, weights, 9), policy_version=9)
+    for k, v in acting_weights(a).items():
         np.testing.assert_array_equal(v, weights[k])
     assert a.sample().policy_version == 9
 
 
 def test_set_weights_takes_the_learners_pickled_broadcast() -> None:
-    """Small broadcasts arrive as Learner.pickled_weights' bytes: the same weights as the dict."""
+    """Small broadcasts arrive pickled (`PolicySetState.pickled_weights`): the same weights as
+    the dict, at their policy's version."""
     spec = make_spec(CARTPOLE)
     worker = RolloutWorker(spec, "a", seed=0)
     learner = Learner(spec, worker.obs_shape, worker.actions)
-    worker.set_weights(learner.pickled_weights(), policy_version=4)
-    got, want = worker.get_weights(), learner.get_weights()
+    learner.policy_version = 4
+    worker.set_weights(PolicySetState({DEFAULT_POLICY: learner}).pickled_weights(), 4)
+    got, want = acting_weights(worker), learner.get_weights()
     assert got.keys() == want.keys()
     for k, v in want.items():
         np.testing.assert_array_equal(got[k], v)
@@ -206,9 +212,9 @@ def test_a3c_gradients_are_the_learner_gradients_of_the_sampled_fragment() -> No
     grads = gradients.grads["default"]
     assert gradients.meta.env_steps == 120 and gradients.meta.policy_version == 0
     assert gradients.meta.busy_seconds > 0.0  # the sampling and the gradients
-    assert set(gradients.stats) >= {"policy_loss", "vf_loss", "entropy"}
+    assert set(gradients.stats) >= {"default/policy_loss", "default/vf_loss", "default/entropy"}
     learner = Learner(spec, acting.obs_shape, acting.num_actions)
-    learner.set_weights(acting.get_weights())
+    learner.set_weights(acting_weights(acting))
     expected, _ = learner.compute_gradients(concat_fragments([twin.sample()]))
     assert len(grads) == len(expected)
     for g, e in zip(grads, expected, strict=True):

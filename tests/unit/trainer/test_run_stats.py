@@ -169,13 +169,15 @@ def test_learner_stats_are_the_mean_over_a_snapshots_updates() -> None:
     """RLlib's LearnerInfoBuilder: an iteration reports the mean of its updates' stats; with no
     update since, the previous means stay."""
     stats = RunStats("job", StopSpec(timesteps=100))
-    stats.add_learner_stats({"entropy": 1.0, "vf_loss": 4.0})
-    stats.add_learner_stats({"entropy": 3.0, "vf_loss": 8.0})
-    assert stats.snapshot("Running", Membership()).learner == {"entropy": 2.0, "vf_loss": 6.0}
-    assert stats.history_point().entropy == 2.0
-    assert stats.snapshot("Running", Membership()).learner == {"entropy": 2.0, "vf_loss": 6.0}
-    stats.add_learner_stats({"entropy": 0.5, "vf_loss": 1.0})
-    assert stats.snapshot("Running", Membership()).learner == {"entropy": 0.5, "vf_loss": 1.0}
+    stats.add_learner_stats({"default/entropy": 1.0, "default/vf_loss": 4.0})
+    stats.add_learner_stats({"default/entropy": 3.0, "default/vf_loss": 8.0})
+    means = {"default/entropy": 2.0, "default/vf_loss": 6.0}
+    assert stats.snapshot("Running", Membership()).learner == means
+    assert stats.history_point().entropy == 2.0  # the main policy's
+    assert stats.snapshot("Running", Membership()).learner == means
+    stats.add_learner_stats({"default/entropy": 0.5, "default/vf_loss": 1.0})
+    later = {"default/entropy": 0.5, "default/vf_loss": 1.0}
+    assert stats.snapshot("Running", Membership()).learner == later
 
 
 def test_counters_of_an_older_run_directory_still_load() -> None:

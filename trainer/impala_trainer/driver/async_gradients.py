@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from impala_api.spec import DEFAULT_POLICY, ImpalaJob
+from impala_api.spec import ImpalaJob
 from impala_trainer.batches import Gradients
 from impala_trainer.driver.actor_manager import ManagedActor
 from impala_trainer.driver.backend import Ref, Weights
@@ -34,19 +34,16 @@ class AsyncGradientsDriver(Driver):
 
     def __init__(self, job: ImpalaJob, run_dir: RunDir, **collaborators: Any) -> None:
         super().__init__(job, run_dir, **collaborators)
-        if self.models:  # a PettingZoo env: every policy's weights go out, the trained ones learn
-            every = {
-                name: Learner(self.spec.policy_spec(name), model.obs_shape, model.actions)
-                for name, model in self.models.items()
-            }
-            trained = set(self.spec.agents.trained)
-            self.learners = {name: ls for name, ls in every.items() if name in trained}
-            if not self.learners:
-                raise ValueError(NOTHING_TO_TRAIN)
-            self.learner = PolicySetState(dict(every), self_play_pool(self.spec))
-        else:
-            one = Learner(self.spec, self.obs_shape, self.actions)
-            self.learners, self.learner = {DEFAULT_POLICY: one}, one
+        # Every policy's weights go out (a gymnasium env's one); the trained ones learn.
+        every = {
+            name: Learner(self.spec.policy_spec(name), model.obs_shape, model.actions)
+            for name, model in self.models.items()
+        }
+        trained = set(self.spec.agents.trained)
+        self.learners = {name: ls for name, ls in every.items() if name in trained}
+        if not self.learners:
+            raise ValueError(NOTHING_TO_TRAIN)
+        self.learner = PolicySetState(dict(every), self_play_pool(self.spec))
         self.grad_refs: dict[Ref, str] = {}  # gradients ref -> actor id
         self._weights: tuple[Weights, int] | None = None  # (ref, version) of current weights
         self._last_update = time.monotonic()

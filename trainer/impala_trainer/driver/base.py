@@ -45,11 +45,9 @@ from impala_trainer.driver.policies import policy_set_state
 from impala_trainer.learning.learner import LearnerState
 from impala_trainer.learning.learner_process import LearnerProcessError
 from impala_trainer.rollouts.agent_envs import PolicyModel, policy_models
-from impala_trainer.rollouts.envs import env_spaces
 from impala_trainer.rundir.checkpoint import (
     Restored,
     load_newest_readable,
-    policy_state,
     save_checkpoint,
     save_policy_checkpoint,
 )
@@ -115,7 +113,8 @@ class Driver:
         self.on_report = on_report
         # checkpoint.storageUri: each checkpoint goes up in the background, everything at the end.
         self.mirror = mirror
-        self.stats = RunStats(job.name, self.spec.stop, trend_source=_trend_source(self.spec))
+        self.stats = RunStats(job.name, self.spec.stop, trend_source=_trend_source(self.spec),
+                              main_policy=self.spec.agents.main_policy)  # fmt: skip
         self._last_checkpoint = time.monotonic()
         self._last_nodes = float("-inf")
         self._started = False
@@ -126,18 +125,12 @@ class Driver:
         self._evaluators: list[Handle] = []
         self._round: Round | None = None
         torch.manual_seed(self.seed)
-        self.models: dict[str, PolicyModel] = {}
-        """A PettingZoo env's policies: what each one's model is built for."""
-        if self.spec.env.multi_agent:
-            self.models = policy_models(self.spec)
-            # The largest of them: what `direct_samples` sizes a sample by.
-            first = max(self.models.values(), key=lambda m: math.prod(m.obs_shape))
-            self.obs_shape, self.actions = first.obs_shape, first.actions
-            self.obs_dtype = first.obs_dtype
-        else:
-            spaces = env_spaces(self.spec.env, self.spec.model.squash_actions)
-            self.obs_shape, self.actions = spaces.obs_shape, spaces.actions
-            self.obs_dtype = spaces.obs_dtype
+        self.models: dict[str, PolicyModel] = policy_models(self.spec)
+        """The job's policies (a gymnasium env's one, `default`): what each model is built for."""
+        # The largest of them: what `direct_samples` sizes a sample by.
+        first = max(self.models.values(), key=lambda m: math.prod(m.obs_shape))
+        self.obs_shape, self.actions = first.obs_shape, first.actions
+        self.obs_dtype = first.obs_dtype
         # The actors start now, before the subclass builds its learner: each actor is a process
         # that imports torch and makes its envs, as a learner process does, and a GPU learner
         # makes its CUDA context; they overlap instead of adding up. Asked for work in _setup.
@@ -201,9 +194,8 @@ class Driver:
 
     def _restore(self, restored: Restored) -> None:
         self.learner.load_state_dict(restored.learner_state)
-        self.stats = RunStats(
-            self.job.name, self.spec.stop, restored.state, _trend_source(self.spec)
-        )
+        self.stats = RunStats(self.job.name, self.spec.stop, restored.state,
+                              _trend_source(self.spec), self.spec.agents.main_policy)  # fmt: skip
         self.stats.checkpoint = CheckpointInfo(
             path=str(restored.path.relative_to(self.run_dir.path)),
             time=restored.path.stat().st_mtime,
@@ -373,10 +365,7 @@ class Driver:
             self.run_dir.add_video_preview(rnd.env_steps, *preview)
         info, best = schedule.finished(rnd, merge([r for r, _ in results]), path)
         if best:
-            if self.spec.env.multi_agent:
-                kept = policy_set_state(rnd.weights, rnd.env_steps)
-            else:
-                kept = policy_state(rnd.weights, rnd.policy_version, rnd.env_steps)
+            kept = policy_set_state(rnd.weights, rnd.env_steps)
             where = save_policy_checkpoint(
                 self.run_dir.checkpoints / BEST_CHECKPOINT, kept, self.stats.driver_state()
             )

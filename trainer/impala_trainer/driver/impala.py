@@ -27,16 +27,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from impala_api.spec import DEFAULT_POLICY, ImpalaJob, ImpalaJobSpec
+from impala_api.spec import ImpalaJob, ImpalaJobSpec
 from impala_trainer.batches import Fragment, FragmentMeta, TrainBatch
 from impala_trainer.driver.actor_manager import ManagedActor
 from impala_trainer.driver.backend import Ref, Weights
 from impala_trainer.driver.base import WAIT_SECONDS, Driver
-from impala_trainer.driver.learner_group import LearnerGroup, make_learner_groups
+from impala_trainer.driver.learner_group import LearnerGroup
 from impala_trainer.driver.ledger import Ledger
 from impala_trainer.driver.policies import policy_learner_groups
 from impala_trainer.learning.learner import LearnerState
-from impala_trainer.learning.learner_worker import LearnerPolicy
 from impala_trainer.rollouts.aggregation import Aggregator
 from impala_trainer.rundir.writer import RunDir
 
@@ -75,16 +74,10 @@ class ImpalaDriver(Driver):
     def __init__(self, job: ImpalaJob, run_dir: RunDir, **collaborators: Any) -> None:
         super().__init__(job, run_dir, **collaborators)
         threads = torch.get_num_threads()
-        self.group: LearnerGroup
-        if self.models:  # a PettingZoo env: a learner group per trained policy
-            self.group = policy_learner_groups(
-                self.spec, self.models, self.seed, self.backend, threads
-            )
-        else:
-            policy = LearnerPolicy(self.spec, self.obs_shape, self.actions)
-            self.group = make_learner_groups(
-                {DEFAULT_POLICY: policy}, self.seed, self.backend, threads
-            )[DEFAULT_POLICY]
+        # A learner group per trained policy (a gymnasium env's one), as one group.
+        self.group: LearnerGroup = policy_learner_groups(
+            self.spec, self.models, self.seed, self.backend, threads
+        )
         self.learner: LearnerState = self.group.learner
         replicas, process = self.spec.learner.replicas, self.spec.learner.process
         logger.info(
@@ -105,7 +98,7 @@ class ImpalaDriver(Driver):
         self.weights_ref: Weights | None = None  # the latest broadcast: pickled, or a ref
         self._weights_nbytes = self.learner.weights_nbytes()
         self.weights_version = -1
-        trained = set(self.spec.agents.trained) if self.models else set()
+        trained = set(self.spec.agents.trained)
         self.direct_samples = direct_samples(
             self.spec, self.obs_shape, self.obs_dtype, self._weights_nbytes,
             sum(len(m.agents) for name, m in self.models.items() if name in trained) or 1,

@@ -1,4 +1,5 @@
-"""A multi-agent job's learners: one `LearnerGroup` per trained policy, as one group.
+"""A job's learners: one `LearnerGroup` per trained policy, as one group (a gymnasium env's
+job has one policy, `default`).
 
 RLlib gives each trained policy its own learner; so does this: each trained policy has the
 learner group its spec asks for (`learner_group.make_learner_groups`, the policy's model in
@@ -8,9 +9,8 @@ optimiser, schedules and stats, and trains on the batches of its own agents
 driver's one `LearnerGroup`, and `PolicySetState` their weights and state as its one
 `LearnerState`:
 
-- the weights broadcast to the rollouts are every policy's, keyed `<policy>/<name>` with each
-  policy's version (`multi_agent_worker.WEIGHTS_VERSION`), a policy that does not learn
-  included (its initial weights, never changed);
+- the weights broadcast to the rollouts are every policy's, in `batches.policy_layout`, a
+  policy that does not learn included (its initial weights, never changed);
 - the state a checkpoint keeps is each policy's learner state by name;
 - the policy version the driver counts is the sum of the policies' (it moves whenever one
   learns), and the schedules' clock is the run's env steps trained, for every policy alike.
@@ -26,14 +26,13 @@ import numpy as np
 import torch
 
 from impala_api.spec import ImpalaJobSpec
-from impala_trainer.batches import TrainBatch
+from impala_trainer.batches import TrainBatch, policy_layout, policy_weights
 from impala_trainer.driver.backend import Backend
 from impala_trainer.driver.learner_group import LearnerGroup, Updates, make_learner_groups
 from impala_trainer.learning.learner import Learner, LearnerState
 from impala_trainer.learning.learner_worker import LearnerPolicy
 from impala_trainer.rollouts.agent_envs import PolicyModel
-from impala_trainer.rollouts.multi_agent_worker import WEIGHTS_VERSION, policy_weights
-from impala_trainer.rundir.checkpoint import policy_state
+from impala_trainer.rundir.checkpoint import OLD_LAYOUT, policy_state
 
 NOTHING_TO_TRAIN = (
     "spec.multiAgent.policiesToTrain: no agent of this env acts by a policy that learns"
@@ -66,9 +65,7 @@ class SelfPlayPool:
     def weights(self) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         for slot, snapshot in enumerate(self.snapshots):
-            name = f"{self.policy}@{slot}"
-            out.update({f"{name}/{k}": v for k, v in snapshot.items()})
-            out[f"{name}/{WEIGHTS_VERSION}"] = np.asarray(0, np.int64)
+            out.update(policy_layout(f"{self.policy}@{slot}", snapshot, 0))
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -108,8 +105,7 @@ class PolicySetState:
     def get_weights(self) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         for name, learner in self.learners.items():
-            out.update({f"{name}/{k}": v for k, v in learner.get_weights().items()})
-            out[f"{name}/{WEIGHTS_VERSION}"] = np.asarray(learner.policy_version, np.int64)
+            out.update(policy_layout(name, learner.get_weights(), learner.policy_version))
         if self.pool is not None:
             out.update(self.pool.weights())
         return out
@@ -134,8 +130,10 @@ class PolicySetState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state.get("policies")
-        if not isinstance(saved, dict) or set(saved) != set(self.learners):
-            have = sorted(saved) if isinstance(saved, dict) else "a single-agent learner"
+        if not isinstance(saved, dict):
+            raise ValueError(OLD_LAYOUT.format(path="the checkpoint"))
+        if set(saved) != set(self.learners):
+            have = sorted(saved)
             raise ValueError(
                 f"the checkpoint holds {have}, this job's policies are {sorted(self.learners)}: "
                 "resume it with the policies it was trained with"

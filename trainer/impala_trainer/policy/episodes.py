@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from impala_api.spec import EnvSpec, ImpalaJobSpec
+from impala_api.spec import DEFAULT_POLICY, EnvSpec, ImpalaJobSpec
+from impala_trainer.batches import policy_weights
 from impala_trainer.learning.distributions import ActionDistribution
 from impala_trainer.learning.model_factory import build_model
 from impala_trainer.learning.models import ActorCritic
@@ -174,11 +175,13 @@ class EpisodeEvaluator:
     def run(
         self, weights: dict[str, np.ndarray], share: int, video: bool
     ) -> tuple[EvaluationResult, tuple[str, bytes] | None]:
-        """Play `share` episodes (or env steps, durationUnit) with `weights`; the result and
-        its first episode's video (suffix, bytes), when asked for one."""
+        """Play `share` episodes (or env steps, durationUnit) with `weights` (the broadcast's
+        layout: `batches.policy_weights`); the result and its first episode's video (suffix,
+        bytes), when asked for one."""
         assert self.spec.evaluation is not None
         evaluation = self.spec.evaluation
-        self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()})
+        own, _ = policy_weights(weights)[DEFAULT_POLICY]
+        self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in own.items()})
         by_steps = evaluation.duration_unit == "timesteps"
         with tempfile.TemporaryDirectory(prefix="impala-eval-") as tmp:
             result = evaluate(

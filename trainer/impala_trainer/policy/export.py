@@ -194,8 +194,8 @@ def _observation_metadata(policy: LoadedPolicy) -> dict[str, Any]:
         "wrappers": [w.model_dump(by_alias=True) for w in env.wrappers],
         "env_kwargs": env.kwargs,
     }
-    if policy.policy is not None:
-        meta["policy"] = policy.policy
+    meta["policy"] = policy.policy
+    if env.multi_agent:
         meta["multi_agent"] = (
             "the observation of an agent mapped to this policy; an observation Dict with an "
             "action_mask is fed without it (its other entries, or its `observation`), and the "

@@ -25,6 +25,7 @@ import torch
 from impala_api.manifest import load_manifest
 from impala_api.snapshot import CONFIG_FILE
 from impala_api.spec import RANDOM_OPPONENT, ImpalaJobSpec
+from impala_trainer.batches import policy_weights
 from impala_trainer.learning.acting import acting_policy, carried_state, recurrent_policy
 from impala_trainer.learning.distributions import (
     MASKED_LOGIT,
@@ -44,8 +45,7 @@ from impala_trainer.rollouts.agent_envs import (
     policy_spaces,
     random_action,
 )
-from impala_trainer.rollouts.multi_agent_worker import policy_weights
-from impala_trainer.rundir.checkpoint import load_checkpoint
+from impala_trainer.rundir.checkpoint import OLD_LAYOUT, load_checkpoint
 
 RANDOM = RANDOM_OPPONENT
 
@@ -135,7 +135,9 @@ def load_game_policies(run_dir: Path, checkpoint: str | None = None) -> dict[str
         state, _ = load_checkpoint(path)
     except Exception as err:  # truncated, corrupt, not ours
         raise PolicyNotFoundError(f"{path} cannot be read: {err}") from None
-    saved = state.get("policies", {})
+    saved = state.get("policies")
+    if not isinstance(saved, dict):
+        raise PolicyNotFoundError(OLD_LAYOUT.format(path=path))
     out = game_policies(job.spec)
     for name, policy in out.items():
         if name not in saved:

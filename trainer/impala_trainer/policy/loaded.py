@@ -15,9 +15,10 @@ from impala_api.spec import ImpalaJob
 from impala_trainer.learning.distributions import ActionDistribution
 from impala_trainer.learning.model_factory import build_model
 from impala_trainer.learning.models import ActorCritic
-from impala_trainer.rollouts.envs import EnvSpaces, env_spaces
+from impala_trainer.rollouts.envs import EnvSpaces
 from impala_trainer.rundir.checkpoint import (
     LEARNER_FILE,
+    OLD_LAYOUT,
     STATE_FILE,
     latest_checkpoint,
     list_checkpoints,
@@ -41,8 +42,8 @@ class LoadedPolicy:
     checkpoint: Path
     policy_version: int
     global_timestep: int
-    policy: str | None = None
-    """A multi-agent run's policy this is (None for a single-agent run)."""
+    policy: str
+    """The run's policy this is (a gymnasium env's run: `default`)."""
 
 
 def find_checkpoint(run_dir: Path, name: str | None = None) -> Path:
@@ -70,12 +71,14 @@ def _first_line(err: BaseException) -> str:
 def _one_policy(
     job: ImpalaJob, state: dict[str, Any], policy: str | None, path: Path
 ) -> tuple[ImpalaJob, dict[str, Any], EnvSpaces]:
-    """A multi-agent run's policy as a single policy's job (its model as spec.model), learner
-    state and spaces."""
+    """A run's policy as a single policy's job (its model as spec.model), learner state and
+    spaces."""
     from impala_trainer.rollouts.agent_envs import policy_models
 
     name = policy or job.spec.agents.main_policy
-    saved = state.get("policies", {})
+    saved = state.get("policies")
+    if not isinstance(saved, dict):
+        raise PolicyNotFoundError(OLD_LAYOUT.format(path=path))
     if name not in saved:
         raise PolicyNotFoundError(
             f"{path} holds no policy {name!r}: its policies are {', '.join(saved) or 'none'}"
@@ -101,11 +104,8 @@ def load_policy(
         state, _ = load_checkpoint(path)
     except Exception as err:  # torch's unpickler and json: truncated, corrupt, not ours
         raise PolicyNotFoundError(f"{weights} cannot be read: {_first_line(err)}") from None
-    if job.spec.env.multi_agent:
-        policy = policy or job.spec.agents.main_policy
-        job, state, spaces = _one_policy(job, state, policy, path)
-    else:
-        spaces = env_spaces(job.spec.env, job.spec.model.squash_actions)
+    policy = policy or job.spec.agents.main_policy
+    job, state, spaces = _one_policy(job, state, policy, path)
     model = build_model(job.spec.model, spaces.obs_shape, spaces.actions)
     try:
         model.load_state_dict(state["model"])
@@ -124,5 +124,5 @@ def load_policy(
         checkpoint=path,
         policy_version=int(state.get("policy_version", 0)),
         global_timestep=int(state.get("global_timestep", 0)),
-        policy=policy if job.spec.env.multi_agent else None,
+        policy=policy,
     )

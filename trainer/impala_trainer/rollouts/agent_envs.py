@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
-from impala_api.spec import EnvSpec, ImpalaJobSpec, MultiAgentSpec
-from impala_trainer.rollouts.envs import UnsupportedSpaceError, check_spaces
+from impala_api.spec import DEFAULT_POLICY, EnvSpec, ImpalaJobSpec, MultiAgentSpec
+from impala_trainer.rollouts.envs import UnsupportedSpaceError, check_spaces, env_spaces
 from impala_trainer.user_code import UserCodeError, import_module, resolve, wrapper_factories
 
 if TYPE_CHECKING:
@@ -333,9 +333,13 @@ class PolicyModel:
 
 
 def policy_models(spec: ImpalaJobSpec) -> dict[str, PolicyModel]:
-    """policy -> its model's spaces, for every policy an agent of the env maps to."""
+    """policy -> its model's spaces, for every policy an agent of the env maps to (a gymnasium
+    env's one policy, `default`, for its one agent)."""
     from impala_trainer.learning.distributions import action_distribution
 
+    if not spec.env.multi_agent:
+        one = env_spaces(spec.env, spec.model.squash_actions)
+        return {DEFAULT_POLICY: PolicyModel([], one.obs_shape, one.obs_dtype, one.actions)}
     out = {}
     for name, (agents, spaces) in policy_spaces(spec).items():
         adapter = ObservationAdapter(spaces)

@@ -11,9 +11,9 @@ zeroed when the env's episode ends), and each step keeps the state it acted from
 takes its previous action and reward has the agent's own written into its state once that
 step's reward is in (lstmUsePrevActionReward), as the learner's unroll writes them.
 
-The weights arrive as one flat mapping of every policy's arrays, keyed `<policy>/<name>`, with
-each policy's version under `<policy>/@version` (`WEIGHTS_VERSION`): a fragment carries its own
-policy's version, so each learner measures its own policy lag.
+The weights arrive in the broadcast layout of `batches.policy_weights`, each policy with its own
+version: a fragment carries its own policy's version, so each learner measures its own policy
+lag.
 
 In async-gradients mode (A3C) `compute_gradients` samples as `sample` does and returns each
 trained policy's gradients on its own fragment, keyed by policy, for the driver to apply.
@@ -31,7 +31,12 @@ import numpy as np
 import torch
 
 from impala_api.spec import ImpalaJobSpec
-from impala_trainer.batches import Gradients, MultiAgentFragment, concat_fragments
+from impala_trainer.batches import (
+    Gradients,
+    MultiAgentFragment,
+    concat_fragments,
+    policy_weights,
+)
 from impala_trainer.learning.acting import (
     WeightLoader,
     acting_policy,
@@ -57,26 +62,10 @@ from impala_trainer.rollouts.agent_envs import (
 )
 from impala_trainer.rollouts.lanes import PolicyLanes, Step
 
-WEIGHTS_VERSION = "@version"
-"""The key, under a policy's prefix, of its weights' version in a multi-agent broadcast."""
 RANDOM_SEAT = "@random"
 """A self-play seat taken by the random player (no policy's name has an `@`)."""
 MAX_TURNS_PER_FRAGMENT = 1000
 """Turns per fragment length beyond which an agent that never acts is an error, not a wait."""
-
-
-def policy_weights(weights: Mapping[str, Any]) -> dict[str, tuple[dict[str, Any], int]]:
-    """A multi-agent broadcast split per policy: policy -> (its arrays, its version)."""
-    out: dict[str, tuple[dict[str, Any], int]] = {}
-    for key, value in weights.items():
-        policy, _, name = key.partition("/")
-        arrays, version = out.get(policy, ({}, 0))
-        if name == WEIGHTS_VERSION:
-            version = int(value)
-        else:
-            arrays[name] = value
-        out[policy] = (arrays, version)
-    return out
 
 
 @dataclass

@@ -13,13 +13,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from impala_api.spec import ImpalaJobSpec
+from impala_api.spec import DEFAULT_POLICY, ImpalaJobSpec
 from impala_trainer.batches import (
     Fragment,
     Gradients,
     concat_fragments,
     no_final_steps,
     no_state,
+    policy_layout,
+    policy_weights,
     split_sequences,
 )
 from impala_trainer.learning.acting import (
@@ -84,6 +86,8 @@ class RolloutWorker:
             self._carry = None
             self.state = no_state(self.num_envs)
         self.seq_len = spec.model.max_seq_len or self.fragment_length
+        self.policy_id = DEFAULT_POLICY
+        """The one policy every step acts by."""
         self.policy_version = 0
         self.rng = np.random.default_rng(seed)
         self.obs, _ = self.env.reset(seed=seed)
@@ -98,18 +102,22 @@ class RolloutWorker:
         return self.actions.num_inputs
 
     def set_weights(self, weights: Mapping[str, np.ndarray] | bytes, policy_version: int) -> None:
-        """Load the learner's weights (arrays, or `Learner.pickled_weights`); fragments sampled
-        from now on carry `policy_version`."""
+        """Load the policy's weights out of a broadcast (`batches.policy_layout`, or those
+        pickled); fragments sampled from now on carry its version. `policy_version`: the
+        driver's count, the same for a job of one policy."""
         start = time.perf_counter()
         # Bytes: pickled once by the driver for every actor (its own, trusted as Ray's are).
-        arrays = pickle.loads(weights) if isinstance(weights, bytes) else weights
+        layout = pickle.loads(weights) if isinstance(weights, bytes) else weights
+        arrays, version = policy_weights(layout)[self.policy_id]
         self._load_weights(arrays)
-        self.policy_version = int(policy_version)
+        self.policy_version = version
         self._busy_seconds += time.perf_counter() - start
 
     def get_weights(self) -> dict[str, np.ndarray]:
-        """This worker's current weights (tests compare them with the learner's)."""
-        return {k: v.detach().numpy().copy() for k, v in self.model.state_dict().items()}
+        """This worker's current weights in the broadcast layout (tests compare them with the
+        learner's)."""
+        arrays = {k: v.detach().numpy().copy() for k, v in self.model.state_dict().items()}
+        return policy_layout(self.policy_id, arrays, self.policy_version)
 
     def sample(self) -> Fragment:
         """One fragment of `[T, B]` transitions from the current policy (as `[maxSeqLen,
@@ -214,7 +222,8 @@ class RolloutWorker:
         with torch.enable_grad():
             grads, stats = self._learner.compute_gradients(concat_fragments([fragment]))
         fragment.busy_seconds += time.perf_counter() - start  # the actor's time: gradients too
-        return Gradients({fragment.policy_id: grads}, fragment.meta(), stats)
+        own = {f"{self.policy_id}/{k}": v for k, v in stats.items()}
+        return Gradients({self.policy_id: grads}, fragment.meta(), own)
 
 
 def rollout_worker(

@@ -1,6 +1,7 @@
 """Checkpoints: learner state (model, optimisers, policy version) plus the driver's counters.
 
-Layout: `checkpoints/ckpt-<seq>/` with `learner.pt` (torch) and `state.json` (counters, the
+Layout: `checkpoints/ckpt-<seq>/` with `learner.pt` (torch: each policy's learner state under
+`policies`, by name, and a self-play pool under `self_play`) and `state.json` (counters, the
 episode-return window, accumulated wall seconds). A checkpoint is written into a hidden temporary
 directory and renamed into place, so a crash mid-write never leaves a half checkpoint that
 `latest_checkpoint` would pick. No RNG state is saved: a resumed run continues the counters and
@@ -26,6 +27,11 @@ from typing import Any
 
 import torch
 
+OLD_LAYOUT = (
+    "{path} is a checkpoint of the old single-policy layout (one learner's state at its top, "
+    "not each policy's under `policies`): this version cannot read it; train the run again"
+)
+"""Every checkpoint keeps its policies by name, a gymnasium env's one as `default`."""
 LEARNER_FILE = "learner.pt"
 STATE_FILE = "state.json"
 _NAME = re.compile(r"^ckpt-(\d{6,})$")

@@ -28,7 +28,7 @@ from impala_api.snapshot import (
     Throughput,
     TrendSource,
 )
-from impala_api.spec import StopSpec
+from impala_api.spec import DEFAULT_POLICY, StopSpec
 from impala_trainer.rundir import trend
 from impala_trainer.rundir.checkpoint import DriverState
 
@@ -45,9 +45,12 @@ class RunStats:
         stop: StopSpec,
         resumed: DriverState | None = None,
         trend_source: TrendSource = "training",
+        main_policy: str = DEFAULT_POLICY,
     ) -> None:
         self.job = job
         self.stop = stop
+        self.main_policy = main_policy
+        """Whose learner stats the history's losses follow (spec.agents.main_policy)."""
         state = resumed or DriverState()
         self.counters = Counters(**state.counters)
         self.returns: deque[float] = deque(state.episode_returns, maxlen=EPISODE_WINDOW)
@@ -338,9 +341,9 @@ class RunStats:
             env_steps_per_s=self.throughput.env_steps_per_s,
             trained_steps_per_s=self.throughput.trained_steps_per_s,
             learner_queue_fill=self.queue.fill,
-            policy_loss=self.learner.get("policy_loss"),
-            vf_loss=self.learner.get("vf_loss"),
-            entropy=self.learner.get("entropy"),
+            policy_loss=self.learner.get(f"{self.main_policy}/policy_loss"),
+            vf_loss=self.learner.get(f"{self.main_policy}/vf_loss"),
+            entropy=self.learner.get(f"{self.main_policy}/entropy"),
             evaluation_return_mean=self.evaluation_return_mean,
             evaluation_env_steps=self.evaluation.num_env_steps_sampled if self.evaluation else None,
         )

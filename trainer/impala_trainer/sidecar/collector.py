@@ -183,17 +183,34 @@ def snapshot_metrics(snap: StatusSnapshot, job: str) -> Iterator[Metric]:
         members.add_metric([job, role, state], float(n))
     yield members
     stats = {k: v for k, v in sorted(snap.learner.items()) if "/" not in k}
-    yield _labelled("impala_learner_stat", "Latest learner statistic by name.", job, "stat", stats)
+    yield _labelled(
+        "impala_learner_stat", "Latest run-wide learner statistic by name.", job, "stat", stats
+    )
+    yield _policy_learner_stats(snap, job)
     yield from _policy_metrics(snap, job)
     # The snapshot reports milliseconds; Prometheus convention is base units.
     timing = {k: float(v) / 1000.0 for k, v in sorted(snap.timing_breakdown.items())}
     yield _labelled("impala_timing_seconds", "Timing breakdown by section.", job, "section", timing)
 
 
+def _policy_learner_stats(snap: StatusSnapshot, job: str) -> Metric:
+    """Each policy's learner stats (status.json's `<policy>/<stat>` keys; a gymnasium env's
+    one policy is `default`)."""
+    stats = GaugeMetricFamily(
+        "impala_policy_learner_stat",
+        "Latest learner statistic of a policy's learner, by name.",
+        labels=["job", "policy", "stat"],
+    )
+    for key, value in sorted(snap.learner.items()):
+        owner, sep, stat = key.partition("/")
+        if sep:
+            stats.add_metric([job, owner, stat], float(value))
+    return stats
+
+
 def _policy_metrics(snap: StatusSnapshot, job: str) -> Iterator[Metric]:
-    """A multi-agent job's families with a `policy` label (none for a single-agent job): its
-    agents' returns, the self-play score, and each policy's learner stats (status.json's
-    `<policy>/<stat>` keys)."""
+    """A PettingZoo env's families with a `policy` label: its agents' returns and the
+    self-play score."""
     if not snap.policies:
         return
     returns = GaugeMetricFamily(
@@ -215,16 +232,7 @@ def _policy_metrics(snap: StatusSnapshot, job: str) -> Iterator[Metric]:
         episodes.add_metric([job, name], float(policy.episodes))
         if policy.self_play_score is not None:
             score.add_metric([job, name], policy.self_play_score)
-    stats = GaugeMetricFamily(
-        "impala_policy_learner_stat",
-        "Latest learner statistic of a policy's learner, by name.",
-        labels=["job", "policy", "stat"],
-    )
-    for key, value in sorted(snap.learner.items()):
-        owner, sep, stat = key.partition("/")
-        if sep:
-            stats.add_metric([job, owner, stat], float(value))
-    yield from (returns, episodes, score, stats)
+    yield from (returns, episodes, score)
 
 
 def _labelled(
