@@ -217,8 +217,9 @@ class ImpalaDriver(Driver):
             assert fragment_ref is not None
             ref = self.backend.aggregate(aggregator.handle, fragment_ref)
             # The actor is asked again when its fragment's batches are back (`_on_aggregated`),
-            # not now: asked at once, each actor kept a fragment more in flight, and the policy
-            # lag of CartPole's example rose from ~3 to ~5 updates (median steps to 450 ~2x).
+            # not now: asked at once, each actor would keep a fragment more in flight, which
+            # raises the policy lag of CartPole's example from ~3 to ~5 updates (median steps to
+            # 450 ~2x).
             self.ledger.sent_to_aggregator(ref, aggregator.actor_id, source=actor_id)
             return
         assert fragment is not None

@@ -1,18 +1,18 @@
 """Train batches to the learner process through shared-memory slots, not pickled through a pipe.
 
-A learner process (learning/learner_process.py) got each batch from a multiprocessing queue: the
-driver's feeder thread pickled it (a Pong batch's 250 frames of 4x84x84 are 7 MB) and wrote it
-through a 64 KiB pipe, and the learner thread read and unpickled it before it could train. On the
-learner-only CNN that was 9 ms of every update's 42 in the learner thread, with the copies
-competing for the cores as well (bench/learner_only.py --set learner.process=separate).
+Through a multiprocessing queue alone, the driver's feeder thread would pickle each batch (a
+Pong batch's 250 frames of 4x84x84 are 7 MB) and write it through a 64 KiB pipe, and the learner
+thread would read and unpickle it before it could train: on the learner-only CNN, 9 ms of every
+update's 42 in the learner thread, with the copies competing for the cores as well
+(bench/learner_only.py --set learner.process=separate).
 
 Here the driver copies a batch's large arrays once, into a free slot of one shared buffer, and
 sends the slot's number and layout (and the batch's small fields) through the queue. The learner
 process makes numpy views of the slot: no copy, no unpickling. A slot is free again when the
 learner has dropped every view of it (its model inputs included): a finalizer on the slot's
 buffer object marks it free and posts a semaphore the driver waits on. So a batch held for
-numSgdIter passes, or by a loader thread waiting for a tower stack, keeps its slot; the driver
-sees the queue full while no slot is free, as it saw `queue.Full` before.
+numSgdIter passes, or by a loader thread waiting for a tower stack, keeps its slot; while no
+slot is free, `put` raises `queue.Full`, as a full queue does.
 
 The buffer is made when the first batch with large arrays is put, sized from it with room to spare;
 a field that does not fit a slot (a batch with many more truncated episodes' final observations,

@@ -1,13 +1,13 @@
 """The process that learner processes are forked from (`learner.process: separate`).
 
 A learner process needs the interpreter, torch and the learner's modules: ~1.5 CPU-s of imports.
-Spawned, it paid them after `ray.init`, while the rollout actors paid theirs on the same two
-cores, and the CartPole example reached 450 about a second later than with the learner in the
-driver (timed from launch, runs alternating). multiprocessing's forkserver imports them once, in a
+A spawned learner process pays them after `ray.init`, on the two cores where the rollout actors
+pay theirs (measured: the CartPole example then reaches 450 about a second later than with the
+learner in the driver, timed from launch). multiprocessing's forkserver imports them once, in a
 process of its own that holds no thread of Ray's or torch's (a fork copies no half-held lock
 and no OpenMP pool). `start_early` starts it before Ray, so the imports overlap Ray's start-up;
 each learner process is then a fork of it. Without `start_early`, the first learner process
-starts the forkserver and waits for its imports, as a spawned process waited for its own.
+starts the forkserver and waits for its imports.
 
 This module imports no torch: the command calls it before anything heavy.
 """

@@ -65,8 +65,8 @@ class _Outbox:
 
     `put` (the learner thread, after each update) never blocks: a sender thread writes the pipe,
     which blocks whenever the driver is busy elsewhere (it reads the pipe once per loop, and not
-    while it waits up to WAIT_SECONDS for room in the learner queue). With the learner thread
-    writing the pipe itself, a full pipe stopped the learner until the driver's wait ran out: 50
+    while it waits up to WAIT_SECONDS for room in the learner queue). Were the learner thread
+    to write the pipe itself, a full pipe would stop it until the driver's wait runs out: 50
     updates/s instead of ~500 at numSgdIter 4. Updates that waited together go as one message,
     after the newest weights were written to the shared buffer once.
     """

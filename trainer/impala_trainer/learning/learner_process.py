@@ -8,8 +8,8 @@ actors waited on a driver that waited on the GIL (bench/cpu_budget.py, and the s
 `learner_grad_time_ms` against one update timed alone).
 
 `LearnerProcess` offers the driver what it uses of a learner thread: `inqueue` (a multiprocessing
-queue of learnerQueueSize, so `put_nowait` raises queue.Full as before; large arrays go through
-shared-memory slots, learning/batch_slots.py), `outqueue`
+queue of learnerQueueSize, so `put_nowait` raises queue.Full as a learner thread's inqueue
+does; large arrays go through shared-memory slots, learning/batch_slots.py), `outqueue`
 (`get_nowait` -> (env_steps, stats)), `stats()`, `learner_queue_size.stats()`, `error`,
 `start/stop/join/is_alive`, and `learner`, a `LearnerView` of what the driver reads from a
 learner: its policy version, its newest weights (`SharedWeights`), its state on request.
