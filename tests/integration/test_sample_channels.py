@@ -18,6 +18,7 @@ import pytest
 
 from harness.net import free_port
 from impala_api.manifest import load_manifest
+from impala_api.spec import DEFAULT_POLICY
 from impala_trainer.rollouts import channel
 
 pytestmark = pytest.mark.slow
@@ -49,11 +50,12 @@ def _actor(backend: Any, name: str, seed: int = 0) -> Any:
 
 def _weights(version: int) -> bytes:
     """The example's weights as the driver sends them inline (pickled once per broadcast)."""
+    from impala_trainer.driver.policies import PolicySetState
     from impala_trainer.learning.learner import Learner
 
     learner = Learner(load_manifest(EXAMPLE).spec, (4,), 2)
     learner.policy_version = version
-    return learner.pickled_weights()
+    return PolicySetState({DEFAULT_POLICY: learner}).pickled_weights()
 
 
 def test_direct_requests_answer_in_order_and_the_counts_match_ray_calls(backend: Any) -> None:

@@ -179,8 +179,8 @@ class Gradients:
     order."""
     meta: FragmentMeta
     stats: dict[str, float]
-    """The learner stats of the gradient computation (loss terms, entropy...); a PettingZoo
-    env's keyed `<policy>/<stat>`, as its learner groups' are."""
+    """The learner stats of the gradient computation (loss terms, entropy...), keyed
+    `<policy>/<stat>` as the learner groups' are."""
 
 
 @dataclass(frozen=True)

@@ -208,13 +208,14 @@ def space_defaults(spec: ImpalaJobSpec) -> tuple[ImpalaJobSpec, list[SpaceDefaul
     what was set and why (for `impalajob validate`, the run's log and config.yaml).
 
     Box actions: a squashed Gaussian where every bound is finite, and APPO's clipped surrogate.
-    A learner a few updates ahead of its actors (the policy lag IMPALA runs with) kept pushing a
+    A learner a few updates ahead of its actors (the policy lag IMPALA runs with) keeps pushing a
     Gaussian past what the acting policy did, under V-trace's truncated weights, until its actions
-    saturated at a bound and the policy walked away from every target (docs/models.md, "Box
-    actions"); the clip stops that push. And PopArt with a tenth of the entropy bonus: advantages
-    in the return's units outweighed the bonus, and the Gaussian turned deterministic before the
-    policy learned (Hopper). Discrete actions keep IMPALA's own policy gradient and bonus.
-    Whatever is still omitted then takes its plain default (popart false, entropyCoeff 0.01)."""
+    saturate at a bound and the policy walks away from every target (docs/models.md, "Box
+    actions"); the clip stops that push. And PopArt with a tenth of the entropy bonus: without
+    it, advantages in the return's units outweigh the bonus, and the Gaussian turns
+    deterministic before the policy learns (Hopper). Discrete actions keep IMPALA's own policy
+    gradient and bonus. Whatever is still omitted then takes its plain default (popart false,
+    entropyCoeff 0.01)."""
     chosen_spec, chosen = _space_defaults(spec)
     model, training = chosen_spec.model, chosen_spec.training
     if model.popart is None:

@@ -111,8 +111,8 @@ class AsyncGradientsDriver(Driver):
         c.num_env_steps_trained += meta.env_steps
         c.learner_updates += 1
         c.policy_version = self.learner.policy_version
-        # The updates since the weights it sampled with (each steps every trained policy once;
-        # a PettingZoo env's version is the sum of its policies').
+        # The updates since the weights it sampled with (each steps every trained policy once,
+        # and the version is the sum of the policies').
         lag = (c.policy_version - meta.policy_version) / len(gradients.grads) - 1
         self.stats.add_policy_lag(float(lag))
         self.stats.add_learner_stats({k: float(v) for k, v in gradients.stats.items()})

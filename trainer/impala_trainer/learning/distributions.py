@@ -20,8 +20,8 @@ Why squash where the bounds allow: the env's actions stay inside the space by co
 near a bound the policy still tells its actions apart (tanh's slope shrinks smoothly, where a
 clipped sample past the bound is the bound itself), and the entropy bonus is the squashed
 action's, which falls as samples saturate, so it pulls a saturating policy back instead of
-widening it. (What made continuous policies collapse was not the clip but policy lag under
-V-trace's policy gradient: `tests/unit/trainer/test_policy_lag.py`, `training.surrogateClip`.)
+widening it. (Continuous policies collapse from policy lag under V-trace's policy gradient, not
+from the clip: `tests/unit/trainer/test_policy_lag.py`, `training.surrogateClip`.)
 
 Workers draw each fragment's noise in one call (Gumbel for the categoricals, standard normal for
 the Gaussian), which is cheaper than a distribution object per step and makes a worker's actions

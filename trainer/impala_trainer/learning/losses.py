@@ -4,9 +4,9 @@ Every term is a sum over the [T, B] steps, as in the paper's implementation (sca
 RLlib's IMPALA policy (the old API stack that LearnerThread and MultiGPULearnerThread belong to):
 with sums, RLlib's `gradClip: 40` engages as it does there, and RMSProp's `epsilon: 0.1` is small
 against the squared gradients, as the paper's Atari settings intend. (A mean would divide the
-gradient by T*B: clipping then never engages and RMSProp turns into tiny SGD steps; that is what
-kept a Pong policy uniform for 1.3M steps.) Summing also makes data-parallel towers exact: the
-gradient of the whole batch is the sum of the shards' gradients.
+gradient by T*B: clipping then never engages and RMSProp turns into tiny SGD steps, and a Pong
+policy trained so is still uniform after 1.3M steps.) Summing also makes data-parallel towers
+exact: the gradient of the whole batch is the sum of the shards' gradients.
 """
 
 from __future__ import annotations
