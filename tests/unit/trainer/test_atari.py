@@ -130,7 +130,7 @@ def test_returns_are_the_games_and_the_learner_sees_them_clipped() -> None:
         training={"rolloutFragmentLength": 50, "trainBatchSize": 200},
     )  # fmt: skip
     worker = RolloutWorker(spec, "w0", seed=0)
-    assert isinstance(worker.env, atari.SameStepAtari)
+    assert isinstance(worker.sampler.env, atari.SameStepAtari)
     rewards, returns = [], []
     while len(returns) < 2:
         fragment = worker.sample()

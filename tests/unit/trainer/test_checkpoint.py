@@ -35,7 +35,7 @@ SPEC = make_spec(
 
 def _trained_learner() -> Learner:
     worker = RolloutWorker(SPEC, "w", seed=0)
-    learner = Learner(SPEC, worker.obs_shape, worker.num_actions)
+    learner = Learner(SPEC, worker.models["default"].obs_shape, worker.models["default"].actions)
     for _ in range(3):
         learner.learn_on_batch(concat_fragments([worker.sample()]))
     learner.global_timestep = 120

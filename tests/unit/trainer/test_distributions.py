@@ -120,12 +120,12 @@ def test_box_actions_are_clipped_at_the_env_and_learned_unclipped() -> None:
                      training={"rolloutFragmentLength": 10})  # fmt: skip
     worker = RolloutWorker(spec, "w", seed=0)
     # A wide policy: many samples fall outside Pendulum's [-2, 2] torque.
-    worker.model.policy_head.bias.data[1:] = 1.5
+    worker.policies["default"].model.policy_head.bias.data[1:] = 1.5
     f = worker.sample()
     assert f.actions.shape == (10, 3, 1) and f.actions.dtype == np.float32
     assert f.behaviour_logits.shape == (10, 3, 2)
     assert np.abs(f.actions).max() > 2.0  # stored as sampled: the log-prob is of this action
-    learner = Learner(spec, worker.obs_shape, worker.actions)
+    learner = Learner(spec, worker.models["default"].obs_shape, worker.models["default"].actions)
     learner.set_weights(acting_weights(worker))
     stats = learner.learn_on_batch(concat_fragments([f]))
     assert stats["mean_rho"] == pytest.approx(1.0, abs=1e-5)  # same policy: every ratio is 1
@@ -138,7 +138,7 @@ def test_free_log_std_is_state_independent_and_trained() -> None:
     worker = RolloutWorker(spec, "w", seed=0)
     f = worker.sample()
     np.testing.assert_array_equal(f.behaviour_logits[..., 1], 0.0)  # log-std parameter: 0
-    learner = Learner(spec, worker.obs_shape, worker.actions)
+    learner = Learner(spec, worker.models["default"].obs_shape, worker.models["default"].actions)
     learner.learn_on_batch(concat_fragments([f]))
     assert learner.model.log_std is not None and learner.model.log_std.grad is not None
 

@@ -288,7 +288,7 @@ def test_a_dead_actor_is_replaced_with_a_new_seed_and_fresh_weights(tmp_path: Pa
     assert set(driver.manager.actors) == {"rollout-1", "rollout-2"}
     replacement = backend.actors[2]
     assert replacement.actor_id == "rollout-2" and replacement.worker is not None
-    assert replacement.worker.rng is not handles[0].worker.rng  # type: ignore[union-attr]
+    assert replacement.worker.sampler.rng is not handles[0].worker.sampler.rng  # type: ignore[union-attr]
     assert driver.manager.actors["rollout-2"].seed != driver.manager.actors["rollout-1"].seed
     # Its first request carried the learner's current weights; it has sampled since.
     assert replacement.versions_sent[0] == driver.learner.policy_version

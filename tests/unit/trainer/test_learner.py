@@ -236,7 +236,7 @@ def test_gradient_clipping_engages_at_rllibs_settings_on_real_samples() -> None:
     torch.manual_seed(0)
     worker = RolloutWorker(spec, "w", seed=0)
     batch = concat_fragments([worker.sample()])
-    learner = Learner(spec, worker.obs_shape, worker.num_actions)
+    learner = Learner(spec, worker.models["default"].obs_shape, worker.models["default"].actions)
     learner.set_weights(acting_weights(worker))
     grads, stats = learner.compute_gradients(batch)
     assert stats["grad_gnorm"] > 40.0

@@ -63,8 +63,8 @@ def test_a_custom_model_acts_and_learns(model: str) -> None:
     )
     assert job_problem(spec) is None
     worker = RolloutWorker(spec, "w", seed=0)
-    assert type(worker.model).__name__ == model
-    learner = Learner(spec, worker.obs_shape, worker.actions)
+    assert type(worker.policies["default"].model).__name__ == model
+    learner = Learner(spec, worker.models["default"].obs_shape, worker.models["default"].actions)
     before = {k: v.copy() for k, v in learner.get_weights().items()}
     stats = learner.learn_on_batch(concat_fragments([worker.sample(), worker.sample()]))
     assert np.isfinite(stats["total_loss"])

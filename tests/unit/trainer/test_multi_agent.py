@@ -14,23 +14,19 @@ import pytest
 import torch
 
 from impala_api.spec import ImpalaJob, ImpalaJobSpec
-from impala_trainer.batches import MultiAgentFragment, concat_fragments, no_mask
+from impala_trainer.batches import MultiAgentFragment, concat_fragments, no_mask, policy_weights
 from impala_trainer.driver.launch import Wiring, build_driver
 from impala_trainer.driver.local_backend import LocalBackend
 from impala_trainer.driver.policies import SelfPlayPool
 from impala_trainer.learning.distributions import MASKED_LOGIT
 from impala_trainer.learning.learner import Learner
-from impala_trainer.policy.games import (
-    GameEvaluator,
-    game_policies,
-    load_game_policies,
-    play_games,
-)
+from impala_trainer.policy.games import game_policies, load_game_policies, play_games
 from impala_trainer.policy.loaded import PolicyNotFoundError, load_policy
+from impala_trainer.policy.rounds import Evaluator
 from impala_trainer.preflight import job_problem
 from impala_trainer.rollouts.agent_envs import MappingError, policy_mapping, policy_models
 from impala_trainer.rollouts.lanes import Lane, PolicyLanes, Step
-from impala_trainer.rollouts.multi_agent_worker import MultiAgentRolloutWorker
+from impala_trainer.rollouts.worker import RolloutWorker
 from impala_trainer.rundir.writer import RunDir
 
 pytest.importorskip("pettingzoo")
@@ -72,7 +68,7 @@ def columns_are_trajectories(obs: np.ndarray, index: int | set[int]) -> None:
 
 def test_each_policy_gets_its_own_agents_steps_one_agent_per_column() -> None:
     spec = spec_of(RELAY, multiAgent=TWO_POLICIES)
-    worker = MultiAgentRolloutWorker(spec, "w", seed=1)
+    worker = RolloutWorker(spec, "w", seed=1)
     for _ in range(4):
         sample = worker.sample()
         assert isinstance(sample, MultiAgentFragment)
@@ -88,7 +84,7 @@ def test_each_policy_gets_its_own_agents_steps_one_agent_per_column() -> None:
 def test_an_agent_that_finishes_early_gives_no_steps_until_its_next_episode() -> None:
     # a_1 is done after 3 of the episode's 7 steps: its lanes hold 3 steps per episode, a_0's 7.
     spec = spec_of(RELAY, t_len=3, kwargs={"short": 3, "long": 7}, multiAgent=TWO_POLICIES)
-    worker = MultiAgentRolloutWorker(spec, "w", seed=1)
+    worker = RolloutWorker(spec, "w", seed=1)
     obs, terms = [], []
     for _ in range(6):
         fragment = worker.sample().fragments["a"]
@@ -107,7 +103,7 @@ def test_an_agent_that_finishes_early_gives_no_steps_until_its_next_episode() ->
 
 def test_truncated_agents_carry_their_final_observation() -> None:
     spec = spec_of(RELAY, t_len=7, kwargs={"short": 7, "long": 7, "truncate": True})
-    fragment = MultiAgentRolloutWorker(spec, "w", seed=0).sample().fragments["default"]
+    fragment = RolloutWorker(spec, "w", seed=0).sample().fragments["default"]
     assert fragment.truncateds[6].all() and not fragment.terminateds.any()
     assert len(fragment.final_steps) == fragment.obs.shape[1]
     # The final observation is the one after the 7th step: own step count 7.
@@ -118,7 +114,7 @@ def test_turn_based_agents_get_what_their_moves_earned() -> None:
     # 5 moves: first moves 3 times (0.1, 0.1, then the winning 1.0), second twice: 0.1, then
     # 0.1 and the loser's -1 that came before its next turn, one reward for its last move.
     spec = spec_of(TURNS, t_len=6, num_envs=1, kwargs={"moves": 5})
-    worker = MultiAgentRolloutWorker(spec, "w", seed=0)
+    worker = RolloutWorker(spec, "w", seed=0)
     fragment = worker.sample().fragments["default"]
     columns_are_trajectories(fragment.obs, {0, 1})
     for col in range(fragment.obs.shape[1]):
@@ -320,8 +316,8 @@ def _async(spec: ImpalaJobSpec) -> ImpalaJobSpec:
 def test_a3c_gradients_of_each_policy_are_its_learners_on_its_own_agents_columns() -> None:
     # Policy a recurrent (its columns unrolled from the states they acted from), b feed-forward.
     spec = spec_of(RELAY, multiAgent=RECURRENT)
-    acting = MultiAgentRolloutWorker(_async(spec), "a", seed=11)
-    twin = MultiAgentRolloutWorker(spec, "b", seed=11)  # same seed, same weights: same sample
+    acting = RolloutWorker(_async(spec), "a", seed=11)
+    twin = RolloutWorker(spec, "b", seed=11)  # same seed, same weights: same sample
     twin.set_weights(acting.get_weights(), 0)
     gradients = acting.compute_gradients(global_timestep=0)
     assert set(gradients.grads) == {"a", "b"}
@@ -330,8 +326,7 @@ def test_a3c_gradients_of_each_policy_are_its_learners_on_its_own_agents_columns
     assert gradients.meta.env_steps == sample.env_steps > 0
     for name, grads in gradients.grads.items():
         learner = Learner(spec.policy_spec(name), (3,), acting.policies[name].actions)
-        learner.set_weights({k.partition("/")[2]: v for k, v in acting.get_weights().items()
-                             if k.startswith(f"{name}/")})  # fmt: skip
+        learner.set_weights(policy_weights(acting.get_weights())[name][0])
         expected, _ = learner.compute_gradients(concat_fragments([sample.fragments[name]]))
         assert len(grads) == len(expected)
         for g, e in zip(grads, expected, strict=True):
@@ -357,7 +352,7 @@ def test_async_gradients_train_every_policy_and_resume(tmp_path: Path) -> None:
 
 def test_a_recurrent_policys_columns_start_from_the_state_their_agent_acted_from() -> None:
     spec = spec_of(RELAY, multiAgent=RECURRENT)
-    worker = MultiAgentRolloutWorker(spec, "w", seed=4)
+    worker = RolloutWorker(spec, "w", seed=4)
     model = worker.policies["a"].model
     for fragment_index in range(3):
         a = worker.sample().fragments["a"]
@@ -395,7 +390,7 @@ def test_a_policy_that_takes_its_previous_action_and_reward_is_unrolled_as_it_ac
     state, with the column's actions and rewards, gives back exactly the logits it acted by."""
     spec = spec_of(RELAY, multiAgent=PREV_ACTION_REWARD)
     assert job_problem(spec) is None
-    worker = MultiAgentRolloutWorker(spec, "w", seed=4)
+    worker = RolloutWorker(spec, "w", seed=4)
     model = worker.policies["a"].model
     assert model.uses_prev_action_reward
     carried = []
@@ -418,10 +413,10 @@ def test_a_policy_that_takes_its_previous_action_and_reward_is_unrolled_as_it_ac
         update={"evaluation": ImpalaJobSpec.model_validate(
             {"evaluation": {"duration": 2}, "stop": {"timesteps": 1}}).evaluation}
     )  # fmt: skip
-    evaluator = GameEvaluator(evaluator_spec, seed=0)
+    evaluator = Evaluator(evaluator_spec, seed=0)
     result, _ = evaluator.run(worker.get_weights(), 2, False)
     assert result.returns == [34.0, 34.0]
-    policy = evaluator.policies["a"]
+    policy = evaluator.games["a"]
     state = policy.initial_state()
     _, chosen, after = policy.act(np.zeros(3, np.float32), np.random.default_rng(0), False, state)
     assert policy.carry(after, chosen, 2.0)[0, -1] == 2.0
@@ -442,7 +437,7 @@ def test_a_recurrent_policy_trains_resumes_and_plays_games(tmp_path: Path) -> No
         update={"evaluation": ImpalaJobSpec.model_validate(
             {"evaluation": {"duration": 2}, "stop": {"timesteps": 1}}).evaluation}
     )  # fmt: skip
-    evaluator = GameEvaluator(evaluator_spec, seed=0)
+    evaluator = Evaluator(evaluator_spec, seed=0)
     weights = driver.learner.get_weights()
     result, _ = evaluator.run(weights, 2, False)
     assert result.returns == [34.0, 34.0] and result.lengths == [7, 7]
@@ -482,7 +477,7 @@ TICTACTOE = "pettingzoo.classic.tictactoe_v3"
 
 
 def test_masked_actions_are_never_sampled() -> None:
-    worker = MultiAgentRolloutWorker(spec_of(TICTACTOE, t_len=8, num_envs=4), "w", seed=0)
+    worker = RolloutWorker(spec_of(TICTACTOE, t_len=8, num_envs=4), "w", seed=0)
     for _ in range(5):
         fragment = worker.sample().fragments["default"]
         mask = fragment.action_mask
@@ -496,7 +491,7 @@ def test_the_loss_gives_masked_actions_no_probability() -> None:
     # One legal action per step: the masked policy is certain, so its entropy is 0 and the
     # importance weights exactly 1; unmasked, the untrained policy spreads over all 9.
     spec = spec_of(TICTACTOE, t_len=8, num_envs=4)
-    worker = MultiAgentRolloutWorker(spec, "w", seed=0)
+    worker = RolloutWorker(spec, "w", seed=0)
     fragment = worker.sample().fragments["default"]
     only = np.zeros_like(fragment.action_mask)
     np.put_along_axis(only, fragment.actions[..., None], True, axis=2)
@@ -522,7 +517,7 @@ SELF_PLAY = {
 
 def test_against_a_snapshot_only_the_learning_seat_fills_the_policys_lanes() -> None:
     spec = spec_of(TURNS, t_len=4, num_envs=1, kwargs={"moves": 4}, multiAgent=SELF_PLAY)
-    worker = MultiAgentRolloutWorker(spec, "w", seed=0)
+    worker = RolloutWorker(spec, "w", seed=0)
     weights = worker.get_weights()  # keyed main/<name>
     snapshot = {f"main@0/{k[5:]}": np.zeros_like(v) for k, v in weights.items()}
     worker.set_weights({**weights, **snapshot}, policy_version=1)
@@ -544,7 +539,7 @@ def test_against_a_snapshot_only_the_learning_seat_fills_the_policys_lanes() -> 
 def test_against_the_random_player_only_the_learning_seat_trains_and_moves_are_legal() -> None:
     play = {**SELF_PLAY, "selfPlay": {"policy": "main", "randomProbability": 1.0}}
     spec = spec_of(TURNS, t_len=4, num_envs=1, kwargs={"moves": 4}, multiAgent=play)
-    worker = MultiAgentRolloutWorker(spec, "w", seed=0)
+    worker = RolloutWorker(spec, "w", seed=0)
     seen: dict[int, set[int]] = {}
     for _ in range(6):
         sample = worker.sample()
@@ -559,7 +554,7 @@ def test_against_the_random_player_only_the_learning_seat_trains_and_moves_are_l
 
     # On a masked board the random player picks only free squares: every game ends lawfully.
     spec = spec_of(TICTACTOE, t_len=8, num_envs=4, multiAgent=play)
-    worker = MultiAgentRolloutWorker(spec, "w", seed=3)
+    worker = RolloutWorker(spec, "w", seed=3)
     totals = [r for _ in range(8) for r in worker.sample().episode_returns]
     # A lawful game's returns sum to 0 (won +1 -1, or drawn); PettingZoo ends one at an illegal
     # move with -1 for its mover and 0 for the other.
@@ -662,13 +657,13 @@ def test_evaluation_without_an_opponent_reports_the_team_and_each_policy(tmp_pat
 def test_a_round_of_env_steps_counts_only_the_games_that_end_within_it() -> None:
     evaluation = {"duration": 10, "durationUnit": "timesteps", "opponent": "random"}
     spec = spec_of(TURNS, multiAgent=SELF_PLAY, kwargs={"moves": 4}, evaluation=evaluation)
-    evaluator = GameEvaluator(spec, seed=0)
-    model = evaluator.policies["main"].model
+    evaluator = Evaluator(spec, seed=0)
+    model = evaluator.games["main"].model
     weights = {f"main/{k}": v.numpy() for k, v in model.state_dict().items()}
     result, video = evaluator.run({**weights, "main/@version": np.asarray(3)}, 10, False)
     # Two games of 4 moves fit in 10 env steps; the third would end past them.
     assert video is None and (result.wins, result.losses, result.env_steps) == (1, 1, 8)
-    assert evaluator.policies["main"].policy_version == 3
+    assert evaluator.games["main"].policy_version == 3
 
 
 def test_one_policy_of_a_multi_agent_run_loads_as_a_policy(tmp_path: Path) -> None:
@@ -732,8 +727,8 @@ def test_a_game_evaluation_records_its_first_game_as_a_video(tmp_path: Path) -> 
     spec = spec_of(TURNS, multiAgent=SELF_PLAY, stop={"timesteps": 300}, kwargs={"moves": 4},
                    evaluation=evaluation)  # fmt: skip
     assert job_problem(spec) is None
-    evaluator = GameEvaluator(spec, seed=0)
-    model = evaluator.policies["main"].model
+    evaluator = Evaluator(spec, seed=0)
+    model = evaluator.games["main"].model
     weights = {f"main/{k}": v.numpy() for k, v in model.state_dict().items()}
     result, video = evaluator.run({**weights, "main/@version": np.asarray(1)}, 3, True)
     assert video is not None and video[0] in (".mp4", ".gif") and len(video[1]) > 100

@@ -41,7 +41,7 @@ def _train_with_lag(lag: int, **training: object) -> list[float]:
     spec = make_spec(env={"id": f"{reach.__name__}:PointReach-v0"},
                      training={"seed": 0, "trainBatchSize": 800, **training})  # fmt: skip
     worker = RolloutWorker(spec, "w", seed=0)
-    learner = Learner(spec, worker.obs_shape, worker.actions)
+    learner = Learner(spec, worker.models["default"].obs_shape, worker.models["default"].actions)
     weights = collections.deque([(broadcast(learner), 0)], maxlen=lag + 1)
     worker.set_weights(*weights[0])
     means, returns, steps = [], [], 0

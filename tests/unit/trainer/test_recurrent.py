@@ -80,12 +80,12 @@ def test_the_learners_unroll_equals_the_workers_steps() -> None:
     assert all(f.state_in.shape == (4, 16) for f in fragments)  # [B, h + c]
     assert sum(int(f.terminateds.sum()) for f in fragments) > 4  # episodes end mid-fragment
     for f in fragments:
-        outputs, _, _ = _unroll(worker.model, f)
+        outputs, _, _ = _unroll(worker.policies["default"].model, f)
         np.testing.assert_allclose(outputs.numpy(), f.behaviour_logits, rtol=1e-5, atol=1e-6)
     # Guard: without the resets at episode ends the unroll is a different policy.
     f = next(f for f in fragments if f.terminateds[:-1].any())
     no_resets = torch.zeros(f.terminateds.shape, dtype=torch.bool)
-    outputs, _, _ = _unroll(worker.model, f, no_resets)
+    outputs, _, _ = _unroll(worker.policies["default"].model, f, no_resets)
     assert not np.allclose(outputs.numpy(), f.behaviour_logits, atol=1e-4)
 
 
@@ -95,7 +95,7 @@ def test_the_state_is_carried_across_fragments_and_zeroed_where_an_episode_ends(
     np.testing.assert_array_equal(first.state_in, 0.0)  # every episode starts from zeros
     for _ in range(6):
         second = worker.sample()
-        _, _, states = _unroll(worker.model, first)
+        _, _, states = _unroll(worker.policies["default"].model, first)
         ended = first.terminateds[-1] | first.truncateds[-1]
         expected = np.where(ended[:, None], 0.0, states[-1].numpy())
         np.testing.assert_allclose(second.state_in, expected, rtol=1e-5, atol=1e-6)
@@ -113,12 +113,12 @@ def test_max_seq_len_cuts_fragments_into_sequences_with_their_own_start_states()
     np.testing.assert_array_equal(seqs.obs[:, 4 + 1], whole.obs[5:10, 1])
     np.testing.assert_array_equal(seqs.bootstrap_obs[4 + 1], whole.obs[10, 1])
     np.testing.assert_array_equal(seqs.bootstrap_obs[12:], whole.bootstrap_obs)
-    _, _, states = _unroll(worker.model, whole)
+    _, _, states = _unroll(worker.policies["default"].model, whole)
     ended = whole.terminateds | whole.truncateds
     for i in (1, 2, 3):
         expected = np.where(ended[5 * i - 1][:, None], 0.0, states[5 * i - 1].numpy())
         np.testing.assert_allclose(seqs.state_in[4 * i : 4 * i + 4], expected, atol=1e-6)
-    outputs, _, _ = _unroll(worker.model, seqs)
+    outputs, _, _ = _unroll(worker.policies["default"].model, seqs)
     np.testing.assert_allclose(outputs.numpy(), seqs.behaviour_logits, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(
         split_sequences(whole, 5, np.zeros((4, 4, 16), np.float32)).actions, seqs.actions
@@ -129,8 +129,9 @@ def test_towers_split_the_batch_by_sequence_and_match_one_device() -> None:
     worker = RolloutWorker(_spec(), "w", seed=3)
     batch = concat_fragments([worker.sample(), worker.sample()])  # 8 sequences
     torch.manual_seed(0)
-    single = Learner(_spec(), worker.obs_shape, worker.actions, dtype=torch.float64)
-    multi = MultiDeviceLearner(_spec(fake_devices=2), worker.obs_shape, worker.actions,
+    built = worker.models["default"]
+    single = Learner(_spec(), built.obs_shape, built.actions, dtype=torch.float64)
+    multi = MultiDeviceLearner(_spec(fake_devices=2), built.obs_shape, built.actions,
                                dtype=torch.float64)  # fmt: skip
     multi.set_weights(single.get_weights())
     single.learn_on_batch(batch)
@@ -145,13 +146,13 @@ def test_towers_split_the_batch_by_sequence_and_match_one_device() -> None:
 
 def test_a_checkpoint_restores_the_recurrent_policy(tmp_path: Path) -> None:
     worker = RolloutWorker(_spec(), "w", seed=4)
-    learner = Learner(_spec(), worker.obs_shape, worker.actions)
+    learner = Learner(_spec(), worker.models["default"].obs_shape, worker.models["default"].actions)
     for _ in range(2):
         learner.learn_on_batch(concat_fragments([worker.sample()]))
     state = DriverState(counters={}, wall_seconds=1.0, episode_returns=[], episode_lengths=[],
                         iteration=1, started_at=0.0)  # fmt: skip
     restored, _ = load_checkpoint(save_checkpoint(tmp_path, learner.state_dict(), state, keep=1))
-    fresh = Learner(_spec(), worker.obs_shape, worker.actions)
+    fresh = Learner(_spec(), worker.models["default"].obs_shape, worker.models["default"].actions)
     fresh.load_state_dict(restored)
     f = worker.sample()
     for a, b in zip(_unroll(learner.model, f), _unroll(fresh.model, f), strict=True):
@@ -162,10 +163,11 @@ def test_the_previous_action_and_reward_ride_in_the_state() -> None:
     """`lstmUsePrevActionReward`: the core also sees the last action (one-hot) and reward, kept
     as the state's tail, so fragments, sequences and the learner's unroll carry them."""
     worker = RolloutWorker(_spec(lstmUsePrevActionReward=True, maxSeqLen=10), "w", seed=6)
-    assert worker.model.state_size == 16 + 2 + 1  # [h, c, one-hot of Discrete(2), reward]
+    model = worker.policies["default"].model
+    assert model.state_size == 16 + 2 + 1  # [h, c, one-hot of Discrete(2), reward]
     fragments = [worker.sample() for _ in range(4)]
     for f in fragments:
-        outputs, _, states = _unroll(worker.model, f)
+        outputs, _, states = _unroll(worker.policies["default"].model, f)
         np.testing.assert_allclose(outputs.numpy(), f.behaviour_logits, rtol=1e-5, atol=1e-6)
         # Each sequence starts from the action and reward of the step before it (zeros where
         # that step ended an episode): column i * B + b of the second half is steps 10-19.
@@ -177,10 +179,11 @@ def test_the_previous_action_and_reward_ride_in_the_state() -> None:
         np.testing.assert_array_equal(tail, np.where(ended[:, None], 0.0, expected))
         np.testing.assert_allclose(states[-1, :, 16:18].numpy(), np.eye(2)[f.actions[-1]])
     # Guard: an unroll that does not write the actions in is a different policy.
-    outputs, _, _ = _unroll(worker.model, fragments[-1], prev=False)
+    outputs, _, _ = _unroll(worker.policies["default"].model, fragments[-1], prev=False)
     assert not np.allclose(outputs.numpy(), fragments[-1].behaviour_logits, atol=1e-4)
-    learner = Learner(_spec(lstmUsePrevActionReward=True, maxSeqLen=10), worker.obs_shape,
-                      worker.actions)  # fmt: skip
+    built = worker.models["default"]
+    learner = Learner(_spec(lstmUsePrevActionReward=True, maxSeqLen=10), built.obs_shape,
+                      built.actions)  # fmt: skip
     stats = learner.learn_on_batch(concat_fragments(fragments))
     assert np.isfinite(stats["total_loss"]) and learner.policy_version == 1
 
@@ -191,7 +194,7 @@ def test_async_gradients_workers_compute_gradients_of_a_recurrent_policy() -> No
     spec = _spec().model_copy(deep=True)
     spec.training.mode = "async-gradients"
     worker = RolloutWorker(spec, "w", seed=5)
-    learner = Learner(spec, worker.obs_shape, worker.actions)
+    learner = Learner(spec, worker.models["default"].obs_shape, worker.models["default"].actions)
     learner.set_weights(acting_weights(worker))
     out = worker.compute_gradients()
     grads = out.grads["default"]

@@ -29,7 +29,8 @@ CARTPOLE: dict[str, Any] = {
 def test_fragment_shapes_and_dtypes() -> None:
     w = RolloutWorker(make_spec(CARTPOLE), "w0", seed=0)
     f = w.sample()
-    assert (w.obs_shape, w.num_actions) == ((4,), 2)
+    built = w.models["default"]
+    assert (built.obs_shape, built.actions.num_inputs) == ((4,), 2)
     assert f.obs.shape == (20, 6, 4) and f.obs.dtype == np.float32
     assert f.actions.shape == (20, 6) and f.actions.dtype == np.int64
     assert f.behaviour_logits.shape == (20, 6, 2) and f.behaviour_logits.dtype == np.float32
@@ -44,7 +45,7 @@ def test_behaviour_logits_are_the_models_logits_for_the_recorded_obs() -> None:
     w = RolloutWorker(make_spec(CARTPOLE), "w0", seed=3)
     f = w.sample()
     with torch.no_grad():
-        logits, _ = w.model(torch.from_numpy(f.obs.reshape(-1, 4)))
+        logits, _ = w.policies["default"].model(torch.from_numpy(f.obs.reshape(-1, 4)))
     actual = f.behaviour_logits.reshape(-1, 2)
     np.testing.assert_allclose(actual, logits.numpy(), rtol=1e-5, atol=1e-9)
 
@@ -73,7 +74,7 @@ def test_episode_stats_match_done_flags() -> None:
 def test_fragment_carries_the_final_obs_of_each_time_limited_episode() -> None:
     w = RolloutWorker(make_spec(CARTPOLE, env={"kwargs": {"max_episode_steps": 7}}), "w0", seed=4)
     captured: list[np.ndarray] = []
-    step = w.env.step
+    step = w.sampler.env.step
 
     def recording_step(actions: np.ndarray) -> Any:
         out = step(actions)
@@ -83,7 +84,7 @@ def test_fragment_carries_the_final_obs_of_each_time_limited_episode() -> None:
             captured.append(np.stack(list(infos["final_obs"][cut])))
         return out
 
-    w.env.step = recording_step  # type: ignore[method-assign]
+    w.sampler.env.step = recording_step  # type: ignore[method-assign]
     f = w.sample()
     cut = f.truncateds & ~f.terminateds
     assert cut.any(), "episodes of 7 steps must be truncated inside a 20-step fragment"
@@ -114,7 +115,7 @@ def test_set_weights_takes_the_learners_pickled_broadcast() -> None:
     the dict, at their policy's version."""
     spec = make_spec(CARTPOLE)
     worker = RolloutWorker(spec, "a", seed=0)
-    learner = Learner(spec, worker.obs_shape, worker.actions)
+    learner = Learner(spec, worker.models["default"].obs_shape, worker.models["default"].actions)
     learner.policy_version = 4
     worker.set_weights(PolicySetState({DEFAULT_POLICY: learner}).pickled_weights(), 4)
     got, want = acting_weights(worker), learner.get_weights()
@@ -135,13 +136,13 @@ def test_a_fragment_carries_the_seconds_its_worker_spent_on_it(
     assert 0.0 < first.busy_seconds <= time.perf_counter() - start
     assert first.meta().busy_seconds == first.busy_seconds
 
-    load = worker._load_weights
+    load = worker.policies["default"].load
 
     def slow_load(arrays: Any) -> None:
         time.sleep(0.05)
         load(arrays)
 
-    monkeypatch.setattr(worker, "_load_weights", slow_load)
+    monkeypatch.setattr(worker.policies["default"], "load", slow_load)
     start = time.perf_counter()
     worker.set_weights(worker.get_weights(), policy_version=1)
     loading = time.perf_counter() - start
@@ -191,10 +192,11 @@ def test_behaviour_logits_are_the_learners_own_arithmetic(
     )
     w = RolloutWorker(spec, "p", seed=0)
     f = w.sample()
+    model = w.policies["default"].model
     bf16 = bool(flags)
     for t in range(3):
         with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
-            logits = w.model.policy_logits(torch.from_numpy(f.obs[t])).float().numpy()
+            logits = model.policy_logits(torch.from_numpy(f.obs[t])).float().numpy()
         np.testing.assert_array_equal(f.behaviour_logits[t], logits)
 
 
@@ -213,7 +215,8 @@ def test_a3c_gradients_are_the_learner_gradients_of_the_sampled_fragment() -> No
     assert gradients.meta.env_steps == 120 and gradients.meta.policy_version == 0
     assert gradients.meta.busy_seconds > 0.0  # the sampling and the gradients
     assert set(gradients.stats) >= {"default/policy_loss", "default/vf_loss", "default/entropy"}
-    learner = Learner(spec, acting.obs_shape, acting.num_actions)
+    built = acting.models["default"]
+    learner = Learner(spec, built.obs_shape, built.actions)
     learner.set_weights(acting_weights(acting))
     expected, _ = learner.compute_gradients(concat_fragments([twin.sample()]))
     assert len(grads) == len(expected)
@@ -235,7 +238,7 @@ def test_clipped_rewards_are_trained_on_and_unclipped_returns_reported() -> None
     for clip in (True, False):
         spec = make_spec(CARTPOLE, env={"clipRewards": clip, "numEnvsPerWorker": 4})
         worker = RolloutWorker(spec, "w", seed=1)
-        worker.env = Times5(worker.env)
+        worker.sampler.env = Times5(worker.sampler.env)
         fragment = worker.sample()
         while not fragment.episode_returns:
             fragment = worker.sample()

@@ -20,10 +20,9 @@ from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import Gradients, Handover, NodeInfo
 from impala_trainer.driver.backend import ROLES, LearnerMethod, NodeView, Role
 from impala_trainer.learning.learner_worker import LearnerPolicy, LearnerWorker
-from impala_trainer.policy.rounds import RoundPlayer, make_evaluator
+from impala_trainer.policy.rounds import Evaluator
 from impala_trainer.rollouts.aggregation import Aggregator
-from impala_trainer.rollouts.multi_agent_worker import MultiAgentRolloutWorker
-from impala_trainer.rollouts.worker import RolloutWorker, rollout_worker
+from impala_trainer.rollouts.worker import RolloutWorker
 
 NODE_ID = "local"
 
@@ -59,9 +58,9 @@ class LocalRef:
 class LocalActor:
     role: Role | Literal["evaluation", "learner"]
     actor_id: str
-    worker: RolloutWorker | MultiAgentRolloutWorker | None = None
+    worker: RolloutWorker | None = None
     aggregator: Aggregator | None = None
-    evaluator: RoundPlayer | None = None
+    evaluator: Evaluator | None = None
     learner: LearnerWorker | None = None
     pool: concurrent.futures.ThreadPoolExecutor | None = None
     """A learner's calls run on threads of their own, as a threaded Ray actor's: its group's
@@ -106,7 +105,7 @@ class LocalBackend:
         actor = LocalActor(role, actor_id)
         try:
             if role == "rollout":
-                actor.worker = rollout_worker(spec, actor_id, seed)
+                actor.worker = RolloutWorker(spec, actor_id, seed)
             else:
                 actor.aggregator = Aggregator.from_spec(spec, seed)
         except Exception as exc:  # Ray reports a constructor's exception on the first call
@@ -192,7 +191,7 @@ class LocalBackend:
     def start_evaluator(self, spec: ImpalaJobSpec, actor_id: str, seed: int) -> LocalActor:
         actor = LocalActor("evaluation", actor_id)
         try:
-            actor.evaluator = make_evaluator(spec, seed)
+            actor.evaluator = Evaluator(spec, seed)
         except Exception as exc:
             actor.error = ActorDied(f"{actor_id}: {exc}", init_failed=True)
         self.evaluators.append(actor)

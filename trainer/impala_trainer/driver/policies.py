@@ -42,7 +42,7 @@ NOTHING_TO_TRAIN = (
 class SelfPlayPool:
     """spec.multiAgent.selfPlay's snapshots: the policy's weights every
     snapshotIntervalTimesteps env steps trained, the newest poolSize of them, broadcast under
-    the names `<policy>@<slot>` (`multi_agent_worker` seats them as opponents)."""
+    the names `<policy>@<slot>` (`rollouts.agent_sampler` seats them as opponents)."""
 
     def __init__(self, policy: str, interval: int, size: int) -> None:
         self.policy, self.interval, self.size = policy, interval, size

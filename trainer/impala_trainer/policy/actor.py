@@ -1,7 +1,6 @@
-"""The evaluation actor: a thin Ray shell around the round player `rounds.make_evaluator`
-picks (`episodes.EpisodeEvaluator`, or a PettingZoo env's `games.GameEvaluator`; both tested
-without Ray, and with the driver through `driver.local_backend`), as `rollouts.actors` wraps the
-rollout worker. The driver places it on its own node (`ray_backend.start_evaluator`)."""
+"""The evaluation actor: a thin Ray shell around `rounds.Evaluator` (tested without Ray, and
+with the driver through `driver.local_backend`), as `rollouts.actors` wraps the rollout worker.
+The driver places it on its own node (`ray_backend.start_evaluator`)."""
 
 from __future__ import annotations
 
@@ -11,15 +10,15 @@ import ray
 
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.policy.episodes import EvaluationResult
-from impala_trainer.policy.rounds import make_evaluator
+from impala_trainer.policy.rounds import Evaluator
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class EvaluationActor:
-    """A round player in its own process."""
+    """An Evaluator in its own process."""
 
     def __init__(self, spec: ImpalaJobSpec, actor_id: str, seed: int) -> None:
-        self.evaluator = make_evaluator(spec, seed)
+        self.evaluator = Evaluator(spec, seed)
 
     def evaluate(
         self, weights: dict[str, Any], share: int, video: bool

@@ -1,6 +1,6 @@
-"""Whole episodes of a single-agent env's policy on envs of their own seeds, nothing fed back:
-`impalajob evaluate`'s `evaluate`, and spec.evaluation's rounds of them (`EpisodeEvaluator`); the
-round's result (`EvaluationResult`), which a multi-agent env's games (`games`) fill too.
+"""Whole episodes of a gymnasium env's policy on envs of their own seeds, nothing fed back:
+`impalajob evaluate`'s `evaluate`, and spec.evaluation's rounds of them (`round_of_episodes`);
+the round's result (`EvaluationResult`), which a PettingZoo env's games (`games`) fill too.
 
 Episodes are shared out before they start (env i plays its quota, then idles), so short episodes
 do not crowd out long ones: taking whichever N episodes finish first over parallel envs would
@@ -17,16 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from impala_api.spec import DEFAULT_POLICY, EnvSpec, ImpalaJobSpec
-from impala_trainer.batches import policy_weights
+from impala_api.spec import EnvSpec, ImpalaJobSpec
 from impala_trainer.learning.distributions import ActionDistribution
-from impala_trainer.learning.model_factory import build_model
 from impala_trainer.learning.models import ActorCritic
 from impala_trainer.policy.acting import PolicyActor
 from impala_trainer.policy.video import headless_rendering, preview_gif, write_video
-from impala_trainer.rollouts.envs import env_spaces, make_vector_env
+from impala_trainer.rollouts.envs import make_vector_env
 
 MAX_VIDEO_FRAMES = 5_000
 """Frames kept per recorded episode (a Pong game is ~4,000 agent steps at frame skip 4)."""
@@ -158,44 +155,32 @@ def _video_fps(vec: Any, env: EnvSpec) -> float:
     return fps / env.frame_skip if env.is_atari else fps
 
 
-class EpisodeEvaluator:
-    """One evaluation actor's work for a single-agent env (`policy.actor.EvaluationActor` runs
-    it in its own process; `rounds.make_evaluator` picks it): the job's network, loaded with the
-    weights of each request, played on envs seeded the same way every round, so rounds differ
-    only by the policy."""
-
-    def __init__(self, spec: ImpalaJobSpec, seed: int) -> None:
-        torch.set_num_threads(1)
-        self.spec = spec
-        self.seed = seed
-        spaces = env_spaces(spec.env, spec.model.squash_actions)
-        self.actions = spaces.actions
-        self.model = build_model(spec.model, spaces.obs_shape, spaces.actions).eval()
-
-    def run(
-        self, weights: dict[str, np.ndarray], share: int, video: bool
-    ) -> tuple[EvaluationResult, tuple[str, bytes] | None]:
-        """Play `share` episodes (or env steps, durationUnit) with `weights` (the broadcast's
-        layout: `batches.policy_weights`); the result and its first episode's video (suffix,
-        bytes), when asked for one."""
-        assert self.spec.evaluation is not None
-        evaluation = self.spec.evaluation
-        own, _ = policy_weights(weights)[DEFAULT_POLICY]
-        self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in own.items()})
-        by_steps = evaluation.duration_unit == "timesteps"
-        with tempfile.TemporaryDirectory(prefix="impala-eval-") as tmp:
-            result = evaluate(
-                self.spec.env,
-                self.model,
-                self.actions,
-                None if by_steps else share,
-                explore=evaluation.explore,
-                seed=self.seed,
-                num_envs=evaluation.num_envs_per_runner,
-                video_dir=Path(tmp) if video else None,
-                max_steps=share if by_steps else None,
-            )
-            first = result.videos[0] if result.videos else None
-            data = (first.suffix, first.read_bytes()) if first else None
-            result.videos = []
-        return result, data
+def round_of_episodes(
+    spec: ImpalaJobSpec,
+    model: ActorCritic,
+    actions: ActionDistribution,
+    seed: int,
+    share: int,
+    video: bool,
+) -> tuple[EvaluationResult, tuple[str, bytes] | None]:
+    """spec.evaluation's round on a gymnasium env: `share` whole episodes (or env steps,
+    durationUnit) of `model`, and with `video` its first episode's file (suffix, bytes)."""
+    assert spec.evaluation is not None
+    evaluation = spec.evaluation
+    by_steps = evaluation.duration_unit == "timesteps"
+    with tempfile.TemporaryDirectory(prefix="impala-eval-") as tmp:
+        result = evaluate(
+            spec.env,
+            model,
+            actions,
+            None if by_steps else share,
+            explore=evaluation.explore,
+            seed=seed,
+            num_envs=evaluation.num_envs_per_runner,
+            video_dir=Path(tmp) if video else None,
+            max_steps=share if by_steps else None,
+        )
+        first = result.videos[0] if result.videos else None
+        data = (first.suffix, first.read_bytes()) if first else None
+        result.videos = []
+    return result, data

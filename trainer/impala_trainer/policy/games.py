@@ -1,6 +1,6 @@
 """A multi-agent run's policies played: whole games of its PettingZoo env, by
-`impalajob evaluate --policy P --opponent random|POLICY` and by spec.evaluation's actors
-(`GameEvaluator`) while it trains.
+`impalajob evaluate --policy P --opponent random|POLICY` and by spec.evaluation's rounds
+(`round_of_games`) while it trains.
 
 Scored against an opponent, the policy takes each of its agents' seats in turn (the first
 mover, then the second, ...) and every other agent acts by the opponent: `random` (a uniform
@@ -25,7 +25,6 @@ import torch
 from impala_api.manifest import load_manifest
 from impala_api.snapshot import CONFIG_FILE
 from impala_api.spec import RANDOM_OPPONENT, ImpalaJobSpec
-from impala_trainer.batches import policy_weights
 from impala_trainer.learning.acting import acting_policy, carried_state, recurrent_policy
 from impala_trainer.learning.distributions import (
     MASKED_LOGIT,
@@ -232,62 +231,46 @@ def play_team(
     return results
 
 
-class GameEvaluator:
-    """An evaluation actor's work for a PettingZoo env (spec.evaluation; the actor is
-    `policy.actor.EvaluationActor`): each round loads the job's current weights into every
-    policy and plays whole games on env seeds that are the same every round, so rounds differ
-    only by the policies. Games are played one after another (a runner's numEnvsPerRunner does
-    not apply)."""
-
-    def __init__(self, spec: ImpalaJobSpec, seed: int) -> None:
-        assert spec.evaluation is not None
-        torch.set_num_threads(1)
-        self.spec, self.seed = spec, seed
-        self.evaluation = spec.evaluation
-        self.policies = game_policies(spec)
-
-    def run(
-        self, weights: dict[str, np.ndarray], share: int, video: bool
-    ) -> tuple[EvaluationResult, tuple[str, bytes] | None]:
-        """Play `share` games (or env steps, durationUnit) with `weights`: the `<policy>/<name>`
-        arrays the learners broadcast; with `video`, the first game recorded from the env's
-        frames (its file's suffix and bytes)."""
-        split = policy_weights(weights)
-        for name, policy in self.policies.items():
-            own, policy.policy_version = split.get(name, ({}, 0))
-            tensors = {k: torch.from_numpy(np.asarray(v)) for k, v in own.items()}
-            policy.model.load_state_dict(tensors)
-        by_steps = self.evaluation.duration_unit == "timesteps"
-        games = None if by_steps else share
-        steps = share if by_steps else None
-        explore = self.evaluation.explore
-        result = EvaluationResult()
-        with _GameEnv(self.spec, self.seed, render=video) as env:
-            if self.evaluation.opponent is None:
-                played = _team(env, self.policies, games, steps, explore)
+def round_of_games(
+    spec: ImpalaJobSpec, policies: dict[str, GamePolicy], seed: int, share: int, video: bool
+) -> tuple[EvaluationResult, tuple[str, bytes] | None]:
+    """spec.evaluation's round on a PettingZoo env: `share` whole games (or env steps,
+    durationUnit), one after another (numEnvsPerRunner does not apply), scored against
+    spec.evaluation.opponent or played as the team; with `video`, the first game recorded from
+    the env's frames (its file's suffix and bytes)."""
+    evaluation = spec.evaluation
+    assert evaluation is not None
+    by_steps = evaluation.duration_unit == "timesteps"
+    games = None if by_steps else share
+    steps = share if by_steps else None
+    explore = evaluation.explore
+    result = EvaluationResult()
+    with _GameEnv(spec, seed, render=video) as env:
+        if evaluation.opponent is None:
+            played = _team(env, policies, games, steps, explore)
+        else:
+            result.scored = spec.evaluated_policy
+            against = evaluation.opponent
+            opponent = None if against == RANDOM else policies[against]
+            played = _scored(env, policies[result.scored], opponent, games, steps, explore)
+        for game in played:
+            result.env_steps += game.turns
+            result.lengths.append(game.turns)
+            if result.scored is None:
+                result.returns.append(float(sum(game.returns.values())))
             else:
-                result.scored = self.spec.evaluated_policy
-                against = self.evaluation.opponent
-                opponent = None if against == RANDOM else self.policies[against]
-                played = _scored(env, self.policies[result.scored], opponent, games, steps, explore)
-            for game in played:
-                result.env_steps += game.turns
-                result.lengths.append(game.turns)
-                if result.scored is None:
-                    result.returns.append(float(sum(game.returns.values())))
-                else:
-                    result.returns.append(game.returns[game.seat])
-                    result.wins += game.outcome > 0
-                    result.draws += game.outcome == 0
-                    result.losses += game.outcome < 0
-                for agent, value in game.returns.items():
-                    if result.scored is None or agent == game.seat:
-                        result.policy_returns.setdefault(env.policy_of(agent), []).append(value)
-            frames, fps = env.frames, env.fps
-        if not frames:
-            return result, None
-        result.preview = preview_gif(frames, fps=fps)
-        return result, encode_video(frames, fps)
+                result.returns.append(game.returns[game.seat])
+                result.wins += game.outcome > 0
+                result.draws += game.outcome == 0
+                result.losses += game.outcome < 0
+            for agent, value in game.returns.items():
+                if result.scored is None or agent == game.seat:
+                    result.policy_returns.setdefault(env.policy_of(agent), []).append(value)
+        frames, fps = env.frames, env.fps
+    if not frames:
+        return result, None
+    result.preview = preview_gif(frames, fps=fps)
+    return result, encode_video(frames, fps)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from impala_trainer.batches import (
 )
 from impala_trainer.rollouts import channel
 from impala_trainer.rollouts.aggregation import Aggregator
-from impala_trainer.rollouts.worker import rollout_worker
+from impala_trainer.rollouts.worker import RolloutWorker
 
 ROLLOUT_RESOURCE = "rollout"
 AGGREGATOR_RESOURCE = "aggregator"
@@ -40,7 +40,7 @@ class RolloutActor:
     """A RolloutWorker in its own process."""
 
     def __init__(self, spec: ImpalaJobSpec, worker_id: str, seed: int) -> None:
-        self.worker = rollout_worker(spec, worker_id, seed)
+        self.worker = RolloutWorker(spec, worker_id, seed)
 
     def node_info(self) -> NodeInfo:
         return _node_info()

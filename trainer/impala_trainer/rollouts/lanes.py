@@ -7,12 +7,12 @@ known. A policy's fragment takes B = its lanes' count columns of T consecutive s
 each, with the observation the lane's next step acts on as the column's bootstrap; a lane that is
 ahead (the player who moves first) may give two columns, one behind none. So a column is always
 one agent's own trajectory, never two agents' interleaved, and what V-trace sees of it is
-exactly the single-agent case: `rollouts.worker` cuts a vector env's columns the same way. A
+exactly the single-agent case: `vector_sampler` cuts a vector env's columns the same way. A
 recurrent policy's steps carry the state each acted from: a column's `state_in` is its first
 step's (and with maxSeqLen, each sequence's first step's, as `batches.split_sequences` lays
 them out).
 
-Pure numpy, no env: `multi_agent_worker` feeds it.
+Pure numpy, no env: `agent_sampler` feeds it.
 """
 
 from __future__ import annotations

@@ -1,60 +1,31 @@
-"""A rollout worker for a PettingZoo env: `numEnvsPerWorker` envs, every agent acting by its
-policy, one fragment per trained policy out.
+"""A PettingZoo env's samples: `numEnvsPerWorker` envs, every agent acting by its policy, one
+fragment per trained policy out.
 
-The same surface as `worker.RolloutWorker` (`set_weights`, `sample`, `env_steps`), so the
-actors, the backends and the driver take either. Each turn, the agents that act in every env
-are grouped by policy and each policy runs one batched forward for all of them (RLlib's
-per-policy batched inference). The steps of a trained policy's agents go into lanes
-(`rollouts.lanes`) until each trained policy has a whole fragment; the steps of a policy that
-does not learn are not kept. A recurrent policy's state is each agent's own (per env and agent,
-zeroed when the env's episode ends), and each step keeps the state it acted from; a model that
-takes its previous action and reward has the agent's own written into its state once that
-step's reward is in (lstmUsePrevActionReward), as the learner's unroll writes them.
-
-The weights arrive in the broadcast layout of `batches.policy_weights`, each policy with its own
-version: a fragment carries its own policy's version, so each learner measures its own policy
-lag.
-
-In async-gradients mode (A3C) `compute_gradients` samples as `sample` does and returns each
-trained policy's gradients on its own fragment, keyed by policy, for the driver to apply.
+Each turn, the agents that act in every env are grouped by the policy (or snapshot) they act by
+and each runs one batched forward for all of them (RLlib's per-policy batched inference). The
+steps of a trained policy's agents go into lanes (`rollouts.lanes`) until each trained policy
+has a whole fragment; the steps of a policy that does not learn are not kept. A recurrent
+policy's state is each agent's own (per env and agent, zeroed when the env's episode ends), and
+each step keeps the state it acted from; a model that takes its previous action and reward has
+the agent's own written into its state once that step's reward is in (lstmUsePrevActionReward),
+as the learner's unroll writes them. A fragment carries its own policy's version, so each
+learner measures its own policy lag.
 """
 
 from __future__ import annotations
 
-import pickle
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from impala_api.spec import ImpalaJobSpec
-from impala_trainer.batches import (
-    Gradients,
-    MultiAgentFragment,
-    concat_fragments,
-    policy_weights,
-)
-from impala_trainer.learning.acting import (
-    WeightLoader,
-    acting_policy,
-    carried_state,
-    recurrent_policy,
-)
-from impala_trainer.learning.distributions import (
-    MASKED_LOGIT,
-    ActionDistribution,
-    action_distribution,
-)
-from impala_trainer.learning.learner import Learner
-from impala_trainer.learning.model_factory import build_model
-from impala_trainer.learning.models import ActorCritic
-from impala_trainer.learning.precision import acting_dtype
+from impala_trainer.batches import MultiAgentFragment
+from impala_trainer.learning.distributions import MASKED_LOGIT, action_distribution
+from impala_trainer.rollouts.acting_policies import ActingPolicies, ActingPolicy
 from impala_trainer.rollouts.agent_envs import (
     AgentEnv,
     ObservationAdapter,
+    PolicyModel,
     Turn,
     make_pettingzoo,
     policy_spaces,
@@ -68,36 +39,10 @@ MAX_TURNS_PER_FRAGMENT = 1000
 """Turns per fragment length beyond which an agent that never acts is an error, not a wait."""
 
 
-@dataclass
-class ActingPolicy:
-    """One policy as the worker acts by it."""
-
-    name: str
-    model: ActorCritic
-    actions: ActionDistribution
-    adapter: ObservationAdapter
-    logits: Any
-    """obs -> distribution inputs (a feed-forward model), or (obs, state) -> (distribution
-    inputs, next state) (a recurrent one: `recurrent`)."""
-    load: WeightLoader
-    trained: bool
-    version: int = 0
-    carry: Any = None
-    """(state, action, reward) -> state, numpy, for a model that takes its previous action and
-    reward (lstmUsePrevActionReward); None for any other."""
-
-    @property
-    def recurrent(self) -> bool:
-        return self.model.state_size > 0
-
-
-class MultiAgentRolloutWorker:
+class AgentEnvSampler:
     """Steps `numEnvsPerWorker` PettingZoo envs; one fragment per trained policy per sample."""
 
     def __init__(self, spec: ImpalaJobSpec, worker_id: str, seed: int) -> None:
-        torch.set_num_threads(1)
-        torch.manual_seed(seed)
-        self.spec = spec
         self.worker_id = worker_id
         self.num_envs = spec.env.num_envs_per_worker
         self.fragment_length = spec.training.rollout_fragment_length
@@ -106,25 +51,23 @@ class MultiAgentRolloutWorker:
         self.envs = [
             AgentEnv(make_pettingzoo(spec.env), seed + i * 1_000_000) for i in range(self.num_envs)
         ]
-        trained = set(spec.agents.trained)
-        self._learners: dict[str, Learner] = {}
-        """A3C mode (training.mode async-gradients): a Learner copy per trained policy, owning
-        its acting model, so the gradients are those of the policy that acted."""
-        self.policies: dict[str, ActingPolicy] = {}
+        self.adapters: dict[str, ObservationAdapter] = {}
+        self.models: dict[str, PolicyModel] = {}
+        """Each policy's model spaces (what `ActingPolicies` builds it for)."""
         self.policy_of: dict[str, str] = {}
-        self._spaces: dict[str, Any] = {}
         for name, (agents, spaces) in policy_spaces(spec, self.envs[0]).items():
-            self.policies[name] = self._acting(spec, name, spaces, name in trained)
+            adapter = self.adapters[name] = ObservationAdapter(spaces)
+            squash = spec.policy_spec(name).model.squash_actions
+            dist = action_distribution(spaces.action, squash)
+            self.models[name] = PolicyModel(agents, adapter.shape, adapter.dtype, dist)
             self.policy_of.update(dict.fromkeys(agents, name))
-            self._spaces[name] = spaces
         self.self_play = spec.agents.self_play
-        self.snapshots: dict[str, ActingPolicy] = {}
-        """selfPlay's pool as it was broadcast: `<policy>@<slot>` -> its frozen copy."""
         agents = self.envs[0].possible_agents
         self.lanes: dict[str, PolicyLanes] = {}
         self._lane_of: dict[tuple[int, str], Any] = {}
-        for name, policy in self.policies.items():
-            if not policy.trained:
+        trained = set(spec.agents.trained)
+        for name in self.models:
+            if name not in trained:
                 continue
             mine = [a for a in agents if self.policy_of[a] == name]
             seq_len = spec.policy_spec(name).model.max_seq_len
@@ -140,7 +83,7 @@ class MultiAgentRolloutWorker:
         self._learner_seat: list[str | None] = [None] * self.num_envs
         self.turns: list[Turn] = [env.reset() for env in self.envs]
         for e in range(self.num_envs):
-            self._seat(e)
+            self._seat(e, [])
         self._returns = [dict.fromkeys(agents, 0.0) for _ in self.envs]
         self._lengths = [0] * self.num_envs
         self._states: dict[tuple[int, str], np.ndarray] = {}
@@ -148,46 +91,9 @@ class MultiAgentRolloutWorker:
         self._to_carry: dict[tuple[int, str], tuple[ActingPolicy, np.ndarray]] = {}
         """An agent's step whose action and reward its state takes once the reward is in
         (lstmUsePrevActionReward): (env, agent) -> (the policy it acted by, the action)."""
-        self.policy_version = 0
         self.env_steps = 0
-        self._busy_seconds = 0.0
 
-    def _acting(self, spec: ImpalaJobSpec, name: str, spaces: Any, trained: bool) -> ActingPolicy:
-        policy_spec = spec.policy_spec(name)
-        adapter = ObservationAdapter(spaces)
-        dist = action_distribution(spaces.action, policy_spec.model.squash_actions)
-        if trained and spec.training.mode == "async-gradients":
-            learner = self._learners[name] = Learner(policy_spec, adapter.shape, dist)
-            model = learner.model
-        else:
-            model = build_model(policy_spec.model, adapter.shape, dist)
-        model.eval()
-        if model.state_size:
-            logits: Any = recurrent_policy(model)
-        else:
-            logits = acting_policy(model, acting_dtype(spec.learner.precision))
-        return ActingPolicy(name, model, dist, adapter, logits, WeightLoader(model), trained,
-                            carry=carried_state(model))  # fmt: skip
-
-    def set_weights(self, weights: Mapping[str, Any] | bytes, policy_version: int) -> None:
-        """Load every policy's weights (`WEIGHTS_VERSION` says the layout)."""
-        start = time.perf_counter()
-        arrays = pickle.loads(weights) if isinstance(weights, bytes) else weights
-        for name, (policy_arrays, version) in policy_weights(arrays).items():
-            policy = self.policies.get(name)
-            base = name.partition("@")[0]
-            if policy is None and name != base and base in self.policies:  # a new snapshot
-                policy = self._acting(self.spec, base, self._spaces[base], trained=False)
-                policy.name = name
-                self.snapshots[name] = policy
-            policy = policy or self.snapshots.get(name)
-            if policy is not None:  # a policy no agent of this env maps to has no model here
-                policy.load(policy_arrays)
-                policy.version = version
-        self.policy_version = int(policy_version)
-        self._busy_seconds += time.perf_counter() - start
-
-    def _seat(self, e: int) -> None:
+    def _seat(self, e: int, pool: list[str]) -> None:
         """selfPlay: who plays whom in env e's new episode. One agent of the policy, at random,
         learns by it; each other one is a random player (randomProbability), the current
         policy too (latestProbability) or a snapshot from the pool."""
@@ -197,7 +103,6 @@ class MultiAgentRolloutWorker:
         mine = [a for a in self.envs[e].possible_agents if self.policy_of[a] == play.policy]
         order = [mine[i] for i in self._seat_rng.permutation(len(mine))]
         seats = dict.fromkeys(order, play.policy)
-        pool = sorted(self.snapshots)
         for agent in order[1:]:
             if play.random_probability and self._seat_rng.random() < play.random_probability:
                 seats[agent] = RANDOM_SEAT
@@ -206,34 +111,20 @@ class MultiAgentRolloutWorker:
         self._seats[e] = seats
         self._learner_seat[e] = order[0] if order else None
 
-    def _acts_by(self, e: int, agent: str) -> ActingPolicy | None:
+    def _acts_by(self, e: int, agent: str, acting: ActingPolicies) -> ActingPolicy | None:
         """The policy or snapshot `agent` acts by in env e's episode; None: the random player."""
         seat = self._seats[e].get(agent)
         if seat == RANDOM_SEAT:
             return None
-        if seat is None or seat not in self.snapshots:
-            return self.policies[self.policy_of[agent]]
-        return self.snapshots[seat]
+        if seat is None or seat not in acting.snapshots:
+            return acting.policies[self.policy_of[agent]]
+        return acting.snapshots[seat]
 
-    def get_weights(self) -> dict[str, np.ndarray]:
-        return {
-            f"{name}/{k}": v.detach().numpy().copy()
-            for name, p in self.policies.items()
-            for k, v in p.model.state_dict().items()
-        }
-
-    def sample(self) -> MultiAgentFragment:
-        start = time.perf_counter()
-        sample = self._sample()
-        sample.busy_seconds = self._busy_seconds + time.perf_counter() - start
-        self._busy_seconds = 0.0
-        return sample
-
-    @torch.inference_mode()
-    def _sample(self) -> MultiAgentFragment:
+    def sample(self, acting: ActingPolicies) -> MultiAgentFragment:
+        """Turns in every env until each trained policy's lanes hold a whole fragment."""
         returns: list[float] = []
         lengths: list[int] = []
-        policy_returns: dict[str, list[float]] = {name: [] for name in self.policies}
+        policy_returns: dict[str, list[float]] = {name: [] for name in self.models}
         scores: list[float] = []
         turns = 0
         limit = MAX_TURNS_PER_FRAGMENT * self.fragment_length
@@ -245,11 +136,11 @@ class MultiAgentRolloutWorker:
                     f"taken {self.fragment_length} steps in every env: an agent that never "
                     "acts cannot fill its lane (map it to a policy outside policiesToTrain)"
                 )
-            self._turn(returns, lengths, policy_returns, scores)
+            self._turn(acting, returns, lengths, policy_returns, scores)
             turns += 1
         self.env_steps += turns * self.num_envs
         fragments = {
-            name: lanes.fragment(self.policies[name].version, self.worker_id)
+            name: lanes.fragment(acting.policies[name].version, self.worker_id)
             for name, lanes in self.lanes.items()
         }
         for name, fragment in fragments.items():
@@ -262,11 +153,12 @@ class MultiAgentRolloutWorker:
             policy_returns={k: v for k, v in policy_returns.items() if v},
             self_play_scores=scores,
             worker_id=self.worker_id,
-            policy_version=self.policy_version,
+            policy_version=acting.version,
         )
 
     def _turn(
         self,
+        acting: ActingPolicies,
         returns: list[float],
         lengths: list[int],
         policy_returns: dict[str, list[float]],
@@ -275,19 +167,19 @@ class MultiAgentRolloutWorker:
         """One turn in every env: each policy (and snapshot) acts for its agents in one
         forward."""
         rows: dict[str, list[tuple[int, str, Any]]] = {}
-        acting: dict[str, ActingPolicy] = {}
+        by_name: dict[str, ActingPolicy] = {}
         actions: list[dict[str, Any]] = [{} for _ in self.envs]
         for e, turn in enumerate(self.turns):
             for agent, obs in turn.acting.items():
-                policy = self._acts_by(e, agent)
+                policy = self._acts_by(e, agent, acting)
                 if policy is None:
                     actions[e][agent] = random_action(self.envs[e], agent, obs, self.rng)
                     continue
-                acting[policy.name] = policy
+                by_name[policy.name] = policy
                 rows.setdefault(policy.name, []).append((e, agent, obs))
         for name, picked in rows.items():
-            policy = acting[name]
-            adapter = policy.adapter
+            policy = by_name[name]
+            adapter = self.adapters[policy.policy]
             obs = np.stack([adapter.model_input(o) for _, _, o in picked])
             states = None
             if policy.recurrent:
@@ -327,15 +219,15 @@ class MultiAgentRolloutWorker:
                 if lane is not None:
                     final = out.final_obs
                     if final is not None:
-                        adapter = self.policies[self.policy_of[out.agent]].adapter
-                        final = adapter.model_input(final)
+                        final = self.adapters[self.policy_of[out.agent]].model_input(final)
                     lane.complete(reward, out.terminated, out.truncated, final)
             if turn.episode_over:
-                self._episode_over(e, returns, lengths, policy_returns, scores)
+                self._episode_over(e, acting, returns, lengths, policy_returns, scores)
 
     def _episode_over(
         self,
         e: int,
+        acting: ActingPolicies,
         returns: list[float],
         lengths: list[int],
         policy_returns: dict[str, list[float]],
@@ -351,7 +243,7 @@ class MultiAgentRolloutWorker:
             if seats.get(agent, own) == own:
                 policy_returns[own].append(value)
         learner = self._learner_seat[e]
-        against = [a for a, seat in seats.items() if seat in self.snapshots]
+        against = [a for a, seat in seats.items() if seat in acting.snapshots]
         if learner is not None and against:
             # Against the pool: 1 a win (more than every snapshot), 0.5 a draw, 0 a loss.
             best = max(agent_returns[a] for a in against)
@@ -362,7 +254,7 @@ class MultiAgentRolloutWorker:
         for agent in agent_returns:  # a new episode: every recurrent state starts at zero
             self._states.pop((e, agent), None)
             self._to_carry.pop((e, agent), None)
-        self._seat(e)
+        self._seat(e, acting.pool())
 
     def _carry(self, e: int, agent: str, reward: float) -> None:
         """A completed step's action and reward into the agent's state, as the learner's
@@ -380,21 +272,3 @@ class MultiAgentRolloutWorker:
         if state is None:
             state = policy.model.initial_state(1).numpy()[0]
         return state
-
-    def compute_gradients(self, global_timestep: int = 0) -> Gradients:
-        """A3C mode: one sample on-policy, and each trained policy's loss gradients on its own
-        agents' columns of it (what its learner on the driver would compute on them)."""
-        if not self._learners:
-            raise RuntimeError("compute_gradients needs training.mode: async-gradients")
-        sample = self.sample()
-        start = time.perf_counter()
-        grads: dict[str, list[np.ndarray]] = {}
-        stats: dict[str, float] = {}
-        for name, fragment in sample.fragments.items():
-            learner = self._learners[name]
-            learner.global_timestep = global_timestep
-            with torch.enable_grad():
-                grads[name], own = learner.compute_gradients(concat_fragments([fragment]))
-            stats.update({f"{name}/{k}": v for k, v in own.items()})
-        sample.busy_seconds += time.perf_counter() - start  # the actor's time: gradients too
-        return Gradients(grads, sample.meta(), stats)
