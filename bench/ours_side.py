@@ -200,7 +200,7 @@ def sample_only(
     from impala_trainer.driver.impala import direct_samples
     from impala_trainer.driver.ray_backend import RayBackend
     from impala_trainer.learning.model_factory import build_model
-    from impala_trainer.rollouts.actors import ROLLOUT_RESOURCE
+    from impala_trainer.rollouts.actor import ROLLOUT_RESOURCE
     from impala_trainer.rollouts.envs import env_spaces
 
     workers = spec.rollouts.initial_replicas * spec.rollouts.workers_per_pod

@@ -22,7 +22,7 @@ from impala_trainer.rollouts.envs import env_problem, make_vector_env
 
 def job_problem(spec: ImpalaJobSpec) -> tuple[str, str] | None:
     """Why `spec` cannot run here, as (the field under spec, the reason); None when it can."""
-    if spec.env.multi_agent:
+    if spec.env.is_pettingzoo:
         return _agents_problem(spec)
     problem = env_problem(spec.env)
     if problem is not None:
@@ -228,7 +228,7 @@ def space_defaults(spec: ImpalaJobSpec) -> tuple[ImpalaJobSpec, list[SpaceDefaul
 def _space_defaults(spec: ImpalaJobSpec) -> tuple[ImpalaJobSpec, list[SpaceDefault]]:
     if spec.env.is_atari:  # ALE's actions are Discrete: nothing depends on the space
         return spec, []
-    if spec.env.multi_agent:
+    if spec.env.is_pettingzoo:
         return _policy_space_defaults(spec)
     space = _spaces(spec)[1]
     if not isinstance(space, gym.spaces.Box):

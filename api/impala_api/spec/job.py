@@ -116,14 +116,14 @@ class ImpalaJobSpec(SpecModel):
 
     @model_validator(mode="after")
     def _agents(self) -> ImpalaJobSpec:
-        if self.multi_agent is not None and not self.env.multi_agent:
+        if self.multi_agent is not None and not self.env.is_pettingzoo:
             raise ValueError(MULTI_AGENT_NEEDS_PETTINGZOO)
         own_popart = any(p.model and p.model.popart for p in self.agents.policies.values())
         if own_popart and self.training.mode != "vtrace":
             raise ValueError(POLICY_POPART_NEEDS_VTRACE)
         games = self.evaluation
         if games is not None and (games.opponent or games.policy):
-            if not self.env.multi_agent:
+            if not self.env.is_pettingzoo:
                 raise ValueError(EVALUATION_GAMES_NEED_PETTINGZOO)
             policies = self.agents.policies
             if games.opponent not in (None, RANDOM_OPPONENT, *policies):
@@ -131,7 +131,7 @@ class ImpalaJobSpec(SpecModel):
             if games.policy is not None and games.policy not in policies:
                 raise ValueError(UNKNOWN_EVALUATION_POLICY)
         if self.stop.policy is not None and (
-            not self.env.multi_agent or self.stop.policy not in self.agents.policies
+            not self.env.is_pettingzoo or self.stop.policy not in self.agents.policies
         ):
             raise ValueError(UNKNOWN_STOP_POLICY)
         return self

@@ -131,7 +131,7 @@ class EnvSpec(SpecModel):
         return self
 
     @property
-    def multi_agent(self) -> bool:
+    def is_pettingzoo(self) -> bool:
         """A PettingZoo env (spec.env.pettingzoo), not a gymnasium one."""
         return self.pettingzoo is not None
 

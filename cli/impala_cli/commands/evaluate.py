@@ -179,7 +179,7 @@ def _multi_agent(run_dir: Path) -> bool:
     from impala_api.snapshot import CONFIG_FILE
 
     try:
-        return load_manifest(run_dir / CONFIG_FILE).spec.env.multi_agent
+        return load_manifest(run_dir / CONFIG_FILE).spec.env.is_pettingzoo
     except (ManifestError, OSError):
         return False  # load_policy says what is wrong with it
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from impala_api.spec import ModelSpec
-from impala_trainer.learning.acting import CastPolicy, NumpyPolicy, WeightLoader, acting_policy
+from impala_trainer.learning.inference import CastPolicy, NumpyPolicy, WeightLoader, acting_policy
 from impala_trainer.learning.model_factory import build_model
 from impala_trainer.learning.models import (
     ActorCritic,

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from impala_trainer.learning.distributions import SquashedGaussian
-from impala_trainer.policy.acting import PolicyActor
 from impala_trainer.policy.episodes import _quotas, evaluate
 from impala_trainer.policy.export import export_policy
 from impala_trainer.policy.loaded import PolicyNotFoundError, load_policy
+from impala_trainer.policy.player import Player
 from impala_trainer.rollouts.envs import make_vector_env
 from impala_trainer.rundir.writer import RunDir
 from tests.support.jobs import make_job
@@ -61,7 +61,7 @@ def _recorded(run: Path, steps: int = 48) -> tuple[Any, list[dict[str, np.ndarra
     """The loaded policy and the graph inputs it met playing 4 envs for `steps` steps."""
     policy = load_policy(run)
     vec = make_vector_env(policy.job.spec.env, 4, seed=1)
-    actor = PolicyActor(policy.model, policy.actions, 4, explore=True, seed=1)
+    player = Player(policy.model, policy.actions, 4, explore=True, seed=1)
     obs, _ = vec.reset(seed=1)
     prev_action = policy.actions.empty_actions(1, 4)[0] * 0
     prev_reward = np.zeros(4, np.float32)
@@ -70,14 +70,14 @@ def _recorded(run: Path, steps: int = 48) -> tuple[Any, list[dict[str, np.ndarra
         for _ in range(steps):
             feed = {"obs": np.array(obs)}
             if policy.model.state_size:
-                feed["state"] = actor.state.copy()
+                feed["state"] = player.state.copy()
             if policy.model.uses_prev_action_reward:
                 feed |= {"prev_action": prev_action.copy(), "prev_reward": prev_reward.copy()}
             feeds.append(feed)
-            action = actor.act(obs)
+            action = player.act(obs)
             obs, reward, term, trunc, _ = vec.step(policy.actions.to_env(action))
             done = term | trunc
-            actor.observe(action, reward.astype(np.float32), done)
+            player.observe(action, reward.astype(np.float32), done)
             keep = ~done.reshape(-1, *([1] * (action.ndim - 1)))
             prev_action, prev_reward = action * keep, np.where(done, 0.0, reward).astype(np.float32)
     vec.close()

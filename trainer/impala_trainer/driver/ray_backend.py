@@ -24,7 +24,7 @@ from impala_trainer.learning.actor import LEARNER_RESOURCE, LearnerActor
 from impala_trainer.learning.learner_worker import LearnerPolicy
 from impala_trainer.node.ray_node import pinned_port
 from impala_trainer.policy.actor import EvaluationActor
-from impala_trainer.rollouts.actors import (
+from impala_trainer.rollouts.actor import (
     AGGREGATOR_RESOURCE,
     ROLLOUT_RESOURCE,
     AggregatorActor,

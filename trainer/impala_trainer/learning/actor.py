@@ -1,5 +1,5 @@
 """The learner actor: a thin Ray shell around the plain `learner_worker.LearnerWorker` (tested
-without Ray through `driver.local_backend`), as `rollouts.actors` wraps the rollout worker.
+without Ray through `driver.local_backend`), as `rollouts.actor` wraps the rollout worker.
 
 Placed by the `learner` custom resource (a learner pod offers one unit; `impalajob train` offers
 learner.replicas), learner 0 on the driver's own node (`RayBackend.start_learner`). Threaded

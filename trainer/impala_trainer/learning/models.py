@@ -5,7 +5,7 @@ Every model maps obs [N, *obs_shape] to (outputs [N, D], values [N]), the output
 distribution's inputs (`distributions`); a recurrent one maps sequences with a state
 (`ActorCritic.forward_sequence`). uint8 observations are scaled to [0, 1] inside the model, so
 frames cross process boundaries as bytes (4x smaller). The spec builds them in `model_factory`;
-workers act with them through `acting`.
+workers act with them through `inference`.
 """
 
 from __future__ import annotations

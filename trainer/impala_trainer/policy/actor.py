@@ -1,5 +1,5 @@
 """The evaluation actor: a thin Ray shell around `rounds.Evaluator` (tested without Ray, and
-with the driver through `driver.local_backend`), as `rollouts.actors` wraps the rollout worker.
+with the driver through `driver.local_backend`), as `rollouts.actor` wraps the rollout worker.
 The driver places it on its own node (`ray_backend.start_evaluator`)."""
 
 from __future__ import annotations

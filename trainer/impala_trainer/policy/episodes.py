@@ -21,7 +21,7 @@ import numpy as np
 from impala_api.spec import EnvSpec, ImpalaJobSpec
 from impala_trainer.learning.distributions import ActionDistribution
 from impala_trainer.learning.models import ActorCritic
-from impala_trainer.policy.acting import PolicyActor
+from impala_trainer.policy.player import Player
 from impala_trainer.policy.video import headless_rendering, preview_gif, write_video
 from impala_trainer.rollouts.envs import make_vector_env
 
@@ -103,7 +103,7 @@ def evaluate(
     n = max(1, min(num_envs, episodes, max_steps or episodes))
     quotas = _quotas(episodes, n)
     vec = make_vector_env(env, n, seed, render=video_dir is not None)
-    actor = PolicyActor(model, actions, n, explore, seed, env.clips_rewards)
+    player = Player(model, actions, n, explore, seed, env.clips_rewards)
     result = EvaluationResult()
     frames: list[np.ndarray] = []
     fps = _video_fps(vec, env) if video_dir is not None else 0.0
@@ -118,7 +118,7 @@ def evaluate(
             recording = video_dir is not None and done_count[0] < video_episodes
             if recording and len(frames) < MAX_VIDEO_FRAMES:
                 frames.append(vec.envs[0].render())
-            act = actor.act(obs)
+            act = player.act(obs)
             obs, reward, term, trunc, _ = vec.step(actions.to_env(act))
             reward = np.asarray(reward, np.float64)
             active = done_count < quotas
@@ -126,7 +126,7 @@ def evaluate(
             ep_return += reward
             ep_length += 1
             done = np.asarray(term | trunc)
-            actor.observe(act, reward.astype(np.float32), done)
+            player.observe(act, reward.astype(np.float32), done)
             for i in np.flatnonzero(done):
                 if done_count[i] < quotas[i]:
                     result.returns.append(float(ep_return[i]))

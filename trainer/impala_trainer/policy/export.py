@@ -195,7 +195,7 @@ def _observation_metadata(policy: LoadedPolicy) -> dict[str, Any]:
         "env_kwargs": env.kwargs,
     }
     meta["policy"] = policy.policy
-    if env.multi_agent:
+    if env.is_pettingzoo:
         meta["multi_agent"] = (
             "the observation of an agent mapped to this policy; an observation Dict with an "
             "action_mask is fed without it (its other entries, or its `observation`), and the "

@@ -25,12 +25,12 @@ import torch
 from impala_api.manifest import load_manifest
 from impala_api.snapshot import CONFIG_FILE
 from impala_api.spec import RANDOM_OPPONENT, ImpalaJobSpec
-from impala_trainer.learning.acting import acting_policy, carried_state, recurrent_policy
 from impala_trainer.learning.distributions import (
     MASKED_LOGIT,
     ActionDistribution,
     action_distribution,
 )
+from impala_trainer.learning.inference import acting_policy, carried_state, recurrent_policy
 from impala_trainer.learning.model_factory import build_model
 from impala_trainer.learning.models import ActorCritic
 from impala_trainer.policy.episodes import MAX_VIDEO_FRAMES, EvaluationResult
@@ -127,7 +127,7 @@ def load_game_policies(run_dir: Path, checkpoint: str | None = None) -> dict[str
     if not config.is_file():
         raise PolicyNotFoundError(f"{run_dir} is not a run directory: it has no {CONFIG_FILE}")
     job = load_manifest(config)
-    if not job.spec.env.multi_agent:
+    if not job.spec.env.is_pettingzoo:
         raise PolicyNotFoundError(f"{run_dir} trained {job.spec.env.id}, not a PettingZoo env")
     path = find_checkpoint(run_dir, checkpoint)
     try:

@@ -31,7 +31,7 @@ class Evaluator:
         assert spec.evaluation is not None
         torch.set_num_threads(1)
         self.spec, self.seed = spec, seed
-        self.games = game_policies(spec) if spec.env.multi_agent else {}
+        self.games = game_policies(spec) if spec.env.is_pettingzoo else {}
         """A PettingZoo env's policies as games play them (their models are `models`)."""
         self.models: dict[str, ActorCritic] = {n: p.model for n, p in self.games.items()}
         if not self.games:

@@ -2,7 +2,7 @@
 
 Every policy an agent of the env maps to has an acting copy here (a gymnasium env's one
 policy, `default`), and selfPlay's pool of snapshots (`<policy>@<slot>`) is added as the
-broadcasts bring them. Inference is numpy for MLPs (`learning.acting`); a recurrent policy's
+broadcasts bring them. Inference is numpy for MLPs (`learning.inference`); a recurrent policy's
 forward takes and returns its state. In async-gradients mode (A3C) each trained policy's copy is
 a `Learner`'s model, so the gradients are of the policy that acted.
 """
@@ -15,13 +15,13 @@ from typing import Any
 
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import policy_layout, policy_weights
-from impala_trainer.learning.acting import (
+from impala_trainer.learning.distributions import ActionDistribution
+from impala_trainer.learning.inference import (
     WeightLoader,
     acting_policy,
     carried_state,
     recurrent_policy,
 )
-from impala_trainer.learning.distributions import ActionDistribution
 from impala_trainer.learning.learner import Learner
 from impala_trainer.learning.model_factory import build_model
 from impala_trainer.learning.models import ActorCritic

@@ -337,7 +337,7 @@ def policy_models(spec: ImpalaJobSpec) -> dict[str, PolicyModel]:
     env's one policy, `default`, for its one agent)."""
     from impala_trainer.learning.distributions import action_distribution
 
-    if not spec.env.multi_agent:
+    if not spec.env.is_pettingzoo:
         one = env_spaces(spec.env, spec.model.squash_actions)
         return {DEFAULT_POLICY: PolicyModel([], one.obs_shape, one.obs_dtype, one.actions)}
     out = {}

@@ -36,7 +36,7 @@ class RolloutWorker:
         self.spec = spec
         self.worker_id = worker_id
         self.sampler: VectorEnvSampler | AgentEnvSampler
-        if spec.env.multi_agent:
+        if spec.env.is_pettingzoo:
             self.sampler = AgentEnvSampler(spec, worker_id, seed)
         else:
             self.sampler = VectorEnvSampler(spec, worker_id, seed)

@@ -1,17 +1,18 @@
-"""Acting with a trained policy outside training: greedy (the distribution's mode) or sampled,
-numpy in and out, a recurrent policy's state carried per env and zeroed where an episode ends,
-as the rollout worker does. No fragments, no noise buffers: evaluation is not the hot path."""
+"""A trained policy played outside training: greedy (the distribution's mode) or sampled
+actions, numpy in and out, a recurrent policy's state carried per env and zeroed where an
+episode ends, as the rollout worker does. No fragments, no noise buffers: evaluation is not the
+hot path."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from impala_trainer.learning.acting import acting_policy, carried_state, recurrent_policy
 from impala_trainer.learning.distributions import ActionDistribution
+from impala_trainer.learning.inference import acting_policy, carried_state, recurrent_policy
 from impala_trainer.learning.models import ActorCritic
 
 
-class PolicyActor:
+class Player:
     """Actions for `num_envs` envs at a time from `model`."""
 
     def __init__(
