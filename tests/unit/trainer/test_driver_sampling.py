@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import impala_trainer.driver.impala as driver_mod
-import impala_trainer.driver.policies as policies_mod
+import impala_trainer.driver.impala as impala_mod
 from impala_api.spec import ImpalaJob
 from impala_trainer.batches import Fragment, FragmentMeta
 from impala_trainer.driver.impala import ImpalaDriver
@@ -32,7 +32,7 @@ from impala_trainer.rundir.writer import RunDir
 
 def _thread(driver: ImpalaDriver) -> Any:
     """The driver's one learner thread (learner.replicas 1, learner.process driver)."""
-    return driver.group.groups["default"].thread  # type: ignore[attr-defined]
+    return driver.group.threads["default"]  # type: ignore[attr-defined]
 
 
 def _learner(driver: ImpalaDriver) -> Any:
@@ -407,13 +407,13 @@ def test_the_actors_start_before_the_learner_is_built_and_go_if_it_fails(
     first, so their start-up overlaps it. A learner that cannot be built takes them down."""
     backend = LocalBackend(rollout_units=2)
     started: list[int] = []
-    real = policies_mod.make_learner_groups
+    real = impala_mod.make_learner_group
 
     def build(*args: Any, **kwargs: Any) -> Any:
         started.append(len(backend.actors))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(policies_mod, "make_learner_groups", build)
+    monkeypatch.setattr(impala_mod, "make_learner_group", build)
     driver = build_driver(_job(), RunDir(tmp_path / "run"), backend, Wiring(rollout_workers=2))
     assert started == [2]
     assert [a.actor_id for a in driver._new_actors] == ["rollout-0", "rollout-1"]
@@ -421,7 +421,7 @@ def test_the_actors_start_before_the_learner_is_built_and_go_if_it_fails(
     def fail(*args: Any, **kwargs: Any) -> Any:
         raise MemoryError("the learner does not fit")
 
-    monkeypatch.setattr(policies_mod, "make_learner_groups", fail)
+    monkeypatch.setattr(impala_mod, "make_learner_group", fail)
     again = LocalBackend(rollout_units=2)
     with pytest.raises(MemoryError):
         build_driver(_job(), RunDir(tmp_path / "again"), again, Wiring(rollout_workers=2))

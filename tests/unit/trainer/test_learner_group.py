@@ -24,7 +24,7 @@ from impala_api.roles import COLLECTIVE_PORT_ENV, LEARNER_PORTS
 from impala_api.spec import DEFAULT_POLICY, ImpalaJob
 from impala_trainer.driver.impala import ImpalaDriver
 from impala_trainer.driver.launch import Wiring, build_driver
-from impala_trainer.driver.learner_group import DistributedLearnerGroup, LocalLearnerGroup
+from impala_trainer.driver.learner_group import LearnerActors, LocalLearners
 from impala_trainer.driver.local_backend import LocalBackend, LocalRef
 from impala_trainer.learning.collective import Rendezvous
 from impala_trainer.learning.learner_worker import LearnerPolicy, LearnerWorker
@@ -66,12 +66,12 @@ def _same_weights(backend: LocalBackend) -> None:
 
 
 def test_one_learner_is_a_local_group_and_more_are_distributed(tmp_path: Path) -> None:
-    for replicas, kind in ((1, LocalLearnerGroup), (2, DistributedLearnerGroup)):
+    for replicas, kind in ((1, LocalLearners), (2, LearnerActors)):
         backend = LocalBackend(rollout_units=1)
         driver = build_driver(_job(replicas), RunDir(tmp_path / str(replicas)), backend,
                               Wiring(rollout_workers=1))  # fmt: skip
         assert isinstance(driver, ImpalaDriver)
-        assert isinstance(driver.group.groups[DEFAULT_POLICY], kind)  # type: ignore[attr-defined]
+        assert isinstance(driver.group, kind)
         driver.manager.shutdown()
         driver.group.close(5)
 
@@ -83,8 +83,7 @@ def test_two_learners_train_one_set_of_weights_on_batches_of_their_own(tmp_path:
     run_dir.prepare(job)
     driver = build_driver(job, run_dir, backend, Wiring(rollout_workers=2))
     assert isinstance(driver, ImpalaDriver)
-    group = driver.group.groups[DEFAULT_POLICY]  # type: ignore[attr-defined]
-    assert isinstance(group, DistributedLearnerGroup)
+    assert isinstance(driver.group, LearnerActors)
     fed: list[int] = []
     real_call = backend.learner_call
 

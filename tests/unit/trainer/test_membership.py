@@ -143,7 +143,7 @@ def _elastic_driver(tmp_path: Path) -> tuple[ImpalaDriver, LocalBackend]:
     assert isinstance(driver, ImpalaDriver) and driver.membership is not None
     driver.membership.poll_seconds = 0.0
     # The learner thread is not started (its queue keeps what it is fed); _step checks it lives.
-    driver.group.groups["default"].thread.is_alive = lambda: True  # type: ignore[attr-defined]
+    driver.group.threads["default"].is_alive = lambda: True  # type: ignore[attr-defined]
     return driver, backend
 
 
@@ -177,7 +177,7 @@ def test_actors_follow_the_nodes_and_a_draining_node_hands_over_before_release(
     assert membership.lost_env_steps == 0
     # Every sampled step is in a batch for the learner or in the local aggregator (the
     # aggregator's partial batch was handed over, not dropped).
-    inqueue = driver.group.groups["default"].thread.inqueue  # type: ignore[attr-defined]
+    inqueue = driver.group.threads["default"].inqueue  # type: ignore[attr-defined]
     queued = sum(b.env_steps for b in [*driver.ledger.backlog, *inqueue.queue])
     held = sum(f.env_steps for f in driver.local_aggregator.take_pending())
     assert queued + held == driver.stats.counters.num_env_steps_sampled

@@ -32,9 +32,8 @@ from impala_trainer.batches import Fragment, FragmentMeta, TrainBatch
 from impala_trainer.driver.actor_manager import ManagedActor
 from impala_trainer.driver.backend import Ref, Weights
 from impala_trainer.driver.base import WAIT_SECONDS, Driver
-from impala_trainer.driver.learner_group import LearnerGroup
+from impala_trainer.driver.learner_group import LearnerGroup, make_learner_group
 from impala_trainer.driver.ledger import Ledger
-from impala_trainer.driver.policies import policy_learner_groups
 from impala_trainer.learning.learner import LearnerState
 from impala_trainer.rollouts.aggregation import Aggregator
 from impala_trainer.rundir.writer import RunDir
@@ -74,8 +73,7 @@ class ImpalaDriver(Driver):
     def __init__(self, job: ImpalaJob, run_dir: RunDir, **collaborators: Any) -> None:
         super().__init__(job, run_dir, **collaborators)
         threads = torch.get_num_threads()
-        # A learner group per trained policy (a gymnasium env's one), as one group.
-        self.group: LearnerGroup = policy_learner_groups(
+        self.group: LearnerGroup = make_learner_group(
             self.spec, self.models, self.seed, self.backend, threads
         )
         self.learner: LearnerState = self.group.learner

@@ -1,16 +1,13 @@
-"""A job's learners: one `LearnerGroup` per trained policy, as one group (a gymnasium env's
-job has one policy, `default`).
+"""Every policy's learner state as one: `PolicySetState`, the `LearnerState` a job's
+`LearnerGroup` offers (a gymnasium env's job has one policy, `default`), and selfPlay's pool.
 
-RLlib gives each trained policy its own learner; so does this: each trained policy has the
-learner group its spec asks for (`learner_group.make_learner_groups`, the policy's model in
-place of spec.model; learner.replicas actors hold every policy), with its own V-trace loss,
-optimiser, schedules and stats, and trains on the batches of its own agents
-(`TrainBatch.policy_id`). `PolicyLearnerGroups` is that set as the
-driver's one `LearnerGroup`, and `PolicySetState` their weights and state as its one
-`LearnerState`:
+RLlib gives each trained policy its own learner; so does this: each trained policy has its own
+V-trace loss, optimiser, schedules and stats, and trains on the batches of its own agents
+(`TrainBatch.policy_id`). As one state:
 
 - the weights broadcast to the rollouts are every policy's, in `batches.policy_layout`, a
-  policy that does not learn included (its initial weights, never changed);
+  policy that does not learn included (its initial weights, never changed), and selfPlay's
+  snapshots;
 - the state a checkpoint keeps is each policy's learner state by name;
 - the policy version the driver counts is the sum of the policies' (it moves whenever one
   learns), and the schedules' clock is the run's env steps trained, for every policy alike.
@@ -19,19 +16,14 @@ driver's one `LearnerGroup`, and `PolicySetState` their weights and state as its
 from __future__ import annotations
 
 import pickle
-from statistics import fmean
 from typing import Any
 
 import numpy as np
 import torch
 
 from impala_api.spec import ImpalaJobSpec
-from impala_trainer.batches import TrainBatch, policy_layout, policy_weights
-from impala_trainer.driver.backend import Backend
-from impala_trainer.driver.learner_group import LearnerGroup, Updates, make_learner_groups
-from impala_trainer.learning.learner import Learner, LearnerState
-from impala_trainer.learning.learner_worker import LearnerPolicy
-from impala_trainer.rollouts.agent_envs import PolicyModel
+from impala_trainer.batches import policy_layout, policy_weights
+from impala_trainer.learning.learner import LearnerState
 from impala_trainer.rundir.checkpoint import OLD_LAYOUT, policy_state
 
 NOTHING_TO_TRAIN = (
@@ -153,91 +145,6 @@ def policy_set_state(weights: dict[str, np.ndarray], global_timestep: int) -> di
         if "@" not in name  # `<policy>@<slot>`: a snapshot of the pool
     }
     return {"policies": policies}
-
-
-class PolicyLearnerGroups:
-    """One learner group per trained policy, fed each its own policy's batches."""
-
-    def __init__(
-        self,
-        groups: dict[str, LearnerGroup],
-        frozen: dict[str, LearnerState],
-        pool: SelfPlayPool | None = None,
-    ) -> None:
-        self.groups = groups
-        learners = {**{name: g.learner for name, g in groups.items()}, **frozen}
-        self.learner: LearnerState = PolicySetState(learners, pool)
-        first = next(iter(groups.values()))
-        self.device = first.device
-        self.autocast_dtype = first.autocast_dtype
-
-    def start(self) -> None:
-        for group in self.groups.values():
-            group.start()
-
-    def check(self) -> None:
-        for group in self.groups.values():
-            group.check()
-
-    def try_put(self, batch: TrainBatch) -> bool:
-        return self.groups[batch.policy_id].try_put(batch)
-
-    def put(self, batch: TrainBatch, timeout: float) -> bool:
-        return self.groups[batch.policy_id].put(batch, timeout)
-
-    def updates(self) -> Updates:
-        out = Updates()
-        for name, group in self.groups.items():
-            done = group.updates()
-            out.env_steps += done.env_steps
-            out.steps += done.steps
-            out.policy_lags.extend(done.policy_lags)
-            out.stats.extend({f"{name}/{k}": v for k, v in s.items()} for s in done.stats)
-        return out
-
-    def stats(self) -> dict[str, float]:
-        each = {name: group.stats() for name, group in self.groups.items()}
-        out = {f"{name}/{k}": v for name, stats in each.items() for k, v in stats.items()}
-        # The run's own figure: how idle its learners are, on average.
-        out["learner_idle_fraction"] = fmean(
-            s.get("learner_idle_fraction", 0.0) for s in each.values()
-        )
-        return out
-
-    def queue_stats(self) -> dict[str, Any]:
-        # The fullest policy's queue: the one that holds the rollouts back.
-        each = [group.queue_stats() for group in self.groups.values()]
-        return max(each, key=lambda s: float(s.get("size_mean", 0.0)))
-
-    def close(self, timeout: float) -> None:
-        for group in self.groups.values():
-            group.close(timeout)
-
-
-def policy_learner_groups(
-    spec: ImpalaJobSpec,
-    models: dict[str, PolicyModel],
-    seed: int,
-    backend: Backend,
-    intra_op_threads: int,
-) -> PolicyLearnerGroups:
-    """A learner group for each trained policy, and the fixed weights of the others (built in
-    that order, each in the policies' order, so one seed makes the same initial weights)."""
-    trained = set(spec.agents.trained)
-    learned = {
-        name: LearnerPolicy(spec.policy_spec(name), model.obs_shape, model.actions)
-        for name, model in models.items()
-        if name in trained
-    }
-    if not learned:
-        raise ValueError(NOTHING_TO_TRAIN)
-    groups = make_learner_groups(learned, seed, backend, intra_op_threads)
-    frozen: dict[str, LearnerState] = {
-        name: Learner(spec.policy_spec(name), model.obs_shape, model.actions)
-        for name, model in models.items()
-        if name not in trained
-    }
-    return PolicyLearnerGroups(groups, frozen, self_play_pool(spec))
 
 
 def self_play_pool(spec: ImpalaJobSpec) -> SelfPlayPool | None:
