@@ -62,7 +62,7 @@ def learner_only(
     samples/s = optimiser updates/s x batch env steps / numSgdIter, i.e. env steps of *new* train
     batches consumed per second (each is trained on numSgdIter times).
     """
-    from impala_trainer.learning.threads import make_learner_thread
+    from impala_trainer.learners.threads import make_learner_thread
     from impala_trainer.node.allocator import keep_freed_memory
 
     keep_freed_memory()  # as the learner's process does (commands/train.py, commands/learner.py)
@@ -74,7 +74,7 @@ def learner_only(
     if spec.learner.process == "separate":  # the learner in a process of its own, as a run has it
         import torch
 
-        from impala_trainer.learning.learner_process import LearnerProcess
+        from impala_trainer.learners.process import LearnerProcess
 
         thread = LearnerProcess(spec, obs_shape, num_actions, 0, torch.get_num_threads())
     else:

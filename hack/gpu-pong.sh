@@ -28,7 +28,7 @@ export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
 # Everything a run imports, before Ray starts: a missing package costs seconds, not a run.
 $PYTHON -c 'import impala_cli.main, impala_cli.commands.train, impala_cli.commands.progress
 import impala_trainer.driver.launch, impala_trainer.rollouts.worker
-import impala_trainer.learning.multi_gpu_learner_thread, ale_py, ray, torch
+import impala_trainer.learners.multi_gpu_learner_thread, ale_py, ray, torch
 print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "ray", ray.__version__)' \
   2>&1 | tee "$OUT/versions.txt" || exit 1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | tee -a "$OUT/versions.txt"

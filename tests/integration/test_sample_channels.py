@@ -50,7 +50,7 @@ def _actor(backend: Any, name: str, seed: int = 0) -> Any:
 
 def _weights(version: int) -> bytes:
     """The example's weights as the driver sends them inline (pickled once per broadcast)."""
-    from impala_trainer.driver.policies import PolicySetState
+    from impala_trainer.learners.policies import PolicySetState
     from impala_trainer.learning.learner import Learner
 
     learner = Learner(load_manifest(EXAMPLE).spec, (4,), 2)

@@ -87,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
     # Before any thread starts: the learner's large per-update tensors reuse freed memory.
     keep_freed_memory()
     # A learner process's imports happen in the forkserver it is forked from, beside Ray's
-    # start-up rather than after it (learning/forkserver.py).
-    from impala_trainer.learning import forkserver
+    # start-up rather than after it (learners/forkserver.py).
+    from impala_trainer.learners import forkserver
 
     forkserver.start_early(job.spec)
     apply_ray_env()

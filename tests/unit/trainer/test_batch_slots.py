@@ -1,4 +1,4 @@
-"""Train batches through shared-memory slots (learning/batch_slots.py): the bytes arrive intact, a
+"""Train batches through shared-memory slots (learners/batch_slots.py): the bytes arrive intact, a
 slot is free only once the learner dropped every view of it, and a full set of slots reads as a
 full learner queue. Both ends in this process; test_learner_process.py crosses a real process."""
 
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from impala_trainer.batches import TrainBatch
-from impala_trainer.learning.batch_slots import MIN_SLOT_BYTES, SlotQueue, SlotReader, slot_count
-from impala_trainer.learning.threads import batches_held_by_learner
+from impala_trainer.learners.batch_slots import MIN_SLOT_BYTES, SlotQueue, SlotReader, slot_count
+from impala_trainer.learners.threads import batches_held_by_learner
 from tests.support.learner import learner_spec, make_batch
 
 FRAMES = (4, 84, 84)

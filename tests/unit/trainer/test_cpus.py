@@ -158,7 +158,7 @@ def test_the_threads_set_are_those_the_learner_thread_takes() -> None:
     probe = (
         "from impala_api.spec.pods import Resources\n"
         "from impala_trainer.node.cpus import pod_learner_threads, set_learner_threads\n"
-        "from impala_trainer.learning.threads import _take_intra_op_threads\n"
+        "from impala_trainer.learners.threads import _take_intra_op_threads\n"
         "import torch\n"
         "torch.set_num_threads(2)\n"  # what torch would take on a 2-core node
         "set_learner_threads(*pod_learner_threads(Resources(), environ={}))\n"

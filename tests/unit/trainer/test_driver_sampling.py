@@ -25,7 +25,7 @@ from impala_trainer.batches import Fragment, FragmentMeta
 from impala_trainer.driver.impala import ImpalaDriver
 from impala_trainer.driver.launch import Wiring, build_driver
 from impala_trainer.driver.local_backend import LocalActor, LocalBackend, LocalRef
-from impala_trainer.learning.learner_thread import POLICY_LAG
+from impala_trainer.learners.learner_thread import POLICY_LAG
 from impala_trainer.rollouts.worker import RolloutWorker
 from impala_trainer.rundir.writer import RunDir
 

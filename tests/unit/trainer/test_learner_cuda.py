@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from impala_trainer.batches import TrainBatch
+from impala_trainer.learners.learner_thread import LearnerThread
+from impala_trainer.learners.multi_gpu_learner_thread import MultiGPULearnerThread
+from impala_trainer.learners.process import LearnerProcess
+from impala_trainer.learners.threads import make_learner_thread
 from impala_trainer.learning.learner import Learner, MultiDeviceLearner
-from impala_trainer.learning.learner_process import LearnerProcess
-from impala_trainer.learning.learner_thread import LearnerThread
-from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
-from impala_trainer.learning.threads import make_learner_thread
 from impala_trainer.rundir.checkpoint import DriverState, load_checkpoint, save_checkpoint
 from tests.support.jobs import make_spec
 from tests.support.learner import learner_spec, make_batch
@@ -161,7 +161,7 @@ def test_the_learner_threads_train_every_batch_on_cuda(stacks: int) -> None:
 @pytest.mark.parametrize("stacks", [1, 2], ids=["learner-thread", "multi-gpu-thread"])
 def test_a_learner_process_trains_on_cuda(stacks: int) -> None:
     """learner.process: separate with a GPU: CUDA initialised in the spawned process, the frames
-    copied to the device from the shared-memory slots they came in (learning/batch_slots.py)."""
+    copied to the device from the shared-memory slots they came in (learners/batch_slots.py)."""
     training = {"numMultiGpuTowerStacks": stacks, "numSgdIter": 2}
     spec = make_spec(CNN, training=training, learner={"gpus": 1})
     process = LearnerProcess(spec, CNN_OBS, 6, seed=0, intra_op_threads=1)

@@ -18,16 +18,17 @@ import numpy as np
 import pytest
 import torch
 
-import impala_trainer.driver.learner_group as group_mod
+import impala_trainer.learners.group as group_mod
 import impala_trainer.learning.collective as collective_mod
 from impala_api.roles import COLLECTIVE_PORT_ENV, LEARNER_PORTS
 from impala_api.spec import DEFAULT_POLICY, ImpalaJob
 from impala_trainer.driver.impala import ImpalaDriver
 from impala_trainer.driver.launch import Wiring, build_driver
-from impala_trainer.driver.learner_group import LearnerActors, LocalLearners
 from impala_trainer.driver.local_backend import LocalBackend, LocalRef
+from impala_trainer.learners.group import LearnerActors, LocalLearners
+from impala_trainer.learners.worker import LearnerWorker
 from impala_trainer.learning.collective import Rendezvous
-from impala_trainer.learning.learner_worker import LearnerPolicy, LearnerWorker
+from impala_trainer.learning.learner import LearnerPolicy
 from impala_trainer.rundir.checkpoint import list_checkpoints
 from impala_trainer.rundir.writer import RunDir
 from tests.support.jobs import make_job

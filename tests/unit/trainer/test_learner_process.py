@@ -19,10 +19,10 @@ import psutil
 import pytest
 import torch
 
-from impala_trainer.learning import forkserver
+from impala_trainer.learners import forkserver
+from impala_trainer.learners.learner_thread import LearnerStarvedError
+from impala_trainer.learners.process import LearnerProcess, LearnerProcessError
 from impala_trainer.learning.learner import Learner
-from impala_trainer.learning.learner_process import LearnerProcess, LearnerProcessError
-from impala_trainer.learning.learner_thread import LearnerStarvedError
 from tests.support.jobs import make_spec
 from tests.support.learner import learner_spec, make_batch, one_torch_thread
 
@@ -69,7 +69,7 @@ def _close(process: LearnerProcess) -> None:
 @pytest.mark.parametrize(
     "obs_shape",
     # Small batches go pickled through the queue; observations of 16 KiB and more go through
-    # shared-memory slots (learning/batch_slots.py).
+    # shared-memory slots (learners/batch_slots.py).
     [(4,), (512,)],
     ids=["pickled", "slots"],
 )
@@ -229,7 +229,7 @@ def test_a_killed_learner_process_is_not_alive_and_its_state_request_says_why() 
 
 def test_the_process_is_forked_from_a_forkserver_that_imported_torch_beforehand() -> None:
     """Not spawned from the driver after Ray: forked from the process `start_early` began, which
-    already holds torch (learning/forkserver.py)."""
+    already holds torch (learners/forkserver.py)."""
     forkserver.start_early(learner_spec(learner={"process": "separate"}))
     process = _process()
     try:
@@ -271,7 +271,7 @@ def test_the_multi_device_thread_runs_in_the_process_too() -> None:
 def test_shared_weights_keep_each_entrys_dtype_and_shape_in_one_buffer() -> None:
     import multiprocessing
 
-    from impala_trainer.learning.shared_weights import SharedWeights
+    from impala_trainer.learners.shared_weights import SharedWeights
 
     state = {
         "w": torch.arange(6, dtype=torch.float32).view(2, 3),

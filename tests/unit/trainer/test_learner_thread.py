@@ -10,15 +10,15 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from impala_trainer.batches import TrainBatch
-from impala_trainer.learning.learner import Learner, MultiDeviceLearner
-from impala_trainer.learning.learner_thread import (
+from impala_trainer.learners.learner_thread import (
     POLICY_LAG,
     LearnerStarvedError,
     LearnerThread,
 )
-from impala_trainer.learning.minibatch_buffer import MinibatchBuffer
-from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
-from impala_trainer.learning.threads import make_learner_thread
+from impala_trainer.learners.minibatch_buffer import MinibatchBuffer
+from impala_trainer.learners.multi_gpu_learner_thread import MultiGPULearnerThread
+from impala_trainer.learners.threads import make_learner_thread
+from impala_trainer.learning.learner import Learner, MultiDeviceLearner
 from tests.support.jobs import make_job
 from tests.support.learner import learner_spec, make_batch, one_torch_thread
 
@@ -226,7 +226,7 @@ def test_make_learner_thread_picks_by_devices() -> None:
 def test_the_learner_thread_computes_with_the_threads_the_main_thread_gives_up() -> None:
     import torch
 
-    from impala_trainer.learning.threads import make_learner_thread
+    from impala_trainer.learners.threads import make_learner_thread
 
     job = make_job("threads", env={"id": "CartPole-v1"}, stop={"timesteps": 1000})
     before = torch.get_num_threads()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from impala_api.spec import ImpalaJob
+from impala_trainer.backend import NodeView
 from impala_trainer.driver.actor_manager import ManagedActor, remember_dead
-from impala_trainer.driver.backend import NodeView
 from impala_trainer.driver.impala import ImpalaDriver
 from impala_trainer.driver.launch import Wiring, build_driver
 from impala_trainer.driver.local_backend import LocalBackend

@@ -17,7 +17,7 @@ from impala_api.spec import ImpalaJob, ImpalaJobSpec
 from impala_trainer.batches import MultiAgentFragment, concat_fragments, no_mask, policy_weights
 from impala_trainer.driver.launch import Wiring, build_driver
 from impala_trainer.driver.local_backend import LocalBackend
-from impala_trainer.driver.policies import SelfPlayPool
+from impala_trainer.learners.policies import SelfPlayPool
 from impala_trainer.learning.distributions import MASKED_LOGIT
 from impala_trainer.learning.learner import Learner
 from impala_trainer.policy.games import game_policies, load_game_policies, play_games

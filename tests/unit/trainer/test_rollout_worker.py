@@ -11,7 +11,7 @@ import torch
 
 from impala_api.spec import DEFAULT_POLICY
 from impala_trainer.batches import policy_layout
-from impala_trainer.driver.policies import PolicySetState
+from impala_trainer.learners.policies import PolicySetState
 from impala_trainer.learning import precision as precision_module
 from impala_trainer.learning.learner import Learner
 from impala_trainer.rollouts.worker import RolloutWorker

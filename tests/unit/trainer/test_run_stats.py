@@ -15,7 +15,7 @@ from impala_api.snapshot import (
 )
 from impala_api.spec import StopSpec
 from impala_cli.commands.progress import ProgressReporter
-from impala_trainer.learning.learner_thread import WindowStat
+from impala_trainer.learners.learner_thread import WindowStat
 from impala_trainer.rundir.checkpoint import DriverState
 from impala_trainer.rundir.stats import EPISODE_WINDOW, RunStats
 

@@ -17,8 +17,8 @@ from typing import Literal
 
 from impala_api.snapshot import Member, Membership
 from impala_api.spec import ImpalaJobSpec
+from impala_trainer.backend import ROLES, Backend, Handle, Ref, Role
 from impala_trainer.batches import NodeInfo
-from impala_trainer.driver.backend import ROLES, Backend, Handle, Ref, Role
 
 # An actor that dies this many times in a row before ever answering is a broken configuration,
 # not bad luck: fail the run instead of replacing it forever.

@@ -15,13 +15,18 @@ import time
 from typing import Any
 
 from impala_api.spec import ImpalaJob
+from impala_trainer.backend import Ref, Weights
 from impala_trainer.batches import Gradients
 from impala_trainer.driver.actor_manager import ManagedActor
-from impala_trainer.driver.backend import Ref, Weights
 from impala_trainer.driver.base import WAIT_SECONDS, Driver
-from impala_trainer.driver.policies import NOTHING_TO_TRAIN, PolicySetState, self_play_pool
-from impala_trainer.learning.learner import Learner, LearnerState
-from impala_trainer.learning.learner_thread import LearnerStarvedError, starved_message
+from impala_trainer.learners.learner_thread import LearnerStarvedError, starved_message
+from impala_trainer.learners.policies import (
+    NOTHING_TO_TRAIN,
+    LearnerState,
+    PolicySetState,
+    self_play_pool,
+)
+from impala_trainer.learning.learner import Learner
 from impala_trainer.rundir.writer import RunDir
 
 

@@ -28,9 +28,9 @@ from impala_api.snapshot import (
     TrendSource,
 )
 from impala_api.spec import ImpalaJob, ImpalaJobSpec
+from impala_trainer.backend import Backend, Handle
 from impala_trainer.batches import Fragment, FragmentMeta
 from impala_trainer.driver.actor_manager import ActorManager, ManagedActor
-from impala_trainer.driver.backend import Backend, Handle
 from impala_trainer.driver.evaluation import (
     MAX_FAILED_ROUNDS,
     EvaluationSchedule,
@@ -39,11 +39,10 @@ from impala_trainer.driver.evaluation import (
     runner_seed,
     shares,
 )
-from impala_trainer.driver.learner_group import LearnerGroupError
 from impala_trainer.driver.membership import ElasticMembership
-from impala_trainer.driver.policies import policy_set_state
-from impala_trainer.learning.learner import LearnerState
-from impala_trainer.learning.learner_process import LearnerProcessError
+from impala_trainer.learners.group import LearnerGroupError
+from impala_trainer.learners.policies import LearnerState, policy_set_state
+from impala_trainer.learners.process import LearnerProcessError
 from impala_trainer.rollouts.agent_envs import PolicyModel, policy_models
 from impala_trainer.rundir.checkpoint import (
     Restored,

@@ -28,13 +28,13 @@ import numpy as np
 import torch
 
 from impala_api.spec import ImpalaJob, ImpalaJobSpec
+from impala_trainer.backend import Ref, Weights
 from impala_trainer.batches import Fragment, FragmentMeta, TrainBatch
 from impala_trainer.driver.actor_manager import ManagedActor
-from impala_trainer.driver.backend import Ref, Weights
 from impala_trainer.driver.base import WAIT_SECONDS, Driver
-from impala_trainer.driver.learner_group import LearnerGroup, make_learner_group
 from impala_trainer.driver.ledger import Ledger
-from impala_trainer.learning.learner import LearnerState
+from impala_trainer.learners.group import LearnerGroup, make_learner_group
+from impala_trainer.learners.policies import LearnerState
 from impala_trainer.rollouts.aggregation import Aggregator
 from impala_trainer.rundir.writer import RunDir
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from impala_api.snapshot import StatusSnapshot
 from impala_api.spec import ImpalaJob
+from impala_trainer.backend import Backend
 from impala_trainer.driver.actor_manager import ActorManager
-from impala_trainer.driver.backend import Backend
 from impala_trainer.driver.base import Driver, DriverResult, one_line, resolve_seed
 from impala_trainer.driver.membership import ElasticActorManager, ElasticMembership
 from impala_trainer.rundir.remote import Mirror

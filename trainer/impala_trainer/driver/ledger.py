@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass
 
+from impala_trainer.backend import Ref
 from impala_trainer.batches import TrainBatch
-from impala_trainer.driver.backend import Ref
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from impala_api.spec import ImpalaJobSpec
+from impala_trainer.backend import ROLES, LearnerMethod, NodeView, Role
 from impala_trainer.batches import Gradients, Handover, NodeInfo
-from impala_trainer.driver.backend import ROLES, LearnerMethod, NodeView, Role
-from impala_trainer.learning.learner_worker import LearnerPolicy, LearnerWorker
+from impala_trainer.learners.worker import LearnerWorker
+from impala_trainer.learning.learner import LearnerPolicy
 from impala_trainer.policy.rounds import Evaluator
 from impala_trainer.rollouts.aggregation import Aggregator
 from impala_trainer.rollouts.worker import RolloutWorker

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from impala_api.snapshot import Membership
+from impala_trainer.backend import ROLES, NodeView, Ref, Role
 from impala_trainer.batches import Fragment, Handover
 from impala_trainer.driver.actor_manager import ActorManager, ManagedActor, remember_dead
-from impala_trainer.driver.backend import ROLES, NodeView, Ref, Role
 
 logger = logging.getLogger(__name__)
 POLL_SECONDS = 1.0

@@ -10,7 +10,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from impala_api.roles import SAMPLE_PORT_ENV
 from impala_api.spec import ImpalaJobSpec
-from impala_trainer.driver.backend import (
+from impala_trainer.backend import (
     ROLES,
     Handle,
     LearnerMethod,
@@ -20,8 +20,8 @@ from impala_trainer.driver.backend import (
     Weights,
 )
 from impala_trainer.driver.channels import ChannelRef, SampleChannels, wait_mixed
-from impala_trainer.learning.actor import LEARNER_RESOURCE, LearnerActor
-from impala_trainer.learning.learner_worker import LearnerPolicy
+from impala_trainer.learners.actor import LEARNER_RESOURCE, LearnerActor
+from impala_trainer.learning.learner import LearnerPolicy
 from impala_trainer.node.ray_node import pinned_port
 from impala_trainer.policy.actor import EvaluationActor
 from impala_trainer.rollouts.actor import (

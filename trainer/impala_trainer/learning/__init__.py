@@ -1,1 +1,2 @@
-"""What learns: V-trace, the IMPALA loss, the models, the learners and the learner threads."""
+"""The math of learning: V-trace, the IMPALA loss, the models, PopArt, the optimisers, and the
+`Learner` that takes one update of one policy."""

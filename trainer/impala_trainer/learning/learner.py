@@ -11,7 +11,7 @@ import threading
 import warnings
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -130,24 +130,13 @@ def _reusable(inputs: torch.Tensor) -> torch.Tensor | None:
     return None if inputs.requires_grad else inputs
 
 
-class LearnerState(Protocol):
-    """What a driver reads and sets on its learner: a `Learner`, or the view of one that runs in
-    a learner process of its own (learner_process.LearnerView)."""
+class LearnerPolicy(NamedTuple):
+    """A trained policy as a learner builds it: the policy's spec (`ImpalaJobSpec.policy_spec`),
+    its observations' shape and its actions."""
 
-    @property
-    def policy_version(self) -> int: ...
-
-    global_timestep: int
-
-    def get_weights(self) -> dict[str, np.ndarray]: ...
-
-    def pickled_weights(self) -> bytes: ...
-
-    def weights_nbytes(self) -> int: ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    spec: ImpalaJobSpec
+    obs_shape: tuple[int, ...]
+    actions: ActionDistribution | int
 
 
 class Learner:

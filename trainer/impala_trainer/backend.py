@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 from impala_api.spec import ImpalaJobSpec
 
 if TYPE_CHECKING:  # torch, which the driver's backends import only once a learner is made
-    from impala_trainer.learning.learner_worker import LearnerPolicy
+    from impala_trainer.learning.learner import LearnerPolicy
 
 Role = Literal["rollout", "aggregator"]
 ROLES: tuple[Role, ...] = ("rollout", "aggregator")
@@ -26,7 +26,7 @@ LearnerMethod = Literal[
     "address", "join", "load_state_dict", "start", "train", "progress", "weights", "state_dict",
     "stop",
 ]
-"""The calls a learner of a group answers (`learning.learner_worker.LearnerWorker`'s methods)."""
+"""The calls a learner of a group answers (`learners.worker.LearnerWorker`'s methods)."""
 
 Ref: TypeAlias = Any
 """A result that may not be ready yet (a Ray ObjectRef; a LocalRef in process). Hashable."""

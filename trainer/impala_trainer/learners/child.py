@@ -21,9 +21,9 @@ from multiprocessing.connection import Connection
 from typing import Any, cast
 
 from impala_api.spec import ImpalaJobSpec
-from impala_trainer.learning.batch_slots import SlotReader
-from impala_trainer.learning.distributions import ActionDistribution
-from impala_trainer.learning.learner_messages import (
+from impala_trainer.learners.batch_slots import SlotReader
+from impala_trainer.learners.learner_thread import BatchQueue
+from impala_trainer.learners.messages import (
     POLL_SECONDS,
     Error,
     Failed,
@@ -43,9 +43,9 @@ from impala_trainer.learning.learner_messages import (
     Updates,
     state_bytes,
 )
-from impala_trainer.learning.learner_thread import BatchQueue
-from impala_trainer.learning.shared_weights import SharedWeights
-from impala_trainer.learning.threads import make_learner_thread
+from impala_trainer.learners.shared_weights import SharedWeights
+from impala_trainer.learners.threads import make_learner_thread
+from impala_trainer.learning.distributions import ActionDistribution
 from impala_trainer.node.allocator import keep_freed_memory
 
 STATS_SECONDS = 0.5

@@ -19,13 +19,13 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from impala_trainer.learning.learner_thread import (
+from impala_trainer.learners.learner_thread import (
     POLL_SECONDS,
     BatchQueue,
     LearnerThread,
     sampled_version,
 )
-from impala_trainer.learning.minibatch_buffer import MinibatchBuffer
+from impala_trainer.learners.minibatch_buffer import MinibatchBuffer
 
 if TYPE_CHECKING:
     from impala_trainer.learning.learner import MultiDeviceLearner

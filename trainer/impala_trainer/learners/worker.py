@@ -1,6 +1,6 @@
 """One learner of a data-parallel group (learner.replicas > 1), for the driver's LearnerGroup.
 
-A plain object (`learning/actor.py` wraps it in a Ray actor; the in-process backend calls it on
+A plain object (`learners/actor.py` wraps it in a Ray actor; the in-process backend calls it on
 threads) holding every trained policy of the job (a single-agent job's one, `default`): for
 each, a learner thread built by `make_learner_thread` (numSgdIter, the minibatch buffer, the
 multi-GPU towers unchanged), whose `Learner` joined that policy's `Collective`, so its every step
@@ -20,30 +20,19 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from impala_api.roles import COLLECTIVE_PORT_ENV
-from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import TrainBatch
+from impala_trainer.learners.threads import make_learner_thread
 from impala_trainer.learning.collective import Collective, Rendezvous, rendezvous_store
-from impala_trainer.learning.distributions import ActionDistribution
-from impala_trainer.learning.learner import Learner
-from impala_trainer.learning.threads import make_learner_thread
+from impala_trainer.learning.learner import Learner, LearnerPolicy
 from impala_trainer.node.ray_node import free_port, pinned_port
 
 PUT_TIMEOUT_SECONDS = 60.0
 """Longest `train` waits for room in the inqueue (the driver sends only what fits)."""
-
-
-class LearnerPolicy(NamedTuple):
-    """A trained policy as a learner builds it: the policy's spec (`ImpalaJobSpec.policy_spec`),
-    its observations' shape and its actions."""
-
-    spec: ImpalaJobSpec
-    obs_shape: tuple[int, ...]
-    actions: ActionDistribution | int
 
 
 Update = tuple[int, dict[str, float]]

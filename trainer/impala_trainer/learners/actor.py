@@ -13,13 +13,9 @@ from __future__ import annotations
 import ray
 
 from impala_trainer.batches import TrainBatch
+from impala_trainer.learners.worker import LearnerInfo, LearnerProgress, LearnerWorker
 from impala_trainer.learning.collective import Rendezvous
-from impala_trainer.learning.learner_worker import (
-    LearnerInfo,
-    LearnerPolicy,
-    LearnerProgress,
-    LearnerWorker,
-)
+from impala_trainer.learning.learner import LearnerPolicy
 
 LEARNER_RESOURCE = "learner"
 

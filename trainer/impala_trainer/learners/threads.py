@@ -6,9 +6,9 @@ Apart from both thread modules so that neither imports the other.
 from __future__ import annotations
 
 from impala_api.spec import ImpalaJobSpec
+from impala_trainer.learners.learner_thread import BatchQueue, LearnerThread
+from impala_trainer.learners.multi_gpu_learner_thread import MultiGPULearnerThread
 from impala_trainer.learning.distributions import ActionDistribution
-from impala_trainer.learning.learner_thread import BatchQueue, LearnerThread
-from impala_trainer.learning.multi_gpu_learner_thread import MultiGPULearnerThread
 
 _process_threads: int | None = None
 """The process's intra-op thread count before the first learner thread took it from main."""

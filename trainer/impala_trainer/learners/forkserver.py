@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from impala_api.spec import ImpalaJobSpec
 
-PRELOAD = ["impala_trainer.learning.learner_child"]
+PRELOAD = ["impala_trainer.learners.child"]
 """What the forkserver imports before its first fork (the learner process's main: torch and the
 learner thread classes)."""
 

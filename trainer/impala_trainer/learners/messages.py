@@ -15,7 +15,7 @@ import pickle
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from impala_trainer.learning.shared_weights import Layout
+from impala_trainer.learners.shared_weights import Layout
 
 POLL_SECONDS = 0.1
 """How long either side waits on a pipe before it looks at anything else."""

@@ -9,7 +9,7 @@ actors waited on a driver that waited on the GIL (bench/cpu_budget.py, and the s
 
 `LearnerProcess` offers the driver what it uses of a learner thread: `inqueue` (a multiprocessing
 queue of learnerQueueSize, so `put_nowait` raises queue.Full as a learner thread's inqueue
-does; large arrays go through shared-memory slots, learning/batch_slots.py), `outqueue`
+does; large arrays go through shared-memory slots, learners/batch_slots.py), `outqueue`
 (`get_nowait` -> (env_steps, stats)), `stats()`, `learner_queue_size.stats()`, `error`,
 `start/stop/join/is_alive`, and `learner`, a `LearnerView` of what the driver reads from a
 learner: its policy version, its newest weights (`SharedWeights`), its state on request.
@@ -30,11 +30,10 @@ from collections import deque
 from typing import Any, TypeVar
 
 from impala_api.spec import ImpalaJobSpec
-from impala_trainer.learning import forkserver
-from impala_trainer.learning.batch_slots import SlotQueue, slot_count
-from impala_trainer.learning.distributions import ActionDistribution
-from impala_trainer.learning.learner_child import serve
-from impala_trainer.learning.learner_messages import (
+from impala_trainer.learners import forkserver
+from impala_trainer.learners.batch_slots import SlotQueue, slot_count
+from impala_trainer.learners.child import serve
+from impala_trainer.learners.messages import (
     POLL_SECONDS,
     Error,
     Failed,
@@ -53,8 +52,9 @@ from impala_trainer.learning.learner_messages import (
     Updates,
     state_bytes,
 )
-from impala_trainer.learning.shared_weights import SharedWeights
-from impala_trainer.learning.threads import batches_held_by_learner
+from impala_trainer.learners.shared_weights import SharedWeights
+from impala_trainer.learners.threads import batches_held_by_learner
+from impala_trainer.learning.distributions import ActionDistribution
 
 R = TypeVar("R", bound=Ready | StateReply | Loaded)
 
@@ -140,10 +140,10 @@ class LearnerProcess:
         seed: int,
         intra_op_threads: int,
     ) -> None:
-        # Forked from the forkserver (learning/forkserver.py), not from the driver: the driver
+        # Forked from the forkserver (learners/forkserver.py), not from the driver: the driver
         # holds Ray's threads and sockets, which a fork would copy half-alive.
         ctx = forkserver.context()
-        # Batches go through shared-memory slots (learning/batch_slots.py), not the pipe.
+        # Batches go through shared-memory slots (learners/batch_slots.py), not the pipe.
         size = spec.training.learner_queue_size
         self.inqueue = SlotQueue(ctx, size, slot_count(size, batches_held_by_learner(spec)))
         self._out, child_out = ctx.Pipe(duplex=False)

@@ -16,15 +16,35 @@ V-trace loss, optimiser, schedules and stats, and trains on the batches of its o
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import policy_layout, policy_weights
-from impala_trainer.learning.learner import LearnerState
 from impala_trainer.rundir.checkpoint import OLD_LAYOUT, policy_state
+
+
+class LearnerState(Protocol):
+    """What a driver reads and sets on its learner: a `Learner`, or the view of one that runs in
+    a learner process of its own (learners.process.LearnerView)."""
+
+    @property
+    def policy_version(self) -> int: ...
+
+    global_timestep: int
+
+    def get_weights(self) -> dict[str, np.ndarray]: ...
+
+    def pickled_weights(self) -> bytes: ...
+
+    def weights_nbytes(self) -> int: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
 
 NOTHING_TO_TRAIN = (
     "spec.multiAgent.policiesToTrain: no agent of this env acts by a policy that learns"

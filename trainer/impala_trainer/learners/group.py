@@ -3,14 +3,14 @@ whatever they are (RLlib's name; a single-agent job's one policy is `default`).
 
 The driver feeds batches (`try_put`, `put`, routed by `TrainBatch.policy_id`), takes what was
 learned (`updates`, each stat under `<policy>/<stat>`), reads the weights it broadcasts and the
-state it checkpoints (`learner`: every policy's, `driver.policies.PolicySetState`, the fixed
+state it checkpoints (`learner`: every policy's, `learners.policies.PolicySetState`, the fixed
 weights of a policy that does not learn and selfPlay's pool included), and never asks what kind
 of learners it talks to. `make_learner_group` builds one of two:
 
 - `LocalLearners`: a learner thread per trained policy, each with its own `Learner` (model,
   optimiser, schedules, PopArt), in the driver's process (learner.process driver) or in a
-  process of its own (separate, `learning.learner_process`, which offers the same surface).
-- `LearnerActors`: learner.replicas learners (`learning.learner_worker`) on the driver's backend
+  process of its own (separate, `learners.process`, which offers the same surface).
+- `LearnerActors`: learner.replicas learners (`learners.worker`) on the driver's backend
   (Ray actors placed on the `learner` resource, learner 0 on the driver's node), each holding
   every trained policy, each policy's learners training one set of weights in lock step over
   torch.distributed (`learning.collective`). The driver routes each batch to the learner with
@@ -34,19 +34,20 @@ from statistics import fmean
 from typing import Any, Protocol
 
 from impala_api.spec import ImpalaJobSpec
+from impala_trainer.backend import Backend, Handle, LearnerMethod, Ref
 from impala_trainer.batches import TrainBatch
-from impala_trainer.driver.backend import Backend, Handle, LearnerMethod, Ref
-from impala_trainer.driver.policies import (
+from impala_trainer.learners.learner_thread import POLICY_LAG, LearnerThread
+from impala_trainer.learners.policies import (
     NOTHING_TO_TRAIN,
+    LearnerState,
     PolicySetState,
     SelfPlayPool,
     self_play_pool,
 )
+from impala_trainer.learners.process import LearnerProcess
+from impala_trainer.learners.worker import LearnerInfo, LearnerProgress
 from impala_trainer.learning.collective import RENDEZVOUS_TIMEOUT_SECONDS, Rendezvous
-from impala_trainer.learning.learner import Learner, LearnerState
-from impala_trainer.learning.learner_process import LearnerProcess
-from impala_trainer.learning.learner_thread import POLICY_LAG, LearnerThread
-from impala_trainer.learning.learner_worker import LearnerInfo, LearnerPolicy, LearnerProgress
+from impala_trainer.learning.learner import Learner, LearnerPolicy
 from impala_trainer.rollouts.agent_envs import PolicyModel
 
 POLL_SECONDS = 0.1
@@ -542,6 +543,6 @@ def _learner_thread(
     spec = policy.spec
     if spec.learner.process == "separate":
         return LearnerProcess(spec, policy.obs_shape, policy.actions, seed, intra_op_threads)
-    from impala_trainer.learning.threads import make_learner_thread
+    from impala_trainer.learners.threads import make_learner_thread
 
     return make_learner_thread(spec, policy.obs_shape, policy.actions)

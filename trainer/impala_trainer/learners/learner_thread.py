@@ -20,8 +20,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from impala_trainer.batches import TrainBatch
+from impala_trainer.learners.minibatch_buffer import BufferItem, ItemQueue, MinibatchBuffer
 from impala_trainer.learning.collective import GroupStopped
-from impala_trainer.learning.minibatch_buffer import BufferItem, ItemQueue, MinibatchBuffer
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ POLL_SECONDS = 0.1
 
 class BatchQueue(ItemQueue[TrainBatch], Protocol):
     """What the learner side needs of its inqueue: a `queue.Queue`, or in a learner process a
-    `multiprocessing` queue (learning/learner_process.py). The driver puts, the thread gets."""
+    `multiprocessing` queue (learners/process.py). The driver puts, the thread gets."""
 
     def put(self, item: TrainBatch, block: bool = True, timeout: float | None = None) -> None: ...
 
