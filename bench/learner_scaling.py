@@ -43,7 +43,7 @@ def _learner(
     import torch
 
     from impala_trainer.learning.collective import Collective, GroupStopped, Rendezvous
-    from impala_trainer.learning.learner import Learner
+    from impala_trainer.learning.learner import Learner, LearnerConfig
 
     torch.set_num_threads(1)
     manifest, obs_shape, actions, dtype = MODELS[args.model]
@@ -51,7 +51,7 @@ def _learner(
     t = spec.training
     columns = t.train_batch_size // t.rollout_fragment_length
     batch = synthetic_batch(t.rollout_fragment_length, columns, obs_shape, actions, dtype, rank)
-    learner = Learner(spec, obs_shape, actions)
+    learner = Learner(LearnerConfig.of(spec), obs_shape, actions)
     reduce_s = [0.0]
     if world > 1 and group:
         collective = Collective.join(Rendezvous("127.0.0.1", port, world), rank,

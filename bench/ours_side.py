@@ -63,11 +63,12 @@ def learner_only(
     batches consumed per second (each is trained on numSgdIter times).
     """
     from impala_trainer.learners.threads import make_learner_thread
+    from impala_trainer.learning.learner import LearnerConfig
     from impala_trainer.node.allocator import keep_freed_memory
 
     keep_freed_memory()  # as the learner's process does (commands/train.py, commands/learner.py)
 
-    t = spec.training
+    t, config = spec.training, LearnerConfig.of(spec)
     b = t.train_batch_size // t.rollout_fragment_length
     batch = synthetic_batch(t.rollout_fragment_length, b, obs_shape, num_actions, dtype)
     thread: Any
@@ -76,9 +77,9 @@ def learner_only(
 
         from impala_trainer.learners.process import LearnerProcess
 
-        thread = LearnerProcess(spec, obs_shape, num_actions, 0, torch.get_num_threads())
+        thread = LearnerProcess(config, obs_shape, num_actions, 0, torch.get_num_threads())
     else:
-        thread = make_learner_thread(spec, obs_shape, num_actions)
+        thread = make_learner_thread(config, obs_shape, num_actions)
     thread.start()
     updates = 0
     start = time.perf_counter()

@@ -51,9 +51,9 @@ def _actor(backend: Any, name: str, seed: int = 0) -> Any:
 def _weights(version: int) -> bytes:
     """The example's weights as the driver sends them inline (pickled once per broadcast)."""
     from impala_trainer.learners.policies import PolicySetState
-    from impala_trainer.learning.learner import Learner
+    from impala_trainer.learning.learner import Learner, LearnerConfig
 
-    learner = Learner(load_manifest(EXAMPLE).spec, (4,), 2)
+    learner = Learner(LearnerConfig.of(load_manifest(EXAMPLE).spec), (4,), 2)
     learner.policy_version = version
     return PolicySetState({DEFAULT_POLICY: learner}).pickled_weights()
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from impala_api.spec import DEFAULT_POLICY, ImpalaJob
-from impala_trainer.learning.learner import Learner
+from impala_trainer.learning.learner import Learner, LearnerConfig
 from impala_trainer.rollouts.envs import env_spaces
 from impala_trainer.rundir.checkpoint import DriverState, save_checkpoint
 from impala_trainer.rundir.writer import RunDir
@@ -19,7 +19,7 @@ def checkpointed_run_dir(path: Path, job: ImpalaJob, seed: int = 0) -> Path:
     RunDir(path).prepare(job)
     spaces = env_spaces(job.spec.env)
     torch.manual_seed(seed)
-    learner = Learner(job.spec, spaces.obs_shape, spaces.actions)
+    learner = Learner(LearnerConfig.of(job.spec), spaces.obs_shape, spaces.actions)
     with torch.no_grad():
         for p in learner.model.parameters():
             p.add_(torch.randn_like(p) * 0.3)

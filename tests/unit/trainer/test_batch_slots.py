@@ -17,6 +17,7 @@ import torch
 from impala_trainer.batches import TrainBatch
 from impala_trainer.learners.batch_slots import MIN_SLOT_BYTES, SlotQueue, SlotReader, slot_count
 from impala_trainer.learners.threads import batches_held_by_learner
+from impala_trainer.learning.learner import LearnerConfig
 from tests.support.learner import learner_spec, make_batch
 
 FRAMES = (4, 84, 84)
@@ -141,11 +142,11 @@ def test_slot_count_covers_a_full_queue_and_what_the_learner_holds() -> None:
     assert slot_count(learner_queue_size=8, held_by_learner=1) == 11
     # The learner thread holds its minibatch buffer's batches; the multi-GPU thread one per
     # loader thread waiting for a stack and one per loaded stack.
-    assert batches_held_by_learner(learner_spec(minibatchBufferSize=4)) == 4
+    assert batches_held_by_learner(LearnerConfig.of(learner_spec(minibatchBufferSize=4))) == 4
     multi = learner_spec(
         learner={"fakeDevices": 2}, numMultiGpuTowerStacks=2, numGpuLoaderThreads=3
     )
-    assert batches_held_by_learner(multi) == 5
+    assert batches_held_by_learner(LearnerConfig.of(multi)) == 5
 
 
 def test_a_batch_read_before_the_buffer_it_lives_in_waits_for_it() -> None:

@@ -14,7 +14,7 @@ import torch
 
 from impala_api.snapshot import HistoryPoint, StatusSnapshot, Summary
 from impala_trainer.batches import concat_fragments
-from impala_trainer.learning.learner import Learner
+from impala_trainer.learning.learner import Learner, LearnerConfig
 from impala_trainer.rollouts.worker import RolloutWorker
 from impala_trainer.rundir.checkpoint import (
     DriverState,
@@ -35,7 +35,8 @@ SPEC = make_spec(
 
 def _trained_learner() -> Learner:
     worker = RolloutWorker(SPEC, "w", seed=0)
-    learner = Learner(SPEC, worker.models["default"].obs_shape, worker.models["default"].actions)
+    learner = Learner(LearnerConfig.of(SPEC), worker.models["default"].obs_shape,
+                      worker.models["default"].actions)  # fmt: skip
     for _ in range(3):
         learner.learn_on_batch(concat_fragments([worker.sample()]))
     learner.global_timestep = 120
@@ -56,7 +57,7 @@ def test_round_trip_restores_model_optimiser_and_counters(tmp_path: Path) -> Non
     restored_state, restored = load_checkpoint(path)
     assert restored == state
 
-    fresh = Learner(SPEC, (4,), 2)
+    fresh = Learner(LearnerConfig.of(SPEC), (4,), 2)
     fresh.load_state_dict(restored_state)
     assert fresh.policy_version == 3 and fresh.global_timestep == 120
     for k, v in learner.get_weights().items():
@@ -70,7 +71,7 @@ def test_round_trip_restores_model_optimiser_and_counters(tmp_path: Path) -> Non
 
 
 def test_keeps_only_newest_and_latest_is_highest(tmp_path: Path) -> None:
-    learner = Learner(SPEC, (4,), 2)
+    learner = Learner(LearnerConfig.of(SPEC), (4,), 2)
     for i in range(5):
         save_checkpoint(tmp_path, learner.state_dict(), DriverState(iteration=i), keep=2)
     names = [p.name for p in list_checkpoints(tmp_path)]
@@ -81,7 +82,7 @@ def test_keeps_only_newest_and_latest_is_highest(tmp_path: Path) -> None:
 
 def test_incomplete_checkpoints_are_ignored(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path / "missing") is None
-    learner = Learner(SPEC, (4,), 2)
+    learner = Learner(LearnerConfig.of(SPEC), (4,), 2)
     good = save_checkpoint(tmp_path, learner.state_dict(), DriverState(), keep=3)
     (tmp_path / "ckpt-000009").mkdir()  # no files: a crash before they were written
     (tmp_path / ".tmp-ckpt-abc").mkdir()

@@ -26,7 +26,7 @@ from impala_trainer.learning.collective import (
     Rendezvous,
     plan_buckets,
 )
-from impala_trainer.learning.learner import Learner, MultiDeviceLearner
+from impala_trainer.learning.learner import Learner, LearnerConfig, MultiDeviceLearner
 from tests.support.learner import learner_spec, make_batch, one_torch_thread
 
 MODELS: dict[str, tuple[dict[str, Any], tuple[int, ...]]] = {
@@ -140,7 +140,7 @@ def test_two_learners_on_halves_step_as_one_on_the_mean_gradient(
 
     def learner_of(rank: int) -> Learner:
         torch.manual_seed(100 + rank)  # different weights: join must give rank 0's to all
-        return Learner(spec, obs_shape, ACTIONS, dtype=torch.float64)
+        return Learner(LearnerConfig.of(spec), obs_shape, ACTIONS, dtype=torch.float64)
 
     learners = [learner_of(0), learner_of(1)]  # torch's seed is global: not on the threads
     steps = batches(obs_shape, 3, learners[0].model.state_size)
@@ -174,7 +174,8 @@ def test_buckets_follow_backward_and_start_before_it_ends() -> None:
     several buckets the late layers' all-reduce is under way when backward returns."""
     spec = learner_spec(lr=0.01)
     spec = spec.model_copy(update={"model": spec.model.model_validate(MODELS["cnn"][0])})
-    learners = [Learner(spec, (4, 84, 84), ACTIONS, dtype=torch.float64) for _ in range(2)]
+    learners = [Learner(LearnerConfig.of(spec), (4, 84, 84), ACTIONS,
+                        dtype=torch.float64) for _ in range(2)]  # fmt: skip
     sizes = [p.numel() * p.element_size() for p in learners[0].params]
     plan = plan_buckets(learners[0].params, 4096)
     assert sorted(i for bucket in plan for i in bucket) == list(range(len(sizes)))
@@ -207,7 +208,8 @@ def test_three_learners_in_one_bucket_each_step_as_one_on_the_mean_gradient() ->
     the mean over three, the stop flag in the last bucket of each step, weights equal on all."""
     spec = learner_spec(gradClip=1.0, lr=0.01)
     torch.manual_seed(11)
-    learners = [Learner(spec, (4,), ACTIONS, dtype=torch.float64) for _ in range(3)]
+    learners = [Learner(LearnerConfig.of(spec), (4,), ACTIONS,
+                        dtype=torch.float64) for _ in range(3)]  # fmt: skip
     steps = batches((4,), 3)
     parts = [(0, 1), (1, 2), (2, steps[0].num_columns)]
 
@@ -222,7 +224,7 @@ def test_three_learners_in_one_bucket_each_step_as_one_on_the_mean_gradient() ->
     np.testing.assert_array_equal(w0, w1)
     np.testing.assert_array_equal(w0, w2)
     torch.manual_seed(11)
-    reference = Learner(spec, (4,), ACTIONS, dtype=torch.float64)
+    reference = Learner(LearnerConfig.of(spec), (4,), ACTIONS, dtype=torch.float64)
     step_on_mean_of_parts(reference, steps, parts)
     np.testing.assert_allclose(w0, flat_state(reference)[0], rtol=0, atol=1e-6)
 
@@ -235,7 +237,8 @@ def test_towers_inside_each_learner_sum_before_the_group_averages() -> None:
     half = steps[0].num_columns // 2
 
     torch.manual_seed(7)
-    learners = [MultiDeviceLearner(spec, (4,), ACTIONS, dtype=torch.float64) for _ in range(2)]
+    learners = [MultiDeviceLearner(LearnerConfig.of(spec), (4,), ACTIONS,
+                                   dtype=torch.float64) for _ in range(2)]  # fmt: skip
 
     def train(rank: int, collective: Collective) -> np.ndarray:
         learner = learners[rank]
@@ -252,7 +255,7 @@ def test_towers_inside_each_learner_sum_before_the_group_averages() -> None:
     np.testing.assert_array_equal(w0, w1)
 
     torch.manual_seed(7)
-    reference = Learner(spec, (4,), ACTIONS, dtype=torch.float64)
+    reference = Learner(LearnerConfig.of(spec), (4,), ACTIONS, dtype=torch.float64)
     step_on_mean_of_halves(reference, steps, half)
     np.testing.assert_allclose(w0, flat_state(reference)[0], rtol=0, atol=1e-6)
 
@@ -263,7 +266,8 @@ def test_a_stopping_learner_stops_its_peers_after_the_same_step(bucket_bytes: in
     by neither, both end with the weights of before it, and neither waits on the other."""
     spec = learner_spec(lr=0.01)
     torch.manual_seed(3)
-    learners = [Learner(spec, (4,), ACTIONS, dtype=torch.float64) for _ in range(2)]
+    learners = [Learner(LearnerConfig.of(spec), (4,), ACTIONS,
+                        dtype=torch.float64) for _ in range(2)]  # fmt: skip
     (batch,) = batches((4,), 1)
 
     def train(rank: int, collective: Collective) -> tuple[int, bool]:

@@ -18,7 +18,7 @@ from impala_trainer.learning.distributions import (
     SquashedGaussian,
     action_distribution,
 )
-from impala_trainer.learning.learner import Learner
+from impala_trainer.learning.learner import Learner, LearnerConfig
 from impala_trainer.rollouts.worker import RolloutWorker
 from tests.support.jobs import make_spec
 from tests.support.learner import acting_weights
@@ -125,7 +125,8 @@ def test_box_actions_are_clipped_at_the_env_and_learned_unclipped() -> None:
     assert f.actions.shape == (10, 3, 1) and f.actions.dtype == np.float32
     assert f.behaviour_logits.shape == (10, 3, 2)
     assert np.abs(f.actions).max() > 2.0  # stored as sampled: the log-prob is of this action
-    learner = Learner(spec, worker.models["default"].obs_shape, worker.models["default"].actions)
+    learner = Learner(LearnerConfig.of(spec), worker.models["default"].obs_shape,
+                      worker.models["default"].actions)  # fmt: skip
     learner.set_weights(acting_weights(worker))
     stats = learner.learn_on_batch(concat_fragments([f]))
     assert stats["mean_rho"] == pytest.approx(1.0, abs=1e-5)  # same policy: every ratio is 1
@@ -138,7 +139,8 @@ def test_free_log_std_is_state_independent_and_trained() -> None:
     worker = RolloutWorker(spec, "w", seed=0)
     f = worker.sample()
     np.testing.assert_array_equal(f.behaviour_logits[..., 1], 0.0)  # log-std parameter: 0
-    learner = Learner(spec, worker.models["default"].obs_shape, worker.models["default"].actions)
+    learner = Learner(LearnerConfig.of(spec), worker.models["default"].obs_shape,
+                      worker.models["default"].actions)  # fmt: skip
     learner.learn_on_batch(concat_fragments([f]))
     assert learner.model.log_std is not None and learner.model.log_std.grad is not None
 

@@ -12,7 +12,7 @@ import torch
 
 from impala_trainer.batches import TrainBatch
 from impala_trainer.learning import learner as learner_module
-from impala_trainer.learning.learner import Learner, clip_grad_norms
+from impala_trainer.learning.learner import Learner, LearnerConfig, clip_grad_norms
 from impala_trainer.learning.losses import model_inputs
 from impala_trainer.learning.models import ActorCritic
 from tests.support.jobs import make_spec
@@ -44,7 +44,7 @@ def params_of(learner: Learner) -> list[torch.Tensor]:
 
 def test_learn_on_batch_steps_and_reports() -> None:
     torch.manual_seed(0)
-    learner = Learner(learner_spec(), (4,), 2)
+    learner = Learner(LearnerConfig.of(learner_spec()), (4,), 2)
     before = params_of(learner)
     stats = learner.learn_on_batch(make_batch())
     assert set(stats) == STAT_KEYS
@@ -56,9 +56,9 @@ def test_learn_on_batch_steps_and_reports() -> None:
 
 def test_schedules_follow_global_timestep() -> None:
     learner = Learner(
-        learner_spec(
+        LearnerConfig.of(learner_spec(
             lrSchedule=[[0, 1e-3], [1000, 1e-4]], entropyCoeffSchedule=[[0, 0.1], [100, 0.0]]
-        ),
+        )),
         (4,),
         2,
     )
@@ -69,19 +69,19 @@ def test_schedules_follow_global_timestep() -> None:
 
 
 def test_optimizer_settings() -> None:
-    adam = Learner(learner_spec(), (4,), 2).optimizers
+    adam = Learner(LearnerConfig.of(learner_spec()), (4,), 2).optimizers
     assert len(adam) == 1 and isinstance(adam[0], torch.optim.Adam)
     assert adam[0].defaults["eps"] == 1e-8
-    rms = Learner(
-        learner_spec(optimizer={"type": "rmsprop", "decay": 0.9, "momentum": 0.5}), (4,), 2
-    ).optimizers[0]
+    rmsprop = learner_spec(optimizer={"type": "rmsprop", "decay": 0.9, "momentum": 0.5})
+    rms = Learner(LearnerConfig.of(rmsprop), (4,), 2).optimizers[0]
     assert isinstance(rms, torch.optim.RMSprop)
     assert (rms.defaults["alpha"], rms.defaults["momentum"], rms.defaults["eps"]) == (0.9, 0.5, 0.1)
 
 
 def test_separate_vf_optimizer_trains_value_params_at_lr_vf() -> None:
     torch.manual_seed(0)
-    learner = Learner(learner_spec(separateVfOptimizer=True, lrVf=1e-12, lr=1e-2), (4,), 2)
+    learner = Learner(LearnerConfig.of(learner_spec(separateVfOptimizer=True, lrVf=1e-12,
+                                                    lr=1e-2)), (4,), 2)  # fmt: skip
     assert len(learner.optimizers) == 2
     vf_ids = {id(p) for p in learner.model.value_function_parameters()}
     before = {id(p): p.detach().clone() for p in learner.model.parameters()}
@@ -97,11 +97,11 @@ def test_separate_vf_optimizer_trains_value_params_at_lr_vf() -> None:
 def test_gradient_clipping() -> None:
     torch.manual_seed(0)
     batch = make_batch(seed=3)
-    clipped = Learner(learner_spec(gradClip=1e-3), (4,), 2)
+    clipped = Learner(LearnerConfig.of(learner_spec(gradClip=1e-3)), (4,), 2)
     grads, stats = clipped.compute_gradients(batch)
     norm = float(np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in grads)))
     assert stats["grad_gnorm"] > 1e-3 and norm == pytest.approx(1e-3, rel=1e-3)
-    unclipped = Learner(learner_spec(gradClip=None), (4,), 2)
+    unclipped = Learner(LearnerConfig.of(learner_spec(gradClip=None)), (4,), 2)
     grads, stats = unclipped.compute_gradients(batch)
     norm = float(np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in grads)))
     assert norm == pytest.approx(stats["grad_gnorm"], rel=1e-4)
@@ -141,8 +141,8 @@ def test_clip_grad_norms_is_torchs_clip_per_group(clip: float | None, sizes: lis
 def test_compute_then_apply_gradients_equals_learn_on_batch() -> None:
     spec, batch = learner_spec(), make_batch(seed=4)
     torch.manual_seed(1)
-    a = Learner(spec, (4,), 2, dtype=torch.float64)
-    b = Learner(spec, (4,), 2, dtype=torch.float64)
+    a = Learner(LearnerConfig.of(spec), (4,), 2, dtype=torch.float64)
+    b = Learner(LearnerConfig.of(spec), (4,), 2, dtype=torch.float64)
     b.set_weights(a.get_weights())
     a.learn_on_batch(batch)
     grads, stats = b.compute_gradients(batch)
@@ -155,7 +155,8 @@ def test_compute_then_apply_gradients_equals_learn_on_batch() -> None:
 
 def test_weights_are_copies_and_round_trip() -> None:
     torch.manual_seed(0)
-    a, b = Learner(learner_spec(), (4,), 2), Learner(learner_spec(), (4,), 2)
+    a, b = Learner(LearnerConfig.of(learner_spec()), (4,),
+                   2), Learner(LearnerConfig.of(learner_spec()), (4,), 2)  # fmt: skip
     weights = a.get_weights()
     assert all(isinstance(v, np.ndarray) for v in weights.values())
     snapshot = {k: v.copy() for k, v in weights.items()}
@@ -170,12 +171,12 @@ def test_weights_are_copies_and_round_trip() -> None:
 def test_state_dict_restores_optimizer_and_version() -> None:
     spec = learner_spec(optimizer={"type": "rmsprop", "momentum": 0.9})
     torch.manual_seed(0)
-    a = Learner(spec, (4,), 2)
+    a = Learner(LearnerConfig.of(spec), (4,), 2)
     for seed in range(3):
         a.learn_on_batch(make_batch(seed=seed))
     a.global_timestep = 1234
     state = a.state_dict()
-    b = Learner(spec, (4,), 2)
+    b = Learner(LearnerConfig.of(spec), (4,), 2)
     b.load_state_dict(state)
     assert (b.policy_version, b.global_timestep) == (3, 1234)
     # Same next update only if the optimiser state (momentum buffers) came along too.
@@ -192,7 +193,7 @@ def test_fits_a_contextual_bandit() -> None:
     """
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    learner = Learner(learner_spec(lr=3e-3, entropyCoeff=0.0), (2,), 2)
+    learner = Learner(LearnerConfig.of(learner_spec(lr=3e-3, entropyCoeff=0.0)), (2,), 2)
     T, B = 4, 64
     first = last = None
     for _ in range(150):
@@ -236,7 +237,8 @@ def test_gradient_clipping_engages_at_rllibs_settings_on_real_samples() -> None:
     torch.manual_seed(0)
     worker = RolloutWorker(spec, "w", seed=0)
     batch = concat_fragments([worker.sample()])
-    learner = Learner(spec, worker.models["default"].obs_shape, worker.models["default"].actions)
+    learner = Learner(LearnerConfig.of(spec), worker.models["default"].obs_shape,
+                      worker.models["default"].actions)  # fmt: skip
     learner.set_weights(acting_weights(worker))
     grads, stats = learner.compute_gradients(batch)
     assert stats["grad_gnorm"] > 40.0
@@ -246,9 +248,9 @@ def test_gradient_clipping_engages_at_rllibs_settings_on_real_samples() -> None:
 
 def test_the_lr_schedule_scales_the_value_optimisers_rate_too() -> None:
     learner = Learner(
-        learner_spec(
+        LearnerConfig.of(learner_spec(
             separateVfOptimizer=True, lr=1e-3, lrVf=1e-2, lrSchedule=[[0, 1e-3], [1000, 1e-4]]
-        ),
+        )),
         (4,),
         2,
     )
@@ -270,7 +272,7 @@ def test_lr_scaling_multiplies_every_rate_by_its_factor_of_the_learners(
         learner={"replicas": 4, "lrScaling": scaling}, separateVfOptimizer=True, lr=1e-3,
         lrVf=1e-2, lrSchedule=[[0, 1e-3], [1000, 1e-4]],
     )  # fmt: skip
-    learner = Learner(spec, (4,), 2)
+    learner = Learner(LearnerConfig.of(spec), (4,), 2)
     learner.global_timestep = 1000
     stats = learner.learn_on_batch(make_batch())
     rates = [opt.param_groups[0]["lr"] for opt in learner.optimizers]
@@ -311,7 +313,7 @@ def test_passes_over_a_kept_batch_learn_exactly_as_fresh_ones(kind: str) -> None
     learners = []
     for _ in range(2):
         torch.manual_seed(0)
-        learners.append(Learner(spec, obs_shape, 6))
+        learners.append(Learner(LearnerConfig.of(spec), obs_shape, 6))
     kept, fresh = learners
     for seed in range(2):
         batch = make_batch(T=4, B=3, A=6, seed=seed)
@@ -339,7 +341,7 @@ def test_a_kept_batch_is_prepared_once_and_let_go_after_its_last_pass(
         return model_inputs(model, tensors, autocast_dtype)  # type: ignore[arg-type]
 
     monkeypatch.setattr(learner_module, "model_inputs", counting)
-    learner = Learner(learner_spec(numSgdIter=3), (4,), 2)
+    learner = Learner(LearnerConfig.of(learner_spec(numSgdIter=3)), (4,), 2)
     a, b = make_batch(T=4, B=2), make_batch(T=5, B=2)
     for keep in (True, True, False):
         learner.learn_on_batch(a, keep=keep)
@@ -372,7 +374,7 @@ def test_a_preparation_that_reads_parameters_is_made_every_pass() -> None:
     learners = []
     for _ in range(2):
         torch.manual_seed(0)
-        learner = Learner(learner_spec(numSgdIter=3), (4,), 2)
+        learner = Learner(LearnerConfig.of(learner_spec(numSgdIter=3)), (4,), 2)
         learner.model = ScaledInput()
         learner.params = list(learner.model.parameters())
         learner.param_groups = [learner.params]

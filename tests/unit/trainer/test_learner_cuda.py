@@ -22,7 +22,7 @@ from impala_trainer.learners.learner_thread import LearnerThread
 from impala_trainer.learners.multi_gpu_learner_thread import MultiGPULearnerThread
 from impala_trainer.learners.process import LearnerProcess
 from impala_trainer.learners.threads import make_learner_thread
-from impala_trainer.learning.learner import Learner, MultiDeviceLearner
+from impala_trainer.learning.learner import Learner, LearnerConfig, MultiDeviceLearner
 from impala_trainer.rundir.checkpoint import DriverState, load_checkpoint, save_checkpoint
 from tests.support.jobs import make_spec
 from tests.support.learner import learner_spec, make_batch
@@ -52,11 +52,12 @@ def cnn_batch(T: int = 8, B: int = 4, seed: int = 0) -> TrainBatch:
 def twin_learners(spec_cpu, spec_cuda, obs_shape, actions, cuda_cls=Learner, **kw):
     """A CPU learner and a CUDA learner holding the same float64 weights."""
     torch.manual_seed(0)
-    cpu = Learner(spec_cpu, obs_shape, actions, dtype=torch.float64)
+    cpu = Learner(LearnerConfig.of(spec_cpu), obs_shape, actions, dtype=torch.float64)
     if cuda_cls is Learner:
-        cuda = Learner(spec_cuda, obs_shape, actions, device="cuda:0", dtype=torch.float64)
+        cuda = Learner(LearnerConfig.of(spec_cuda), obs_shape, actions, device="cuda:0",
+                       dtype=torch.float64)  # fmt: skip
     else:
-        cuda = cuda_cls(spec_cuda, obs_shape, actions, dtype=torch.float64)
+        cuda = cuda_cls(LearnerConfig.of(spec_cuda), obs_shape, actions, dtype=torch.float64)
     cuda.set_weights(cpu.get_weights())
     return cpu, cuda
 
@@ -126,9 +127,9 @@ def test_one_gpu_with_two_tower_stacks_matches_the_cpu_learner() -> None:
 
 
 def test_make_learner_thread_puts_one_gpu_jobs_on_cuda() -> None:
-    plain = make_learner_thread(learner_spec(learner={"gpus": 1}), (4,), 2)
+    plain = make_learner_thread(LearnerConfig.of(learner_spec(learner={"gpus": 1})), (4,), 2)
     stacked = make_learner_thread(
-        learner_spec(learner={"gpus": 1}, numMultiGpuTowerStacks=2), (4,), 2
+        LearnerConfig.of(learner_spec(learner={"gpus": 1}, numMultiGpuTowerStacks=2)), (4,), 2
     )
     assert isinstance(plain, LearnerThread) and plain.learner.device.type == "cuda"
     assert isinstance(stacked, MultiGPULearnerThread)
@@ -140,7 +141,7 @@ def test_the_learner_threads_train_every_batch_on_cuda(stacks: int) -> None:
     spec = learner_spec(learner={"gpus": 1}, numMultiGpuTowerStacks=stacks, numSgdIter=2)
     if stacks > 1:
         spec.training.num_gpu_loader_threads = 2
-    thread = make_learner_thread(spec, (4,), 2)
+    thread = make_learner_thread(LearnerConfig.of(spec), (4,), 2)
     thread.start()
     batches = [make_batch(T=6, B=4, seed=i) for i in range(6)]
     for b in batches:
@@ -164,7 +165,7 @@ def test_a_learner_process_trains_on_cuda(stacks: int) -> None:
     copied to the device from the shared-memory slots they came in (learners/batch_slots.py)."""
     training = {"numMultiGpuTowerStacks": stacks, "numSgdIter": 2}
     spec = make_spec(CNN, training=training, learner={"gpus": 1})
-    process = LearnerProcess(spec, CNN_OBS, 6, seed=0, intra_op_threads=1)
+    process = LearnerProcess(LearnerConfig.of(spec), CNN_OBS, 6, seed=0, intra_op_threads=1)
     try:
         assert process.learner.device.startswith("cuda")
         process.start()
@@ -194,10 +195,10 @@ def test_a_learner_process_trains_on_cuda(stacks: int) -> None:
 def test_checkpoints_move_between_a_gpu_and_a_cpu_learner(tmp_path) -> None:
     """Rollout workers, `impalajob evaluate` and a CPU resume read what a GPU learner wrote, and a
     GPU learner resumes from a CPU run's checkpoint (optimiser state included)."""
-    cuda = Learner(learner_spec(learner={"gpus": 1}), (4,), 2, device="cuda:0")
+    cuda = Learner(LearnerConfig.of(learner_spec(learner={"gpus": 1})), (4,), 2, device="cuda:0")
     cuda.learn_on_batch(make_batch())
     ckpt = save_checkpoint(tmp_path / "gpu", cuda.state_dict(), DriverState(), keep=2)
-    cpu = Learner(learner_spec(), (4,), 2)
+    cpu = Learner(LearnerConfig.of(learner_spec()), (4,), 2)
     cpu.load_state_dict(load_checkpoint(ckpt)[0])
     assert cpu.policy_version == 1
     for k, v in cuda.get_weights().items():
@@ -205,7 +206,7 @@ def test_checkpoints_move_between_a_gpu_and_a_cpu_learner(tmp_path) -> None:
     cpu.learn_on_batch(make_batch(seed=1))
 
     ckpt = save_checkpoint(tmp_path / "cpu", cpu.state_dict(), DriverState(), keep=2)
-    again = Learner(learner_spec(learner={"gpus": 1}), (4,), 2, device="cuda:0")
+    again = Learner(LearnerConfig.of(learner_spec(learner={"gpus": 1})), (4,), 2, device="cuda:0")
     again.load_state_dict(load_checkpoint(ckpt)[0])
     stats = again.learn_on_batch(make_batch(seed=2))  # Adam's moments were moved onto the GPU
     assert again.policy_version == 3 and np.isfinite(stats["total_loss"])
@@ -213,7 +214,7 @@ def test_checkpoints_move_between_a_gpu_and_a_cpu_learner(tmp_path) -> None:
 
 def test_a_cuda_learners_pickled_broadcast_holds_its_weights() -> None:
     """The driver broadcasts `pickled_weights()` to rollout actors that have no GPU: host arrays."""
-    cuda = Learner(learner_spec(learner={"gpus": 1}), (4,), 2, device="cuda:0")
+    cuda = Learner(LearnerConfig.of(learner_spec(learner={"gpus": 1})), (4,), 2, device="cuda:0")
     cuda.learn_on_batch(make_batch())
     sent = pickle.loads(cuda.pickled_weights())
     weights = cuda.get_weights()
@@ -234,7 +235,7 @@ def test_auto_precision_on_cuda_is_bfloat16_and_tracks_float32() -> None:
     for precision in ("float32", "auto"):
         torch.manual_seed(0)
         spec = make_spec(CNN, learner={"gpus": 1, "precision": precision})
-        learners.append(Learner(spec, CNN_OBS, 6, device="cuda:0"))
+        learners.append(Learner(LearnerConfig.of(spec), CNN_OBS, 6, device="cuda:0"))
     full, mixed = learners
     assert full.autocast_dtype is None and mixed.autocast_dtype is torch.bfloat16
     batch = cnn_batch()
@@ -258,9 +259,9 @@ def test_a_cuda_learner_in_an_nccl_group_of_one_makes_the_plain_learners_update(
 
     spec = learner_spec(learner={"gpus": 1})
     torch.manual_seed(0)
-    plain = Learner(spec, (4,), 3, device="cuda:0")
+    plain = Learner(LearnerConfig.of(spec), (4,), 3, device="cuda:0")
     torch.manual_seed(0)
-    grouped = Learner(spec, (4,), 3, device="cuda:0")
+    grouped = Learner(LearnerConfig.of(spec), (4,), 3, device="cuda:0")
     collective = Collective.join(
         Rendezvous("127.0.0.1", free_port(), 1), 0, torch.device("cuda:0"),
         local_host="127.0.0.1", timeout_seconds=60,

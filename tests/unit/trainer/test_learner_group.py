@@ -28,7 +28,7 @@ from impala_trainer.driver.local_backend import LocalBackend, LocalRef
 from impala_trainer.learners.group import LearnerActors, LocalLearners
 from impala_trainer.learners.worker import LearnerWorker
 from impala_trainer.learning.collective import Rendezvous
-from impala_trainer.learning.learner import LearnerPolicy
+from impala_trainer.learning.learner import LearnerConfig, LearnerPolicy
 from impala_trainer.rundir.checkpoint import list_checkpoints
 from impala_trainer.rundir.writer import RunDir
 from tests.support.jobs import make_job
@@ -210,7 +210,7 @@ def test_the_other_learners_start_only_once_learner_0_is_placed(tmp_path: Path) 
 def test_rank_0_meets_its_peers_on_the_port_its_pod_pins(monkeypatch: pytest.MonkeyPatch) -> None:
     """The TCPStore's port: the one the operator pins in learner pods (the NetworkPolicy opens
     it to learner pods alone), else a free one."""
-    policy = LearnerPolicy(_job(2).spec, (4,), 2)
+    policy = LearnerPolicy(LearnerConfig.of(_job(2).spec), (4,), 2)
     worker = LearnerWorker({DEFAULT_POLICY: policy}, seed=0, rank=0, intra_op_threads=1)
     monkeypatch.setenv(COLLECTIVE_PORT_ENV, str(LEARNER_PORTS.store))
     assert worker.address("10.1.2.3") == Rendezvous("10.1.2.3", LEARNER_PORTS.store, 0)

@@ -22,7 +22,7 @@ import torch
 from impala_trainer.learners import forkserver
 from impala_trainer.learners.learner_thread import LearnerStarvedError
 from impala_trainer.learners.process import LearnerProcess, LearnerProcessError
-from impala_trainer.learning.learner import Learner
+from impala_trainer.learning.learner import Learner, LearnerConfig
 from tests.support.jobs import make_spec
 from tests.support.learner import learner_spec, make_batch, one_torch_thread
 
@@ -36,7 +36,8 @@ def single_torch_thread() -> Iterator[None]:
 
 
 def _process(obs_shape: tuple[int, ...] = (4,), **training: Any) -> LearnerProcess:
-    return LearnerProcess(learner_spec(**training), obs_shape, 2, SEED, intra_op_threads=1)
+    return LearnerProcess(LearnerConfig.of(learner_spec(**training)), obs_shape, 2, SEED,
+                          intra_op_threads=1)  # fmt: skip
 
 
 def _wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
@@ -100,7 +101,7 @@ def test_updates_weights_and_state_come_back_as_from_a_learner_in_the_driver(
         _close(process)
     # The same seed and batches in a learner here: the same initial weights, the same updates.
     torch.manual_seed(SEED)
-    here = Learner(learner_spec(**training), obs_shape, 2)
+    here = Learner(LearnerConfig.of(learner_spec(**training)), obs_shape, 2)
     here.global_timestep = 1000
     for batch in batches:
         here.learn_on_batch(batch, keep=True)
@@ -249,13 +250,13 @@ def test_the_process_is_forked_from_a_forkserver_that_imported_torch_beforehand(
 def test_a_learner_that_cannot_be_built_fails_at_once_with_the_reason() -> None:
     spec = make_spec({"model": {"type": "custom", "import": "no_such_pkg.models:Net"}})
     with pytest.raises(LearnerProcessError, match="No module named 'no_such_pkg'"):
-        LearnerProcess(spec, (4,), 2, SEED, intra_op_threads=1)
+        LearnerProcess(LearnerConfig.of(spec), (4,), 2, SEED, intra_op_threads=1)
 
 
 def test_the_multi_device_thread_runs_in_the_process_too() -> None:
     """fakeDevices: the MultiGPULearnerThread, its loader threads reading the process's inqueue."""
     spec = learner_spec(learner={"fakeDevices": 2}, numSgdIter=2, numGpuLoaderThreads=2)
-    process = LearnerProcess(spec, (4,), 2, SEED, intra_op_threads=1)
+    process = LearnerProcess(LearnerConfig.of(spec), (4,), 2, SEED, intra_op_threads=1)
     try:
         process.start()
         batches = [make_batch(T=6, B=4, seed=i) for i in range(3)]

@@ -18,7 +18,7 @@ from impala_trainer.learners.learner_thread import (
 from impala_trainer.learners.minibatch_buffer import MinibatchBuffer
 from impala_trainer.learners.multi_gpu_learner_thread import MultiGPULearnerThread
 from impala_trainer.learners.threads import make_learner_thread
-from impala_trainer.learning.learner import Learner, MultiDeviceLearner
+from impala_trainer.learning.learner import Learner, LearnerConfig, MultiDeviceLearner
 from tests.support.jobs import make_job
 from tests.support.learner import learner_spec, make_batch, one_torch_thread
 
@@ -154,7 +154,8 @@ def test_the_inqueue_holds_learner_queue_size_batches_and_stats_report_its_fill(
 ) -> None:
     # The bound is what makes the driver's put_nowait fail; the driver counting those failures
     # as num_times_learner_queue_full (once per waiting batch) is tested in test_driver_sampling.py.
-    thread = make_learner_thread(learner_spec(learnerQueueSize=3, learner=learner), (4,), 2)
+    config = LearnerConfig.of(learner_spec(learnerQueueSize=3, learner=learner))
+    thread = make_learner_thread(config, (4,), 2)
     assert thread.inqueue.maxsize == 3
     for _ in range(3):
         thread.inqueue.put_nowait(make_batch())
@@ -202,7 +203,7 @@ def test_stats_keys_and_values() -> None:
 
 
 def test_with_a_real_learner() -> None:
-    learner = Learner(learner_spec(), (4,), 2)
+    learner = Learner(LearnerConfig.of(learner_spec()), (4,), 2)
     thread = LearnerThread(learner, 1, 2, 4, 30)
     thread.start()
     thread.inqueue.put(make_batch(T=8, B=3))
@@ -214,9 +215,9 @@ def test_with_a_real_learner() -> None:
 
 
 def test_make_learner_thread_picks_by_devices() -> None:
-    plain = make_learner_thread(learner_spec(), (4,), 2)
+    plain = make_learner_thread(LearnerConfig.of(learner_spec()), (4,), 2)
     assert type(plain) is LearnerThread and type(plain.learner) is Learner
-    multi = make_learner_thread(learner_spec(learner={"fakeDevices": 2}), (4,), 2)
+    multi = make_learner_thread(LearnerConfig.of(learner_spec(learner={"fakeDevices": 2})), (4,), 2)
     assert isinstance(multi, MultiGPULearnerThread)
     assert isinstance(multi.learner, MultiDeviceLearner) and len(multi.learner.towers) == 2
     assert threading.active_count() >= 1  # nothing started until .start()
@@ -232,7 +233,7 @@ def test_the_learner_thread_computes_with_the_threads_the_main_thread_gives_up()
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        thread = make_learner_thread(job.spec, (4,), 2)
+        thread = make_learner_thread(LearnerConfig.of(job.spec), (4,), 2)
         assert torch.get_num_threads() == 1  # the calling thread: no OpenMP team of its own
         assert thread.intra_op_threads == 2
         seen: list[int] = []
@@ -246,7 +247,7 @@ def test_the_learner_thread_computes_with_the_threads_the_main_thread_gives_up()
         thread.join(timeout=10)
         assert seen == [2]
         # A second learner in the same process gets the same count, not the main thread's 1.
-        assert make_learner_thread(job.spec, (4,), 2).intra_op_threads == 2
+        assert make_learner_thread(LearnerConfig.of(job.spec), (4,), 2).intra_op_threads == 2
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

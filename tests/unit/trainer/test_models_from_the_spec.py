@@ -18,7 +18,7 @@ import yaml
 from impala_api.manifest import ManifestError, parse_manifest
 from impala_api.spec import ModelSpec
 from impala_trainer.batches import concat_fragments
-from impala_trainer.learning.learner import Learner
+from impala_trainer.learning.learner import Learner, LearnerConfig
 from impala_trainer.learning.model_factory import build_model
 from impala_trainer.learning.models import RecurrentActorCritic, TorsoActorCritic
 from impala_trainer.preflight import job_problem
@@ -64,7 +64,8 @@ def test_a_custom_model_acts_and_learns(model: str) -> None:
     assert job_problem(spec) is None
     worker = RolloutWorker(spec, "w", seed=0)
     assert type(worker.policies["default"].model).__name__ == model
-    learner = Learner(spec, worker.models["default"].obs_shape, worker.models["default"].actions)
+    learner = Learner(LearnerConfig.of(spec), worker.models["default"].obs_shape,
+                      worker.models["default"].actions)  # fmt: skip
     before = {k: v.copy() for k, v in learner.get_weights().items()}
     stats = learner.learn_on_batch(concat_fragments([worker.sample(), worker.sample()]))
     assert np.isfinite(stats["total_loss"])

@@ -19,7 +19,7 @@ from impala_trainer.driver.launch import Wiring, build_driver
 from impala_trainer.driver.local_backend import LocalBackend
 from impala_trainer.learners.policies import SelfPlayPool
 from impala_trainer.learning.distributions import MASKED_LOGIT
-from impala_trainer.learning.learner import Learner
+from impala_trainer.learning.learner import Learner, LearnerConfig
 from impala_trainer.policy.games import game_policies, load_game_policies, play_games
 from impala_trainer.policy.loaded import PolicyNotFoundError, load_policy
 from impala_trainer.policy.rounds import Evaluator
@@ -325,7 +325,8 @@ def test_a3c_gradients_of_each_policy_are_its_learners_on_its_own_agents_columns
     sample = twin.sample()
     assert gradients.meta.env_steps == sample.env_steps > 0
     for name, grads in gradients.grads.items():
-        learner = Learner(spec.policy_spec(name), (3,), acting.policies[name].actions)
+        learner = Learner(LearnerConfig.of(spec.policy_spec(name)), (3,),
+                          acting.policies[name].actions)  # fmt: skip
         learner.set_weights(policy_weights(acting.get_weights())[name][0])
         expected, _ = learner.compute_gradients(concat_fragments([sample.fragments[name]]))
         assert len(grads) == len(expected)
@@ -498,12 +499,12 @@ def test_the_loss_gives_masked_actions_no_probability() -> None:
     fragment.action_mask = only
     fragment.behaviour_logits = np.where(only, 0.0, MASKED_LOGIT).astype(np.float32)
     model = policy_models(spec)["default"]
-    learner = Learner(spec, model.obs_shape, model.actions)
+    learner = Learner(LearnerConfig.of(spec), model.obs_shape, model.actions)
     stats = learner.learn_on_batch(concat_fragments([fragment]))
     assert stats["entropy"] == pytest.approx(0.0, abs=1e-6)
     assert stats["mean_rho"] == pytest.approx(1.0)
     fragment.action_mask = no_mask()
-    unmasked = Learner(spec, model.obs_shape, model.actions).learn_on_batch(
+    unmasked = Learner(LearnerConfig.of(spec), model.obs_shape, model.actions).learn_on_batch(
         concat_fragments([fragment])
     )
     assert unmasked["entropy"] > 1.0
@@ -564,7 +565,7 @@ def test_against_the_random_player_only_the_learning_seat_trains_and_moves_are_l
 def test_the_pool_snapshots_every_interval_and_replaces_the_oldest() -> None:
     spec = spec_of(TURNS, multiAgent=SELF_PLAY)
     model = policy_models(spec)["main"]
-    learner = Learner(spec, model.obs_shape, model.actions)
+    learner = Learner(LearnerConfig.of(spec), model.obs_shape, model.actions)
     pool = SelfPlayPool("main", interval=100, size=2)
     for steps in (50, 100, 150, 200, 320):
         with torch.no_grad():

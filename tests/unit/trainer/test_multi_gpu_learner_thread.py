@@ -11,7 +11,7 @@ import torch
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.learners.learner_thread import POLICY_LAG
 from impala_trainer.learners.multi_gpu_learner_thread import MultiGPULearnerThread
-from impala_trainer.learning.learner import Learner, MultiDeviceLearner
+from impala_trainer.learning.learner import Learner, LearnerConfig, MultiDeviceLearner
 from impala_trainer.learning.losses import model_inputs
 from tests.support.learner import learner_spec, make_batch, one_torch_thread
 
@@ -29,7 +29,7 @@ def fake_spec(devices: int, **training: Any) -> ImpalaJobSpec:
 
 def test_processes_every_batch_with_two_towers_two_stacks_two_loaders() -> None:
     spec = fake_spec(2, numMultiGpuTowerStacks=2, numGpuLoaderThreads=2, numSgdIter=2)
-    learner = MultiDeviceLearner(spec, (4,), 2)
+    learner = MultiDeviceLearner(LearnerConfig.of(spec), (4,), 2)
     thread = MultiGPULearnerThread(
         learner,
         num_sgd_iter=2,
@@ -61,7 +61,7 @@ def test_processes_every_batch_with_two_towers_two_stacks_two_loaders() -> None:
 
 
 def test_starvation_timeout_in_multi_device_mode() -> None:
-    learner = MultiDeviceLearner(fake_spec(2), (4,), 2)
+    learner = MultiDeviceLearner(LearnerConfig.of(fake_spec(2)), (4,), 2)
     thread = MultiGPULearnerThread(learner, learner_queue_timeout=0.3, num_gpu_loader_threads=2)
     thread.start()
     thread.join(timeout=5)
@@ -70,8 +70,9 @@ def test_starvation_timeout_in_multi_device_mode() -> None:
 
 def clone_learners(devices: int, dtype: torch.dtype, **training) -> tuple[Learner, Learner]:
     torch.manual_seed(0)
-    single = Learner(learner_spec(**training), (4,), 2, dtype=dtype)
-    multi = MultiDeviceLearner(fake_spec(devices, **training), (4,), 2, dtype=dtype)
+    single = Learner(LearnerConfig.of(learner_spec(**training)), (4,), 2, dtype=dtype)
+    multi = MultiDeviceLearner(LearnerConfig.of(fake_spec(devices, **training)), (4,), 2,
+                               dtype=dtype)  # fmt: skip
     multi.set_weights(single.get_weights())
     return single, multi
 

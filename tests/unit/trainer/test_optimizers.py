@@ -111,13 +111,13 @@ def test_a_learner_builds_steps_and_checkpoints_without_importing_dynamo() -> No
         """
         import sys
         import torch
-        from impala_trainer.learning.learner import Learner
+        from impala_trainer.learning.learner import Learner, LearnerConfig
         from tests.support.learner import learner_spec, make_batch
         for spec in (
             learner_spec(separateVfOptimizer=True),
             learner_spec(optimizer={"type": "rmsprop", "momentum": 0.5}),
         ):
-            learner = Learner(spec, (4,), 2)
+            learner = Learner(LearnerConfig.of(spec), (4,), 2)
             learner.learn_on_batch(make_batch())
             learner.load_state_dict(learner.state_dict())
             learner.learn_on_batch(make_batch())

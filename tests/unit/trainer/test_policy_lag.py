@@ -21,7 +21,7 @@ import pytest
 
 import harness.reach as reach
 from impala_trainer.batches import concat_fragments
-from impala_trainer.learning.learner import Learner
+from impala_trainer.learning.learner import Learner, LearnerConfig
 from impala_trainer.rollouts.worker import RolloutWorker
 from tests.support.jobs import make_spec
 from tests.support.learner import broadcast, one_torch_thread
@@ -41,7 +41,8 @@ def _train_with_lag(lag: int, **training: object) -> list[float]:
     spec = make_spec(env={"id": f"{reach.__name__}:PointReach-v0"},
                      training={"seed": 0, "trainBatchSize": 800, **training})  # fmt: skip
     worker = RolloutWorker(spec, "w", seed=0)
-    learner = Learner(spec, worker.models["default"].obs_shape, worker.models["default"].actions)
+    learner = Learner(LearnerConfig.of(spec), worker.models["default"].obs_shape,
+                      worker.models["default"].actions)  # fmt: skip
     weights = collections.deque([(broadcast(learner), 0)], maxlen=lag + 1)
     worker.set_weights(*weights[0])
     means, returns, steps = [], [], 0

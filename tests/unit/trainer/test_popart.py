@@ -14,7 +14,12 @@ import torch
 from impala_api.spec import ModelSpec
 from impala_trainer.learning import popart
 from impala_trainer.learning.distributions import Categorical
-from impala_trainer.learning.learner import Learner, MultiDeviceLearner, batch_to_tensors
+from impala_trainer.learning.learner import (
+    Learner,
+    LearnerConfig,
+    MultiDeviceLearner,
+    batch_to_tensors,
+)
 from impala_trainer.learning.losses import LossCoefficients, impala_loss
 from impala_trainer.learning.model_factory import build_model, model_problem
 from tests.support.jobs import make_spec
@@ -83,7 +88,7 @@ def test_the_loss_is_the_same_at_any_reward_scale() -> None:
 
 def test_the_learner_moves_the_statistics_and_checkpoints_them() -> None:
     spec = make_spec(model={"hidden": [16], "popart": True})
-    learner = Learner(spec, (4,), 2)
+    learner = Learner(LearnerConfig.of(spec), (4,), 2)
     batch = make_batch(T=8, B=4, seed=4)
     batch.rewards *= 100.0
     obs = batch_to_tensors(batch, CPU).obs.reshape(-1, 4)
@@ -93,7 +98,7 @@ def test_the_learner_moves_the_statistics_and_checkpoints_them() -> None:
     sigma = float(head.sigma())
     assert sigma > 10.0  # the targets' scale, learned from the first batch
     state = learner.state_dict()
-    other = Learner(spec, (4,), 2)
+    other = Learner(LearnerConfig.of(spec), (4,), 2)
     other.load_state_dict(state)
     torch.testing.assert_close(other.model(obs)[1], learner.model(obs)[1])
     other_head = popart.head_of(other.model)
@@ -106,7 +111,7 @@ def test_the_learner_moves_the_statistics_and_checkpoints_them() -> None:
 
 def test_towers_keep_the_masters_statistics() -> None:
     spec = make_spec(model={"hidden": [16], "popart": True}, learner={"fakeDevices": 2})
-    learner = MultiDeviceLearner(spec, (4,), 2)
+    learner = MultiDeviceLearner(LearnerConfig.of(spec), (4,), 2)
     batch = make_batch(T=8, B=4, seed=5)
     batch.rewards *= 10.0
     learner.learn_on_batch(batch)

@@ -13,7 +13,12 @@ import pytest
 import torch
 
 from impala_api.manifest import ManifestError
-from impala_trainer.learning.learner import Learner, MultiDeviceLearner, batch_to_tensors
+from impala_trainer.learning.learner import (
+    Learner,
+    LearnerConfig,
+    MultiDeviceLearner,
+    batch_to_tensors,
+)
 from impala_trainer.learning.losses import impala_loss, model_inputs
 from impala_trainer.learning.precision import acting_dtype, autocast_dtype, cpu_flags, native_bf16
 from tests.support.jobs import make_spec
@@ -113,7 +118,7 @@ def _learner(
         learner={"precision": precision, **kw},
     )
     cls = MultiDeviceLearner if kw else Learner
-    return cls(spec, obs_shape, 3)
+    return cls(LearnerConfig.of(spec), obs_shape, 3)
 
 
 def _uint8_frames(batch_obs: np.ndarray) -> np.ndarray:
@@ -226,4 +231,4 @@ def test_float64_learners_ignore_the_setting() -> None:
     """Tests and gradient checks build float64 learners: autocast would silently drop them to
     bf16, so a non-float32 learner never autocasts."""
     spec = make_spec({"model": {"hidden": [8]}}, learner={"precision": "bfloat16"})
-    assert Learner(spec, (4,), 2, dtype=torch.float64).autocast_dtype is None
+    assert Learner(LearnerConfig.of(spec), (4,), 2, dtype=torch.float64).autocast_dtype is None

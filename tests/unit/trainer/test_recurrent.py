@@ -15,7 +15,7 @@ import torch
 
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import Fragment, concat_fragments, split_sequences
-from impala_trainer.learning.learner import Learner, MultiDeviceLearner
+from impala_trainer.learning.learner import Learner, LearnerConfig, MultiDeviceLearner
 from impala_trainer.learning.models import ActorCritic
 from impala_trainer.rollouts.worker import RolloutWorker
 from impala_trainer.rundir.checkpoint import DriverState, load_checkpoint, save_checkpoint
@@ -130,9 +130,9 @@ def test_towers_split_the_batch_by_sequence_and_match_one_device() -> None:
     batch = concat_fragments([worker.sample(), worker.sample()])  # 8 sequences
     torch.manual_seed(0)
     built = worker.models["default"]
-    single = Learner(_spec(), built.obs_shape, built.actions, dtype=torch.float64)
-    multi = MultiDeviceLearner(_spec(fake_devices=2), built.obs_shape, built.actions,
-                               dtype=torch.float64)  # fmt: skip
+    single = Learner(LearnerConfig.of(_spec()), built.obs_shape, built.actions, dtype=torch.float64)
+    multi = MultiDeviceLearner(LearnerConfig.of(_spec(fake_devices=2)), built.obs_shape,
+                               built.actions, dtype=torch.float64)  # fmt: skip
     multi.set_weights(single.get_weights())
     single.learn_on_batch(batch)
     multi.load_batch_into_buffer(batch, 0)
@@ -146,13 +146,15 @@ def test_towers_split_the_batch_by_sequence_and_match_one_device() -> None:
 
 def test_a_checkpoint_restores_the_recurrent_policy(tmp_path: Path) -> None:
     worker = RolloutWorker(_spec(), "w", seed=4)
-    learner = Learner(_spec(), worker.models["default"].obs_shape, worker.models["default"].actions)
+    learner = Learner(LearnerConfig.of(_spec()), worker.models["default"].obs_shape,
+                      worker.models["default"].actions)  # fmt: skip
     for _ in range(2):
         learner.learn_on_batch(concat_fragments([worker.sample()]))
     state = DriverState(counters={}, wall_seconds=1.0, episode_returns=[], episode_lengths=[],
                         iteration=1, started_at=0.0)  # fmt: skip
     restored, _ = load_checkpoint(save_checkpoint(tmp_path, learner.state_dict(), state, keep=1))
-    fresh = Learner(_spec(), worker.models["default"].obs_shape, worker.models["default"].actions)
+    fresh = Learner(LearnerConfig.of(_spec()), worker.models["default"].obs_shape,
+                    worker.models["default"].actions)  # fmt: skip
     fresh.load_state_dict(restored)
     f = worker.sample()
     for a, b in zip(_unroll(learner.model, f), _unroll(fresh.model, f), strict=True):
@@ -182,8 +184,8 @@ def test_the_previous_action_and_reward_ride_in_the_state() -> None:
     outputs, _, _ = _unroll(worker.policies["default"].model, fragments[-1], prev=False)
     assert not np.allclose(outputs.numpy(), fragments[-1].behaviour_logits, atol=1e-4)
     built = worker.models["default"]
-    learner = Learner(_spec(lstmUsePrevActionReward=True, maxSeqLen=10), built.obs_shape,
-                      built.actions)  # fmt: skip
+    config = LearnerConfig.of(_spec(lstmUsePrevActionReward=True, maxSeqLen=10))
+    learner = Learner(config, built.obs_shape, built.actions)
     stats = learner.learn_on_batch(concat_fragments(fragments))
     assert np.isfinite(stats["total_loss"]) and learner.policy_version == 1
 
@@ -194,7 +196,8 @@ def test_async_gradients_workers_compute_gradients_of_a_recurrent_policy() -> No
     spec = _spec().model_copy(deep=True)
     spec.training.mode = "async-gradients"
     worker = RolloutWorker(spec, "w", seed=5)
-    learner = Learner(spec, worker.models["default"].obs_shape, worker.models["default"].actions)
+    learner = Learner(LearnerConfig.of(spec), worker.models["default"].obs_shape,
+                      worker.models["default"].actions)  # fmt: skip
     learner.set_weights(acting_weights(worker))
     out = worker.compute_gradients()
     grads = out.grads["default"]

@@ -13,7 +13,7 @@ from impala_api.spec import DEFAULT_POLICY
 from impala_trainer.batches import policy_layout
 from impala_trainer.learners.policies import PolicySetState
 from impala_trainer.learning import precision as precision_module
-from impala_trainer.learning.learner import Learner
+from impala_trainer.learning.learner import Learner, LearnerConfig
 from impala_trainer.rollouts.worker import RolloutWorker
 from tests.support.jobs import make_spec
 from tests.support.learner import acting_weights
@@ -115,7 +115,8 @@ def test_set_weights_takes_the_learners_pickled_broadcast() -> None:
     the dict, at their policy's version."""
     spec = make_spec(CARTPOLE)
     worker = RolloutWorker(spec, "a", seed=0)
-    learner = Learner(spec, worker.models["default"].obs_shape, worker.models["default"].actions)
+    learner = Learner(LearnerConfig.of(spec), worker.models["default"].obs_shape,
+                      worker.models["default"].actions)  # fmt: skip
     learner.policy_version = 4
     worker.set_weights(PolicySetState({DEFAULT_POLICY: learner}).pickled_weights(), 4)
     got, want = acting_weights(worker), learner.get_weights()
@@ -202,7 +203,6 @@ def test_behaviour_logits_are_the_learners_own_arithmetic(
 
 def test_a3c_gradients_are_the_learner_gradients_of_the_sampled_fragment() -> None:
     from impala_trainer.batches import concat_fragments
-    from impala_trainer.learning.learner import Learner
 
     spec = make_spec(CARTPOLE)
     spec.training.mode = "async-gradients"
@@ -216,7 +216,7 @@ def test_a3c_gradients_are_the_learner_gradients_of_the_sampled_fragment() -> No
     assert gradients.meta.busy_seconds > 0.0  # the sampling and the gradients
     assert set(gradients.stats) >= {"default/policy_loss", "default/vf_loss", "default/entropy"}
     built = acting.models["default"]
-    learner = Learner(spec, built.obs_shape, built.actions)
+    learner = Learner(LearnerConfig.of(spec), built.obs_shape, built.actions)
     learner.set_weights(acting_weights(acting))
     expected, _ = learner.compute_gradients(concat_fragments([twin.sample()]))
     assert len(grads) == len(expected)

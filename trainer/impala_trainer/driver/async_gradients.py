@@ -26,7 +26,7 @@ from impala_trainer.learners.policies import (
     PolicySetState,
     self_play_pool,
 )
-from impala_trainer.learning.learner import Learner
+from impala_trainer.learning.learner import Learner, LearnerConfig
 from impala_trainer.rundir.writer import RunDir
 
 
@@ -41,7 +41,7 @@ class AsyncGradientsDriver(Driver):
         super().__init__(job, run_dir, **collaborators)
         # Every policy's weights go out (a gymnasium env's one); the trained ones learn.
         every = {
-            name: Learner(self.spec.policy_spec(name), model.obs_shape, model.actions)
+            name: Learner(LearnerConfig.of(self.spec, name), model.obs_shape, model.actions)
             for name, model in self.models.items()
         }
         trained = set(self.spec.agents.trained)

@@ -134,7 +134,7 @@ class RayBackend:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
                 ray.get_runtime_context().get_node_id(), soft=False
             )
-        gpus = next(iter(policies.values())).spec.learner.gpus  # the job's, every policy's
+        gpus = next(iter(policies.values())).config.learner.gpus  # the job's, every policy's
         if gpus:
             options["num_gpus"] = gpus
         cls: Any = LearnerActor

@@ -18,9 +18,8 @@ import signal
 import threading
 import time
 from multiprocessing.connection import Connection
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from impala_api.spec import ImpalaJobSpec
 from impala_trainer.learners.batch_slots import SlotReader
 from impala_trainer.learners.learner_thread import BatchQueue
 from impala_trainer.learners.messages import (
@@ -47,6 +46,9 @@ from impala_trainer.learners.shared_weights import SharedWeights
 from impala_trainer.learners.threads import make_learner_thread
 from impala_trainer.learning.distributions import ActionDistribution
 from impala_trainer.node.allocator import keep_freed_memory
+
+if TYPE_CHECKING:  # torch, which the learner module imports
+    from impala_trainer.learning.learner import LearnerConfig
 
 STATS_SECONDS = 0.5
 """How often the process sends the thread's timings and queue statistics."""
@@ -143,7 +145,7 @@ def _name_process(name: bytes) -> None:
 
 
 def serve(
-    spec: ImpalaJobSpec,
+    config: LearnerConfig,
     obs_shape: tuple[int, ...],
     actions: ActionDistribution | int,
     seed: int,
@@ -176,7 +178,7 @@ def serve(
         torch.manual_seed(seed)  # the same initial weights as a learner in the driver's process
         # The thread only gets from its inqueue: the driver puts into the SlotQueue end.
         reader = cast(BatchQueue, SlotReader(*inqueue))
-        thread = make_learner_thread(spec, obs_shape, actions, inqueue=reader)
+        thread = make_learner_thread(config, obs_shape, actions, inqueue=reader)
         learner = thread.learner
         weights = SharedWeights.for_state(learner.model.state_dict(), weights_lock)
         ctl.send(Ready(

@@ -47,7 +47,7 @@ from impala_trainer.learners.policies import (
 from impala_trainer.learners.process import LearnerProcess
 from impala_trainer.learners.worker import LearnerInfo, LearnerProgress
 from impala_trainer.learning.collective import RENDEZVOUS_TIMEOUT_SECONDS, Rendezvous
-from impala_trainer.learning.learner import Learner, LearnerPolicy
+from impala_trainer.learning.learner import Learner, LearnerConfig, LearnerPolicy
 from impala_trainer.rollouts.agent_envs import PolicyModel
 
 POLL_SECONDS = 0.1
@@ -264,10 +264,10 @@ class LearnerActors:
         untrained: dict[str, LearnerState],
         pool: SelfPlayPool | None,
     ) -> None:
-        spec = next(iter(policies.values())).spec
+        config = next(iter(policies.values())).config  # the job's sections, every policy's
         self.backend = backend
-        self.world_size = spec.learner.replicas
-        self.capacity = spec.training.learner_queue_size
+        self.world_size = config.learner.replicas
+        self.capacity = config.training.learner_queue_size
         """Batches one learner may have outstanding of a policy (queued, not yet begun)."""
         self._learner_args = (policies, seed)
         self._intra_op_threads = intra_op_threads
@@ -510,7 +510,7 @@ def make_learner_group(
     the driver's; locally `impalajob train` gave the driver its share of the machine."""
     trained = set(spec.agents.trained)
     learned = {
-        name: LearnerPolicy(spec.policy_spec(name), model.obs_shape, model.actions)
+        name: LearnerPolicy(LearnerConfig.of(spec, name), model.obs_shape, model.actions)
         for name, model in models.items()
         if name in trained
     }
@@ -531,7 +531,7 @@ def _untrained(
 ) -> dict[str, LearnerState]:
     """The fixed weights of the policies that do not learn (their initial ones, never changed)."""
     return {
-        name: Learner(spec.policy_spec(name), model.obs_shape, model.actions)
+        name: Learner(LearnerConfig.of(spec, name), model.obs_shape, model.actions)
         for name, model in models.items()
         if name not in trained
     }
@@ -540,9 +540,9 @@ def _untrained(
 def _learner_thread(
     policy: LearnerPolicy, seed: int, intra_op_threads: int
 ) -> LearnerThread | LearnerProcess:
-    spec = policy.spec
-    if spec.learner.process == "separate":
-        return LearnerProcess(spec, policy.obs_shape, policy.actions, seed, intra_op_threads)
+    config = policy.config
+    if config.learner.process == "separate":
+        return LearnerProcess(config, policy.obs_shape, policy.actions, seed, intra_op_threads)
     from impala_trainer.learners.threads import make_learner_thread
 
-    return make_learner_thread(spec, policy.obs_shape, policy.actions)
+    return make_learner_thread(config, policy.obs_shape, policy.actions)

@@ -27,9 +27,8 @@ import queue
 import signal
 import time
 from collections import deque
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from impala_api.spec import ImpalaJobSpec
 from impala_trainer.learners import forkserver
 from impala_trainer.learners.batch_slots import SlotQueue, slot_count
 from impala_trainer.learners.child import serve
@@ -55,6 +54,9 @@ from impala_trainer.learners.messages import (
 from impala_trainer.learners.shared_weights import SharedWeights
 from impala_trainer.learners.threads import batches_held_by_learner
 from impala_trainer.learning.distributions import ActionDistribution
+
+if TYPE_CHECKING:  # torch, which the learner module imports
+    from impala_trainer.learning.learner import LearnerConfig
 
 R = TypeVar("R", bound=Ready | StateReply | Loaded)
 
@@ -134,7 +136,7 @@ class LearnerProcess:
 
     def __init__(
         self,
-        spec: ImpalaJobSpec,
+        config: LearnerConfig,
         obs_shape: tuple[int, ...],
         actions: ActionDistribution | int,
         seed: int,
@@ -144,14 +146,14 @@ class LearnerProcess:
         # holds Ray's threads and sockets, which a fork would copy half-alive.
         ctx = forkserver.context()
         # Batches go through shared-memory slots (learners/batch_slots.py), not the pipe.
-        size = spec.training.learner_queue_size
-        self.inqueue = SlotQueue(ctx, size, slot_count(size, batches_held_by_learner(spec)))
+        size = config.training.learner_queue_size
+        self.inqueue = SlotQueue(ctx, size, slot_count(size, batches_held_by_learner(config)))
         self._out, child_out = ctx.Pipe(duplex=False)
         self._ctl, child_ctl = ctx.Pipe()
         weights_lock = ctx.Lock()
         self._process = ctx.Process(
             target=serve,
-            args=(spec, obs_shape, actions, seed, intra_op_threads,
+            args=(config, obs_shape, actions, seed, intra_op_threads,
                   logging.getLogger().getEffectiveLevel(), self.inqueue.reader_args(), weights_lock,
                   child_out, child_ctl),
             name="impala-learner",

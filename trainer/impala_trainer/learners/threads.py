@@ -5,10 +5,14 @@ Apart from both thread modules so that neither imports the other.
 
 from __future__ import annotations
 
-from impala_api.spec import ImpalaJobSpec
+from typing import TYPE_CHECKING
+
 from impala_trainer.learners.learner_thread import BatchQueue, LearnerThread
 from impala_trainer.learners.multi_gpu_learner_thread import MultiGPULearnerThread
 from impala_trainer.learning.distributions import ActionDistribution
+
+if TYPE_CHECKING:  # torch, which the learner module imports
+    from impala_trainer.learning.learner import LearnerConfig
 
 _process_threads: int | None = None
 """The process's intra-op thread count before the first learner thread took it from main."""
@@ -31,33 +35,33 @@ def _take_intra_op_threads() -> int:
     return _process_threads
 
 
-def uses_multi_gpu_thread(spec: ImpalaJobSpec) -> bool:
+def uses_multi_gpu_thread(config: LearnerConfig) -> bool:
     """Several devices (gpus > 1 or fakeDevices > 0), or one GPU with several tower stacks."""
-    gpus = spec.learner.gpus
+    gpus = config.learner.gpus
     return (
         gpus > 1
-        or spec.learner.fake_devices > 0
-        or (gpus == 1 and spec.training.num_multi_gpu_tower_stacks > 1)
+        or config.learner.fake_devices > 0
+        or (gpus == 1 and config.training.num_multi_gpu_tower_stacks > 1)
     )
 
 
-def batches_held_by_learner(spec: ImpalaJobSpec) -> int:
+def batches_held_by_learner(config: LearnerConfig) -> int:
     """How many batches the learner thread may hold out of its inqueue at once: the minibatch
     buffer's, or one per loader thread waiting for an idle tower stack and one per stack (a CPU
     tower's buffer may be a view of the batch it loaded)."""
-    t = spec.training
-    if uses_multi_gpu_thread(spec):
+    t = config.training
+    if uses_multi_gpu_thread(config):
         return t.num_gpu_loader_threads + t.num_multi_gpu_tower_stacks
     return t.minibatch_buffer_size
 
 
 def make_learner_thread(
-    spec: ImpalaJobSpec,
+    config: LearnerConfig,
     obs_shape: tuple[int, ...],
     actions: ActionDistribution | int,
     inqueue: BatchQueue | None = None,
 ) -> LearnerThread | MultiGPULearnerThread:
-    """The learner (built here) inside the thread the spec asks for (`.learner` holds it).
+    """The learner (built here) inside the thread the config asks for (`.learner` holds it).
 
     Several devices (gpus > 1 or fakeDevices > 0), or one GPU with several tower stacks, use the
     MultiGPULearnerThread with loader threads; otherwise the plain LearnerThread.
@@ -72,10 +76,10 @@ def make_learner_thread(
     # copies weights out and writes checkpoints.
     threads = _take_intra_op_threads()
 
-    t, gpus = spec.training, spec.learner.gpus
-    if uses_multi_gpu_thread(spec):
+    t, gpus = config.training, config.learner.gpus
+    if uses_multi_gpu_thread(config):
         return MultiGPULearnerThread(
-            MultiDeviceLearner(spec, obs_shape, actions),
+            MultiDeviceLearner(config, obs_shape, actions),
             num_sgd_iter=t.num_sgd_iter,
             learner_queue_size=t.learner_queue_size,
             learner_queue_timeout=t.learner_queue_timeout,
@@ -86,7 +90,7 @@ def make_learner_thread(
         )
     device = "cuda:0" if gpus == 1 else "cpu"
     return LearnerThread(
-        Learner(spec, obs_shape, actions, device=device),
+        Learner(config, obs_shape, actions, device=device),
         minibatch_buffer_size=t.minibatch_buffer_size,
         num_sgd_iter=t.num_sgd_iter,
         learner_queue_size=t.learner_queue_size,

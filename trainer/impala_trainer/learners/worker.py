@@ -81,8 +81,8 @@ class LearnerWorker:
         self._done: queue.Queue[tuple[str, Update]] = queue.Queue()
         """Every thread's updates as they come, by policy (`_Updates`)."""
         self.threads = {}
-        for name, (spec, obs_shape, actions) in policies.items():
-            thread = make_learner_thread(spec, obs_shape, actions)
+        for name, (config, obs_shape, actions) in policies.items():
+            thread = make_learner_thread(config, obs_shape, actions)
             thread.outqueue = _Updates(self, name, thread.learner)  # type: ignore[assignment]
             self.threads[name] = thread
         self.learners: dict[str, Learner] = {n: t.learner for n, t in self.threads.items()}

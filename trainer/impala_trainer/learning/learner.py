@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from impala_api.spec import ImpalaJobSpec, TrainingSpec
+from impala_api.spec import ImpalaJobSpec, LearnerSpec, ModelSpec, TrainingSpec
 from impala_trainer.batches import TrainBatch, slice_columns
 from impala_trainer.learning import optimizers, popart
 from impala_trainer.learning.collective import Collective, GradientReducer
@@ -130,11 +130,27 @@ def _reusable(inputs: torch.Tensor) -> torch.Tensor | None:
     return None if inputs.requires_grad else inputs
 
 
-class LearnerPolicy(NamedTuple):
-    """A trained policy as a learner builds it: the policy's spec (`ImpalaJobSpec.policy_spec`),
-    its observations' shape and its actions."""
+class LearnerConfig(NamedTuple):
+    """What a policy's learner is built from, and nothing else of the job: the policy's model
+    (spec.model, or the policy's own in spec.multiAgent), the job's training and learner
+    sections."""
 
-    spec: ImpalaJobSpec
+    model: ModelSpec
+    training: TrainingSpec
+    learner: LearnerSpec
+
+    @classmethod
+    def of(cls, spec: ImpalaJobSpec, policy: str | None = None) -> LearnerConfig:
+        """The job's config, or (`policy`) that policy's (`ImpalaJobSpec.policy_spec`)."""
+        own = spec if policy is None else spec.policy_spec(policy)
+        return cls(own.model, own.training, own.learner)
+
+
+class LearnerPolicy(NamedTuple):
+    """A trained policy as a learner builds it: its config, its observations' shape and its
+    actions."""
+
+    config: LearnerConfig
     obs_shape: tuple[int, ...]
     actions: ActionDistribution | int
 
@@ -144,26 +160,27 @@ class Learner:
 
     def __init__(
         self,
-        spec: ImpalaJobSpec,
+        config: LearnerConfig,
         obs_shape: tuple[int, ...],
         actions: ActionDistribution | int,
         device: str = "cpu",
         *,
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        self.spec = spec
+        self.config = config
         self.device = torch.device(device)
         self.dist = as_distribution(actions)
         """The action distribution (an int means that many Discrete actions)."""
-        self.model: ActorCritic = build_model(spec.model, tuple(obs_shape), self.dist).to(
+        self.model: ActorCritic = build_model(config.model, tuple(obs_shape), self.dist).to(
             device=self.device, dtype=dtype
         )
+        precision = config.learner.precision
         self.autocast_dtype = (
-            autocast_dtype(spec.learner.precision, self.device) if dtype == torch.float32 else None
+            autocast_dtype(precision, self.device) if dtype == torch.float32 else None
         )
         """bfloat16 when learner.precision runs the forward and backward under autocast."""
-        training = spec.training
-        self.lr_factor = spec.learner.lr_factor
+        training = config.training
+        self.lr_factor = config.learner.lr_factor
         """learner.lrScaling's factor on every learning rate (1 with one learner)."""
         self.lr_schedule = make_schedule(training.lr_schedule, training.lr)
         self.entropy_schedule = make_schedule(
@@ -202,7 +219,7 @@ class Learner:
 
     def coefficients(self) -> LossCoefficients:
         """Loss coefficients at the current global_timestep."""
-        t = self.spec.training
+        t = self.config.training
         return LossCoefficients(
             gamma=t.gamma,
             vf_loss_coeff=t.vf_loss_coeff,
@@ -233,7 +250,7 @@ class Learner:
         if self.reducer is not None:
             self.reducer.finish()
         groups = [[p.grad for p in group if p.grad is not None] for group in self.param_groups]
-        return clip_grad_norms(groups, self.spec.training.grad_clip)
+        return clip_grad_norms(groups, self.config.training.grad_clip)
 
     def _step(self) -> None:
         lr = self.lr_schedule(self.global_timestep) * self.lr_factor
@@ -242,7 +259,7 @@ class Learner:
             # The value optimiser follows the same schedule, scaled to its own lrVf: RLlib's
             # schedule sets every optimiser's rate (which would discard lrVf); a schedule that
             # decays the policy's rate to 10% decays the value function's to 10% too.
-            t = self.spec.training
+            t = self.config.training
             self.optimizers[1].param_groups[0]["lr"] = t.lr_vf * lr / t.lr
         with self.lock:
             for opt in self.optimizers:
@@ -298,7 +315,7 @@ class Learner:
         out = impala_loss(self.model, tensors, coeffs, self.dist, self.autocast_dtype, inputs)
         if self.reducer is not None:
             self.reducer.prepare()
-        backward(self.model, out, self.spec.training.separate_vf_optimizer)
+        backward(self.model, out, self.config.training.separate_vf_optimizer)
         return out
 
     def learn_on_batch(self, batch: TrainBatch, keep: bool = False) -> dict[str, float]:
@@ -416,22 +433,22 @@ class MultiDeviceLearner(Learner):
 
     def __init__(
         self,
-        spec: ImpalaJobSpec,
+        config: LearnerConfig,
         obs_shape: tuple[int, ...],
         actions: ActionDistribution | int,
         *,
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        gpus, fake = spec.learner.gpus, spec.learner.fake_devices
+        gpus, fake = config.learner.gpus, config.learner.fake_devices
         names = [f"cuda:{i}" for i in range(gpus)] if gpus > 0 else ["cpu"] * max(1, fake)
-        super().__init__(spec, obs_shape, actions, names[0], dtype=dtype)
+        super().__init__(config, obs_shape, actions, names[0], dtype=dtype)
         self.devices = [torch.device(n) for n in names]
         self.towers: list[ActorCritic] = [self.model]
         for device in self.devices[1:]:
-            tower = build_model(spec.model, tuple(obs_shape), self.dist).to(device, dtype)
+            tower = build_model(config.model, tuple(obs_shape), self.dist).to(device, dtype)
             tower.load_state_dict(self.model.state_dict())
             self.towers.append(tower)
-        self.num_stacks = spec.training.num_multi_gpu_tower_stacks
+        self.num_stacks = config.training.num_multi_gpu_tower_stacks
         # buffer index -> shards (loaded once, each passed over numSgdIter times)
         self._stacks: dict[int, list[_Shard]] = {}
         self._direct: TrainBatch | None = None
@@ -497,7 +514,7 @@ class MultiDeviceLearner(Learner):
         out = impala_loss(
             tower, shard.tensors, coeffs, self.dist, self.autocast_dtype, shard.inputs
         )
-        backward(tower, out, self.spec.training.separate_vf_optimizer)
+        backward(tower, out, self.config.training.separate_vf_optimizer)
         return out
 
     def learn_on_loaded_batch(self, buffer_index: int) -> dict[str, float]:

@@ -22,7 +22,7 @@ from impala_trainer.learning.inference import (
     carried_state,
     recurrent_policy,
 )
-from impala_trainer.learning.learner import Learner
+from impala_trainer.learning.learner import Learner, LearnerConfig
 from impala_trainer.learning.model_factory import build_model
 from impala_trainer.learning.models import ActorCritic
 from impala_trainer.learning.precision import acting_dtype
@@ -73,7 +73,8 @@ class ActingPolicies:
     def _acting(self, name: str, policy: str, trained: bool) -> ActingPolicy:
         spec, built = self.spec.policy_spec(policy), self.models[policy]
         if trained and spec.training.mode == "async-gradients":
-            learner = self.learners[name] = Learner(spec, built.obs_shape, built.actions)
+            config = LearnerConfig.of(self.spec, policy)
+            learner = self.learners[name] = Learner(config, built.obs_shape, built.actions)
             model = learner.model
         else:
             model = build_model(spec.model, built.obs_shape, built.actions)
