@@ -1,4 +1,4 @@
-"""The children `plan.plan_children` builds pass the real API server's validation: strict field
+"""The children the operator builds pass the real API server's validation: strict field
 validation (no misspelt or unknown fields), the `restricted` Pod Security Standard, and
 ownerReferences to a live ImpalaJob. No operator runs here; `tests/e2e/test_operator_*.py` runs
 it end to end."""
@@ -12,18 +12,21 @@ import pytest
 
 from harness.cluster import Kube, wait_for
 from impala_api.manifest import parse_manifest
-from impala_operator.lifecycle.plan import learner_pod, plan_children
+from impala_operator.lifecycle.plan import plan_children
 from tests.support.crd import install_crd
 from tests.support.crd_cases import VALID
 from tests.support.jobs import operator_access
+from tests.support.plans import tick
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def _children(live: dict[str, Any]) -> list[dict[str, Any]]:
-    """What the operator writes for a new job: `plan_children` and the first learner pod."""
+    """What the operator writes for a new job: `plan_children`, and its first tick's learner pod
+    and Deployments."""
     job, uid = parse_manifest(live), live["metadata"]["uid"]
-    return [*plan_children(job, uid, {}, **operator_access(uid)), learner_pod(job, uid, 0)]
+    first = tick(job, uid=uid)
+    return [*plan_children(job, uid, **operator_access(uid)), *first.create, *first.apply]
 
 
 @pytest.mark.parametrize("name", ["base", "everything"])

@@ -27,7 +27,7 @@ T0 = 1_700_000_000.0
 """The planner tests' clock."""
 
 
-def tick(job: Any, **overrides: Any) -> Any:
+def tick(job: Any, uid: str = UID, **overrides: Any) -> Any:
     """`plan_tick` of `job` (an ImpalaJob) with a fresh job's inputs, `overrides` replacing them:
     no status, pods, Deployments, samples or snapshot, at T0, with SETTINGS."""
     from impala_operator.lifecycle.plan import plan_tick
@@ -42,4 +42,4 @@ def tick(job: Any, **overrides: Any) -> Any:
         "settings": SETTINGS,
         **overrides,
     }
-    return plan_tick(job, UID, **args)
+    return plan_tick(job, uid, **args)

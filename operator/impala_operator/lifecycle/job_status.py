@@ -26,11 +26,13 @@ from impala_operator.scale.autoscaler import MetricSample
 
 LEARNER_CONTAINER = "learner"
 SPEC_HASH_ANNOTATION = "impala.dev/pod-spec-hash"
+"""On the learner pod: hash of the pod spec it was created from. Pods are immutable, so when the
+job's learner settings (resources, image, placement) change, a differing hash means "recreate".
+On a rollout/aggregator Deployment: hash of its spec bar the replicas, so that the timer, its one
+writer, re-applies it when the job's settings for its pods change."""
 RETIRED_ANNOTATION = "impala.dev/retired"
 """Set by the operator on a learner pod just before it deletes it (`runtime.handlers.execute`):
 a learner pod deleted without it was deleted by someone else, which the run policy counts."""
-"""On the learner pod: hash of the pod spec it was created from. Pods are immutable, so when the
-job's learner settings (resources, image, placement) change, a differing hash means "recreate"."""
 REQUESTED_ANNOTATION = "impala.dev/requested-replicas"
 """On a rollout/aggregator Deployment: the `spec.<group>.replicas` the operator last honoured, so
 a `kubectl scale ij/NAME` (a new request) is told apart from the autoscaler's own changes."""
@@ -52,6 +54,8 @@ class DeploymentView:
     terminating: int = 0
     """status.terminatingReplicas: pods being deleted that have not ended yet (a rollout worker
     draining its last fragment). Beta and on since Kubernetes 1.35; absent before, read as 0."""
+    spec_hash: str | None = None
+    """SPEC_HASH_ANNOTATION's value: the spec it was last applied with, replicas aside."""
 
 
 def _learner_container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -124,7 +128,7 @@ def _unschedulable(pod_status: Mapping[str, Any]) -> str:
 
 
 def deployment_view(deployment: Mapping[str, Any]) -> DeploymentView:
-    """A Deployment's desired/ready replicas and the request annotation."""
+    """A Deployment's desired/ready replicas, the request annotation and its spec's hash."""
     meta = deployment.get("metadata", {})
     return DeploymentView(
         name=meta.get("name", ""),
@@ -133,6 +137,7 @@ def deployment_view(deployment: Mapping[str, Any]) -> DeploymentView:
         observed=int(deployment.get("status", {}).get("replicas") or 0),
         terminating=int(deployment.get("status", {}).get("terminatingReplicas") or 0),
         requested=(meta.get("annotations") or {}).get(REQUESTED_ANNOTATION),
+        spec_hash=(meta.get("annotations") or {}).get(SPEC_HASH_ANNOTATION),
     )
 
 

@@ -2,9 +2,10 @@
 
 `plan_tick` is the level-based step the timer runs: from the job, its current status, the observed
 children (learner pods, Deployments) and the sidecar's metric history it decides the lifecycle
-transition, the rollout/aggregator replicas, the API writes and the Events, and computes the new
-status. `plan_children` is the edge-triggered part (create/update/resume): the children that follow
-the spec directly. Both are pure: nothing here talks to the API server.
+transition, the rollout/aggregator Deployments (their one writer), the learner pods, the API writes
+and the Events, and computes the new status. `plan_children` is the edge-triggered part
+(create/update/resume): the children that follow the spec alone. Both are pure: nothing here
+talks to the API server.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class TickPlan:
 
     status: dict[str, Any]
     apply: list[Manifest] = field(default_factory=list)
-    """Children to server-side apply (Deployments whose replicas or request changed)."""
+    """Children to server-side apply: the Deployments that are missing or whose replicas, request
+    or spec changed."""
     create: list[Manifest] = field(default_factory=list)
     """Children to create if absent (the learner pod of the current attempt)."""
     delete_pods: list[str] = field(default_factory=list)
@@ -84,15 +86,22 @@ def deployment(
     request: str,
     admitted: Admission | None = None,
 ) -> Manifest:
-    """The builder's Deployment plus the operator's request bookkeeping annotation, its pods
-    placed where Kueue admitted them."""
+    """The builder's Deployment, its pods placed where Kueue admitted them, plus the operator's
+    request bookkeeping annotation and the hash of its spec bar the replicas."""
     manifest = children.build_node_deployment(job, uid, role, replicas)
     if admitted is not None:
         template = manifest["spec"]["template"]
         admission.place(template["metadata"], template["spec"], admitted.placement.get(role))
     annotations = manifest["metadata"].setdefault("annotations", {})
     annotations[job_status.REQUESTED_ANNOTATION] = request
+    annotations[job_status.SPEC_HASH_ANNOTATION] = _spec_hash(
+        {k: v for k, v in manifest["spec"].items() if k != "replicas"}
+    )
     return manifest
+
+
+def _spec_hash(spec: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def learner_pod(
@@ -105,31 +114,26 @@ def learner_pod(
         admission.place(
             pod["metadata"], pod["spec"], admitted.placement.get(kueue_workload.LEARNER)
         )
-    digest = hashlib.sha256(json.dumps(pod["spec"], sort_keys=True).encode()).hexdigest()[:16]
-    pod["metadata"].setdefault("annotations", {})[job_status.SPEC_HASH_ANNOTATION] = digest
+    pod["metadata"].setdefault("annotations", {})[job_status.SPEC_HASH_ANNOTATION] = _spec_hash(
+        pod["spec"]
+    )
     return pod
 
 
 def plan_children(
     job: ImpalaJob,
     uid: str,
-    deployments: Mapping[str, job_status.DeploymentView | None],
     *,
     tokens: JobTokens,
     operator_namespace: str,
     monitoring_namespace: str | None = None,
-    admitted: Admission | None = None,
 ) -> list[Manifest]:
-    """Children that follow the spec (auth Secret, config, Services, NetworkPolicy,
-    Deployments), for the create/update/resume handlers; the Secret first, as the pods mount it.
-    Existing Deployments keep their replicas and request marker: replica decisions are the
-    timer's, which sees the request change and acts on it. A job that may not run (suspended,
-    or queued and not admitted) gets none, whatever the index last saw: re-applying the count
-    from before a suspend would race the timer that just scaled the pods to 0. A queued job's
-    pods go where its recorded admission (`status.admission`) put them."""
-    stopped = job.spec.run_policy.suspend or (
-        kueue_workload.queue_name(job) is not None and admitted is None
-    )
+    """Children that follow the spec alone (auth Secret, config, Services, NetworkPolicy, the
+    learner's disruption budget), for the create/update/resume handlers; the Secret first, as
+    the pods mount it. The timer (`plan_tick`) is the one writer of the learner pods and of the
+    rollout and aggregator Deployments, so that their replicas, request marker and template are
+    decided in one place (an edge handler re-applying the count it last saw would race the
+    timer's scaling)."""
     manifests = [
         children.build_auth_secret(job, uid, tokens),
         children.build_config_map(job, uid),
@@ -139,16 +143,20 @@ def plan_children(
     ]
     if job.spec.run_policy.learner_disruption_budget:
         manifests.append(children.build_learner_disruption_budget(job, uid))
-    for role in ROLES:
-        view = deployments.get(role)
-        if view is not None and view.requested is not None:
-            replicas = 0 if stopped else view.replicas
-            manifests.append(deployment(job, uid, role, replicas, view.requested, admitted))
-        else:
-            group = job.spec.rollouts if role == "rollout" else job.spec.aggregators
-            start = 0 if stopped else group.initial_replicas
-            manifests.append(deployment(job, uid, role, start, requested(job, role), admitted))
     return manifests
+
+
+def _changed(
+    view: job_status.DeploymentView, replicas: int, request: str, manifest: Manifest
+) -> bool:
+    """Whether a live Deployment differs from what the tick wants: its replicas, its request
+    marker, or its spec (the hash it was applied with; one without a hash is left as it is)."""
+    wanted = manifest["metadata"]["annotations"][job_status.SPEC_HASH_ANNOTATION]
+    return (
+        view.replicas != replicas
+        or view.requested != request
+        or view.spec_hash not in (None, wanted)
+    )
 
 
 def durability_warning(job: ImpalaJob) -> Event | None:
@@ -424,10 +432,9 @@ def plan_tick(
         )
     for role, replicas in zip(ROLES, (rollouts, aggregators), strict=True):
         view, wanted = deployments.get(role), requested(job, role)
-        if view is None and state.phase is None:
-            continue  # first sight of the job: the create handler is applying it right now
-        if view is None or view.replicas != replicas or view.requested != wanted:
-            plan.apply.append(deployment(job, uid, role, replicas, wanted, decided))
+        manifest = deployment(job, uid, role, replicas, wanted, decided)
+        if view is None or _changed(view, replicas, wanted, manifest):
+            plan.apply.append(manifest)
     if outcome.run_learner:
         _learner(plan, job, uid, outcome.state.restarts, pods, decided)
     plan.delete_pods += list(outcome.delete_pods)

@@ -7,9 +7,10 @@ own shallow copy of that memo, so `tick` keeps the job's metric history in it (`
 `register` attaches the handlers to a registry.
 
 - `apply_children` (create/update/resume, edge-triggered): validate the spec, apply the children
-  that follow it.
+  that follow it alone (the Secret, config, Services, NetworkPolicy, disruption budget).
 - `tick` (a timer every `reconcile_interval` seconds, level-based): read the sidecar, plan the
-  lifecycle, autoscaling and status from what exists now, `execute` the plan, patch the status.
+  lifecycle, autoscaling and status from what exists now, `execute` the plan (the learner pods
+  and the rollout and aggregator Deployments: their one writer), patch the status.
   A restarted operator converges from whatever state it finds, with no duplicates (fixed names,
   server-side apply).
 - two indexes (`index_learner_pod`, `index_node_deployment`) keep the learner pods and node
@@ -94,8 +95,7 @@ async def execute(
     meta = body["metadata"]
     namespace = meta["namespace"]
     refused: list[tuple[str, str]] = []
-    for manifest in tick_plan.apply:
-        await api.apply(manifest)
+    # The learner pods first: the rollout and aggregator pods join the learner's Ray head.
     for manifest in tick_plan.create:
         try:
             await api.create(manifest)
@@ -103,6 +103,8 @@ async def execute(
             if not _refused(exc):
                 raise
             refused.append((manifest["metadata"]["name"], str(exc)))
+    for manifest in tick_plan.apply:
+        await api.apply(manifest)
     for name in tick_plan.delete_pods:
         # Marked first, so that the run policy tells the operator's deletes from anyone else's.
         if await api.annotate("v1", "Pod", namespace, name, {job_status.RETIRED_ANNOTATION: "1"}):
@@ -345,12 +347,12 @@ async def apply_children(
     meta: kopf.Meta,
     patch: kopf.Patch,
     memo: kopf.Memo,
-    node_deployments: kopf.Index,
     **_: Any,
 ) -> None:
-    """Edge-triggered: the spec is new or changed (or the operator restarted). Once its
-    children are applied, the generation is recorded as `status.observedGeneration` (API
-    conventions: the generation the controller acted on, never one whose apply failed)."""
+    """Edge-triggered: the spec is new or changed (or the operator restarted). Once the children
+    that follow the spec alone are applied, the generation is recorded as
+    `status.observedGeneration` (API conventions: the generation the controller acted on, never
+    one whose apply failed); the pods and Deployments are the timer's (`plan.plan_tick`)."""
     api: kube.Api = memo.api
     metrics.RECONCILES.labels("children").inc()
     try:
@@ -359,18 +361,12 @@ async def apply_children(
         message = "; ".join(exc.problems)
         await api.post_event(body, Event("Warning", "InvalidSpec", message), time.time())
         raise kopf.PermanentError(f"invalid spec: {message}") from exc
-    queue = kueue_workload.queue_name(job)
-    admitted = None
-    if queue is not None:
-        admitted = admission.Admission.from_status(queue, body.get("status", {}).get("admission"))
     manifests = plan.plan_children(
         job,
         uid,
-        _deployment_views(node_deployments, uid),
         tokens=job_tokens(memo.token_key, uid),
         operator_namespace=memo.operator_namespace,
         monitoring_namespace=memo.settings.monitoring_namespace,
-        admitted=admitted,
     )
     namespace = job.metadata.namespace or ""
     try:

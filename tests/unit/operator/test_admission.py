@@ -12,9 +12,9 @@ import pytest
 from impala_api.spec import ImpalaJob
 from impala_operator.build import kueue_workload
 from impala_operator.lifecycle import admission, job_status
-from impala_operator.lifecycle.plan import Queueing, TickPlan, plan_children
+from impala_operator.lifecycle.plan import Queueing, TickPlan
+from impala_operator.lifecycle.plan import deployment as plan_deployment
 from impala_operator.lifecycle.run_policy import LearnerPod
-from tests.support.jobs import operator_access
 from tests.support.plans import SETTINGS, SPEC, T0, UID, tick
 
 QUEUE = "team-a"
@@ -354,13 +354,11 @@ def test_a_job_without_the_label_is_not_queued() -> None:
     assert not any(c["type"] == "Admitted" for c in plan.status["conditions"])
 
 
-def test_children_of_a_waiting_job_start_with_no_pods() -> None:
+def test_deployments_of_a_waiting_job_start_with_no_pods() -> None:
     job = _job()
-    views: dict[str, job_status.DeploymentView | None] = {"rollout": None, "aggregator": None}
-    waiting = plan_children(job, UID, views, **operator_access(UID))
-    deployments = [m for m in waiting if m["kind"] == "Deployment"]
-    assert deployments and all(m["spec"]["replicas"] == 0 for m in deployments)
+    waiting = _plan(job, Queueing(None), status=_held_status())
+    deployments = [m for m in waiting.apply if m["kind"] == "Deployment"]
+    assert len(deployments) == 2 and all(m["spec"]["replicas"] == 0 for m in deployments)
     got = admission.read(_admitted(job), QUEUE, {"spot": SPOT})
-    running = plan_children(job, UID, views, **operator_access(UID), admitted=got)
-    rollout = next(m for m in running if m["metadata"]["name"] == "cp-rollout")
+    rollout = plan_deployment(job, UID, "rollout", 1, "", got)
     assert rollout["spec"]["template"]["spec"]["nodeSelector"]["pool"] == "spot"

@@ -26,7 +26,6 @@ from impala_api.roles import (
 from impala_api.spec import ImpalaJob
 from impala_operator.build import children
 from impala_operator.lifecycle import plan
-from impala_operator.lifecycle.job_status import DeploymentView
 from impala_operator.runtime import kube
 from tests.support.jobs import operator_access
 
@@ -75,11 +74,15 @@ def _learner(manifests: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _all_children(job: ImpalaJob, attempt: int = 0) -> list[dict[str, Any]]:
     """Every child of a fresh job: what the create handler applies (`plan.plan_children`) and
-    the learner pod of `attempt` that the timer creates."""
+    what the timer creates (the Deployments at their initial replicas, the learner pod of
+    `attempt`)."""
     return [
-        *plan.plan_children(job, UID, {}, **operator_access(UID)),
+        *plan.plan_children(job, UID, **operator_access(UID)),
+        *(plan.deployment(job, UID, role, group.initial_replicas, plan.requested(job, role))
+          for role, group in (("rollout", job.spec.rollouts),
+                              ("aggregator", job.spec.aggregators))),
         plan.learner_pod(job, UID, attempt),
-    ]
+    ]  # fmt: skip
 
 
 def _container(pod_spec: dict[str, Any], name: str) -> dict[str, Any]:
@@ -379,16 +382,9 @@ def test_replicas_follow_the_decision_and_suspend() -> None:
     assert replicas(_all_children(job)) == {"rollout": 2, "aggregator": 1}  # initial: min
     rollout = children.build_node_deployment(job, UID, "rollout", 4)  # the autoscaler's decision
     assert rollout["spec"]["replicas"] == 4
-    live = {"rollout": DeploymentView("r", 4, 4, ""), "aggregator": DeploymentView("a", 2, 2, "")}
-    assert replicas(plan.plan_children(job, UID, live, **operator_access(UID))) == {
-        "rollout": 4,
-        "aggregator": 2,
-    }
-    manifests = plan.plan_children(
-        _job(runPolicy={"suspend": True}), UID, {}, **operator_access(UID)
-    )
-    assert "Pod" not in _by_kind(manifests)
-    assert replicas(manifests) == {"rollout": 0, "aggregator": 0}
+    suspended = _job(runPolicy={"suspend": True})
+    manifests = plan.plan_children(suspended, UID, **operator_access(UID))
+    assert "Pod" not in _by_kind(manifests) and "Deployment" not in _by_kind(manifests)
     assert "ConfigMap" in _by_kind(manifests)  # the job's config survives a suspend
 
 

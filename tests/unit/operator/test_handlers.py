@@ -150,10 +150,7 @@ def _tick(
 
 
 def _apply_children(
-    body: kopf.Body,
-    memo: kopf.Memo,
-    deployments: Iterable[tuple[str, Any]] = (),
-    patch: kopf.Patch | None = None,
+    body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch | None = None
 ) -> dict[str, Any]:
     """Run the create/update handler; the status patch it leaves for kopf to write (in `patch`
     if given)."""
@@ -165,7 +162,6 @@ def _apply_children(
             meta=body.meta,
             patch=patch,
             memo=memo,
-            node_deployments={UID: list(deployments)},
         )
     )
     return dict(patch.get("status", {}))
@@ -200,28 +196,26 @@ def test_apply_children_applies_the_spec_children_of_a_new_job() -> None:
     assert api.calls[0] == ("apply", "Secret/cp-auth")
     assert sorted(api.calls) == [
         ("apply", "ConfigMap/cp-config"),
-        ("apply", "Deployment/cp-aggregator"),
-        ("apply", "Deployment/cp-rollout"),
         ("apply", "NetworkPolicy/cp-network"),
         ("apply", "PodDisruptionBudget/cp-learner"),
         ("apply", "Secret/cp-auth"),
         ("apply", "Service/cp-learner"),
         ("apply", "Service/cp-status"),
         ("event", "ResultsNotDurable"),  # no claim, no storageUri
-    ]  # no learner pod: the timer creates it
+    ]  # no learner pod and no Deployment: the timer makes them
     secret = api.written["Secret/cp-auth"]["data"]
     assert base64.b64decode(secret["status-token"]).decode() == job_tokens(KEY, UID).status
-    assert api.written["Deployment/cp-rollout"]["spec"]["replicas"] == 1  # minReplicas
-    assert api.written["Deployment/cp-aggregator"]["spec"]["replicas"] == 0
     for manifest in api.written.values():
         assert manifest["metadata"]["ownerReferences"][0]["uid"] == UID
 
 
-def test_apply_children_keeps_the_replicas_the_timer_decided() -> None:
+def test_the_timer_creates_the_deployments_of_a_new_job() -> None:
     api = FakeApi()
-    _apply_children(_body(), _memo(api), [("rollout", _view(4)), ("aggregator", _view(2))])
-    assert api.written["Deployment/cp-rollout"]["spec"]["replicas"] == 4
-    assert api.written["Deployment/cp-aggregator"]["spec"]["replicas"] == 2
+    _tick(_body(), _memo(api))
+    assert api.written["Deployment/cp-rollout"]["spec"]["replicas"] == 1  # minReplicas
+    # One for the rollout pod's 2 workers (rollout_workers_per_aggregator 2), from the start.
+    assert api.written["Deployment/cp-aggregator"]["spec"]["replicas"] == 1
+    assert api.written["Deployment/cp-rollout"]["metadata"]["ownerReferences"][0]["uid"] == UID
 
 
 def test_apply_children_rejects_an_invalid_spec_with_an_event() -> None:
@@ -250,8 +244,13 @@ def test_first_tick_creates_the_learner_and_reports_pending() -> None:
     api, sidecar = FakeApi(), FakeSidecar()
     memo = _memo(api, sidecar)
     status = _tick(_body(), memo)
-    # First sight: the create handler applies the Deployments; the tick adds the learner pod.
-    assert api.calls == [("create", "Pod/cp-learner-0"), ("event", "Created")]
+    # First sight: the tick creates the learner pod, then the Deployments.
+    assert api.calls == [
+        ("create", "Pod/cp-learner-0"),
+        ("apply", "Deployment/cp-rollout"),
+        ("apply", "Deployment/cp-aggregator"),
+        ("event", "Created"),
+    ]
     pod = api.written["Pod/cp-learner-0"]
     assert job_status.SPEC_HASH_ANNOTATION in pod["metadata"]["annotations"]
     # observedGeneration means "applied": only the handler that applied the children writes it.
@@ -400,8 +399,8 @@ def test_execute_writes_a_plan_in_order() -> None:
     )
     asyncio.run(handlers.execute(api, _body(), tick_plan, time.time()))
     assert api.calls == [
+        ("create", "Pod/cp-learner-1"),  # the learner first: the others join its Ray head
         ("apply", "Deployment/cp-rollout"),
-        ("create", "Pod/cp-learner-1"),
         ("annotate", "Pod/cp-learner-0"),  # marked as the operator's delete, then deleted
         ("delete", "Pod/cp-learner-0"),
         ("event", "Restarting"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from impala_api.spec import ImpalaJob
@@ -56,13 +57,14 @@ def _converge(job: ImpalaJob, plan: TickPlan, now: float, **kw: Any) -> TickPlan
 
 def test_first_tick_creates_everything_then_converges() -> None:
     job = _job()
-    first = _plan(job)  # the create handler applies the Deployments; the tick the learner
-    assert first.apply == [] and [m["metadata"]["name"] for m in first.create] == ["cp-learner-0"]
-    # Had the handler failed, the next tick creates them.
-    plan = _plan(job, status={"phase": "Pending"})
-    assert _replicas(plan) == {"cp-rollout": 1, "cp-aggregator": 1}  # ceil(1 pod * 2 / 2)
-    assert [m["metadata"]["name"] for m in plan.create] == ["cp-learner-0"]
+    first = _plan(job)  # first sight: the learner pod and the Deployments
+    assert [m["metadata"]["name"] for m in first.create] == ["cp-learner-0"]
+    assert _replicas(first) == {"cp-rollout": 1, "cp-aggregator": 1}  # ceil(1 pod * 2 / 2)
     assert first.status["phase"] == "Pending" and [e.reason for e in first.events] == ["Created"]
+    # Had their writes failed, the next tick makes them again.
+    plan = _plan(job, status={"phase": "Pending"})
+    assert _replicas(plan) == _replicas(first)
+    assert [m["metadata"]["name"] for m in plan.create] == ["cp-learner-0"]
     annotations = plan.apply[0]["metadata"]["annotations"]
     assert annotations[job_status.REQUESTED_ANNOTATION] == ""
     assert plan.apply[0]["metadata"]["ownerReferences"][0]["uid"] == UID
@@ -136,20 +138,28 @@ def test_suspend_scales_to_zero_and_resume_restores() -> None:
     assert resumed.status["phase"] == "Pending"
 
 
-def test_the_children_handler_of_a_suspend_never_restores_the_old_replicas() -> None:
-    """The suspend edge handler runs beside the timer: the index may still show the replicas
-    from before the suspend, and re-applying them would undo the timer's scale-down."""
-    job = _job(runPolicy={"suspend": True})
-    stale = {"rollout": _dep(3, "3"), "aggregator": _dep(2, "")}
-    manifests = plan_children(job, UID, stale, **operator_access(UID))
-    deployments = {m["metadata"]["name"]: m for m in manifests if m["kind"] == "Deployment"}
-    assert {n: d["spec"]["replicas"] for n, d in deployments.items()} == {
-        "cp-rollout": 0,
-        "cp-aggregator": 0,
+def test_the_timer_is_the_deployments_one_writer() -> None:
+    """The edge handlers apply no Deployment (one re-applying the count it last saw would race
+    the timer's scaling, as a suspend's did): the timer creates them, scales them and re-applies
+    one whose spec changed, and leaves one that is as it wants it."""
+    job = _job()
+    kinds = {m["kind"] for m in plan_children(job, UID, **operator_access(UID))}
+    assert "Deployment" not in kinds and "Pod" not in kinds
+    first = _plan(job)  # the first sight of the job
+    assert _replicas(first) == {"cp-rollout": 1, "cp-aggregator": 1}
+    made = {m["metadata"]["name"]: m for m in first.apply}
+    hashes = {
+        name.rsplit("-", 1)[1]: m["metadata"]["annotations"][job_status.SPEC_HASH_ANNOTATION]
+        for name, m in made.items()
     }
-    # The request marker is kept: the timer still sees what the user asked for.
-    annotation = job_status.REQUESTED_ANNOTATION
-    assert deployments["cp-rollout"]["metadata"]["annotations"][annotation] == "3"
+    live = {role: replace(_dep(m["spec"]["replicas"]), spec_hash=hashes[role])
+            for role, m in zip(("rollout", "aggregator"), made.values(), strict=True)}  # fmt: skip
+    assert _plan(job, status=first.status, deployments=live).apply == []
+    bigger = _job(rollouts={**SPEC["rollouts"], "resources": {"limits": {"memory": "3Gi"}}})
+    changed = _plan(bigger, status=first.status, deployments=live)
+    assert _replicas(changed) == {"cp-rollout": 1}  # its replicas kept, its template new
+    pod = changed.apply[0]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["memory"] == "3Gi"
 
 
 def test_learner_failure_creates_the_next_attempt() -> None:
@@ -179,28 +189,22 @@ def test_success_cleans_up_and_ttl_deletes() -> None:
     assert gone.delete_job and gone.apply == []
 
 
-def test_plan_children_keeps_live_replicas() -> None:
+def test_plan_children_are_what_follows_the_spec_alone() -> None:
     job = _job()
     fresh = {
-        m["kind"] + "/" + m["metadata"]["name"]: m
-        for m in plan_children(job, UID, {}, **operator_access(UID))
+        m["kind"] + "/" + m["metadata"]["name"]
+        for m in plan_children(job, UID, **operator_access(UID))
     }
-    assert set(fresh) == {
+    assert fresh == {
         "Secret/cp-auth",
         "ConfigMap/cp-config",
         "Service/cp-learner",
         "Service/cp-status",
         "NetworkPolicy/cp-network",
         "PodDisruptionBudget/cp-learner",
-        "Deployment/cp-rollout",
-        "Deployment/cp-aggregator",
     }
-    assert fresh["Deployment/cp-rollout"]["spec"]["replicas"] == 1
-    live = plan_children(job, UID, {"rollout": _dep(4, "")}, **operator_access(UID))
-    rollout = next(m for m in live if m["metadata"]["name"] == "cp-rollout")
-    assert rollout["spec"]["replicas"] == 4
-    suspended = plan_children(_job(runPolicy={"suspend": True}), UID, {}, **operator_access(UID))
-    assert all(m["spec"]["replicas"] == 0 for m in suspended if m["kind"] == "Deployment")
+    suspended = _plan(_job(runPolicy={"suspend": True}))
+    assert _replicas(suspended) == {"cp-rollout": 0, "cp-aggregator": 0}
 
 
 def test_changed_learner_spec_recreates_the_pod_without_counting_a_failure() -> None:
@@ -249,7 +253,7 @@ def test_learner_budget_and_grace_follow_the_spec() -> None:
     job = _job()
     (pdb,) = [
         m
-        for m in plan_children(job, UID, {}, **operator_access(UID))
+        for m in plan_children(job, UID, **operator_access(UID))
         if m["kind"] == "PodDisruptionBudget"
     ]
     assert pdb["spec"]["minAvailable"] == 1
@@ -263,7 +267,7 @@ def test_learner_budget_and_grace_follow_the_spec() -> None:
     )
     assert not [
         m
-        for m in plan_children(off, UID, {}, **operator_access(UID))
+        for m in plan_children(off, UID, **operator_access(UID))
         if m["kind"] == "PodDisruptionBudget"
     ]
     # Switched off on a live job: the budget it had is deleted.
