@@ -180,6 +180,21 @@ def test_learner_stats_are_the_mean_over_a_snapshots_updates() -> None:
     assert stats.snapshot("Running", Membership()).learner == later
 
 
+def test_a_policy_without_an_update_in_a_window_keeps_its_learner_stats() -> None:
+    """Each policy's learner steps on its own: a window in which only the prey stepped (a busy
+    machine's last seconds) still reports the predator's last means beside the prey's new ones."""
+    stats = RunStats("job", StopSpec(timesteps=100))
+    stats.add_learner_stats({"predator/total_loss": 2.0})
+    stats.add_learner_stats({"prey/total_loss": 4.0})
+    assert stats.snapshot("Running", Membership()).learner == {
+        "predator/total_loss": 2.0, "prey/total_loss": 4.0
+    }  # fmt: skip
+    stats.add_learner_stats({"prey/total_loss": 1.0})
+    assert stats.snapshot("Running", Membership()).learner == {
+        "predator/total_loss": 2.0, "prey/total_loss": 1.0
+    }  # fmt: skip
+
+
 def test_counters_of_an_older_run_directory_still_load() -> None:
     """Checkpoints written before the counters took RLlib's names resume with their counts."""
     old = {"env_steps_sampled": 7, "env_steps_trained": 5, "weight_broadcasts": 3,

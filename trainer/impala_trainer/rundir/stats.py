@@ -107,14 +107,17 @@ class RunStats:
 
     def add_learner_stats(self, stats: dict[str, float]) -> None:
         """One update's learner stats; the next snapshot reports their mean over its updates
-        (RLlib's LearnerInfoBuilder), not the last update's noise."""
+        (RLlib's LearnerInfoBuilder), not the last update's noise. A stat no update of the
+        window carries keeps its last mean: each policy's learner steps on its own, and one that
+        took no step in a window (a busy machine's last seconds) still has its figures."""
         self._learner_pending.append(stats)
 
     def _fold_learner_stats(self) -> None:
         pending, self._learner_pending = self._learner_pending, []
         if pending:
             keys = dict.fromkeys(k for stats in pending for k in stats)
-            self.learner = {k: fmean(s[k] for s in pending if k in s) for k in keys}
+            window = {k: fmean(s[k] for s in pending if k in s) for k in keys}
+            self.learner = {**self.learner, **window}
 
     def add_evaluation(self, info: EvaluationInfo) -> None:
         """A finished evaluation (the caller has set its best_* fields); the trend's next point
