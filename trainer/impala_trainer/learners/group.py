@@ -106,7 +106,8 @@ class LearnerGroup(Protocol):
     def updates(self) -> Updates: ...
 
     def stats(self) -> dict[str, float]:
-        """The learner thread's timings, idle fraction and queue figures (learner 0's)."""
+        """Each policy's learner thread timings and idle fraction under `<policy>/<stat>` (learner
+        0's of a group), and the mean idle fraction."""
         ...
 
     def queue_stats(self) -> dict[str, Any]: ...
