@@ -9,25 +9,26 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from impala_api.population.spec import POPULATION_KIND, ImpalaPopulation
 from impala_api.spec import RENAMED_RLLIB, ImpalaJob
 
 
 class ManifestError(ValueError):
     """An invalid manifest; `problems` holds one line per error, each naming the field path."""
 
-    def __init__(self, source: str, problems: list[str]) -> None:
+    def __init__(self, source: str, problems: list[str], kind: str = "ImpalaJob") -> None:
         self.source = source
         self.problems = problems
-        super().__init__(f"{source}: invalid ImpalaJob\n" + "\n".join(f"  {p}" for p in problems))
+        super().__init__(f"{source}: invalid {kind}\n" + "\n".join(f"  {p}" for p in problems))
 
 
 def _field_aliases(model: type[BaseModel]) -> list[str]:
     return [f.alias or name for name, f in model.model_fields.items()]
 
 
-def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+def _model_at(loc: tuple[int | str, ...], root: type[BaseModel]) -> type[BaseModel] | None:
     """The pydantic model class that the location's parent points into (for 'did you mean')."""
-    model: type[BaseModel] = ImpalaJob
+    model: type[BaseModel] = root
     for part in loc[:-1]:
         if isinstance(part, int):
             continue
@@ -42,9 +43,9 @@ def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
     return model
 
 
-def _bounds(loc: tuple[int | str, ...]) -> str:
+def _bounds(loc: tuple[int | str, ...], root: type[BaseModel]) -> str:
     """'allowed: >= 1, <= 64' from the field's constraints, when the location names a field."""
-    model = _model_at(loc)
+    model = _model_at(loc, root)
     if model is None or not loc or isinstance(loc[-1], int):
         return ""
     field = next(
@@ -61,8 +62,11 @@ def _bounds(loc: tuple[int | str, ...]) -> str:
     return f" (allowed: {', '.join(parts)})" if parts else ""
 
 
-def format_validation_error(err: ValidationError) -> list[str]:
-    """One line per problem: `path: problem (got value; allowed ...)`."""
+def format_validation_error(
+    err: ValidationError, root: type[BaseModel] = ImpalaJob
+) -> list[str]:
+    """One line per problem: `path: problem (got value; allowed ...)`; `root` is the model
+    the paths start from."""
     lines: list[str] = []
     for e in err.errors():
         loc = tuple(e["loc"])
@@ -72,7 +76,7 @@ def format_validation_error(err: ValidationError) -> list[str]:
             lines.append(f"{path}: {RENAMED_RLLIB[str(loc[-1])]}")
             continue
         if e["type"] == "extra_forbidden":
-            model = _model_at(loc)
+            model = _model_at(loc, root)
             hint = ""
             if model is not None:
                 allowed = _field_aliases(model)
@@ -87,7 +91,7 @@ def format_validation_error(err: ValidationError) -> list[str]:
         # A message that names its field itself (a cross-field rule's, as the CEL rule words
         # it) is shown as it is, the same words as the API server's.
         where = "" if msg.startswith((f"{path} ", f"{path}.")) else f"{path}: "
-        lines.append(f"{where}{msg}{got}{_bounds(loc)}")
+        lines.append(f"{where}{msg}{got}{_bounds(loc, root)}")
     return lines
 
 
@@ -124,14 +128,44 @@ def parse_manifest(data: Any, source: str = "manifest") -> ImpalaJob:
         raise ManifestError(source, format_validation_error(err)) from None
 
 
+def _documents(path: str | Path) -> list[Any]:
+    try:
+        return [d for d in yaml.safe_load_all(Path(path).read_text()) if d is not None]
+    except (OSError, yaml.YAMLError) as err:
+        raise ManifestError(str(path), [str(err)]) from None
+
+
+def _first_of(kind: str, path: str | Path) -> dict[str, Any]:
+    found = [d for d in _documents(path) if isinstance(d, dict) and d.get("kind") == kind]
+    if not found:
+        raise ManifestError(str(path), [f"no document with kind: {kind} found"], kind)
+    return found[0]
+
+
+def manifest_kind(path: str | Path) -> str:
+    """The kind of a file's first document of ours: ImpalaPopulation when it holds one, else
+    ImpalaJob (whose loading then says what is missing)."""
+    kinds = [d.get("kind") for d in _documents(path) if isinstance(d, dict)]
+    return POPULATION_KIND if POPULATION_KIND in kinds else "ImpalaJob"
+
+
 def load_manifest(path: str | Path, overrides: list[str] | None = None) -> ImpalaJob:
     """Read the first ImpalaJob document of a YAML file, apply overrides, validate."""
-    source = str(path)
+    return parse_manifest(apply_overrides(_first_of("ImpalaJob", path), overrides or []), str(path))
+
+
+def parse_population(data: Any, source: str = "manifest") -> ImpalaPopulation:
+    """Validate raw ImpalaPopulation data; raise ManifestError with actionable lines."""
+    if not isinstance(data, dict):
+        raise ManifestError(source, ["the document must be a mapping"], POPULATION_KIND)
     try:
-        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d is not None]
-    except (OSError, yaml.YAMLError) as err:
-        raise ManifestError(source, [str(err)]) from None
-    jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == "ImpalaJob"]
-    if not jobs:
-        raise ManifestError(source, ["no document with kind: ImpalaJob found"])
-    return parse_manifest(apply_overrides(jobs[0], overrides or []), source)
+        return ImpalaPopulation.model_validate(data)
+    except ValidationError as err:
+        lines = format_validation_error(err, ImpalaPopulation)
+        raise ManifestError(source, lines, POPULATION_KIND) from None
+
+
+def load_population(path: str | Path, overrides: list[str] | None = None) -> ImpalaPopulation:
+    """Read the first ImpalaPopulation document of a YAML file, apply overrides, validate."""
+    data = apply_overrides(_first_of(POPULATION_KIND, path), overrides or [])
+    return parse_population(data, str(path))
