@@ -23,8 +23,8 @@ if TYPE_CHECKING:  # torch, which the driver's backends import only once a learn
 Role = Literal["rollout", "aggregator"]
 ROLES: tuple[Role, ...] = ("rollout", "aggregator")
 LearnerMethod = Literal[
-    "address", "join", "load_state_dict", "start", "train", "progress", "weights", "state_dict",
-    "stop",
+    "address", "join", "load_state_dict", "change", "start", "train", "progress", "weights",
+    "state_dict", "stop",
 ]
 """The calls a learner of a group answers (`learners.worker.LearnerWorker`'s methods)."""
 

@@ -130,7 +130,7 @@ def live_value(spec: ImpalaJobSpec, path: str) -> float | None:
     if path == "training.entropyCoeff":
         return ENTROPY_COEFF
     if path == "training.optimizer.epsilon":
-        return 1e-8 if spec.training.optimizer.type == "adam" else 0.1
+        return spec.training.optimizer.epsilon_or_default
     return None
 
 

@@ -40,6 +40,10 @@ RESAMPLE_NEEDS_SEARCH = (
 FITNESS_NEEDS_EVALUATION = (
     "spec.pbt.fitness.metric evaluationReturnMean needs spec.template.evaluation"
 )
+PBT_NEEDS_VTRACE = (
+    "spec.pbt needs spec.template.training.mode vtrace: async-gradients computes its gradients "
+    "in the rollout workers, whose hyperparameters a running job cannot change"
+)
 PBT_TOGETHER = (
     "spec.maxConcurrent: a PBT population's members compare while they run, so they run "
     "together; omit maxConcurrent (or set it to spec.members)"
@@ -199,6 +203,8 @@ class ImpalaPopulationSpec(SpecModel):
             raise ValueError(FITNESS_NEEDS_EVALUATION)
         if self.members < 2:
             raise ValueError("spec.members: population-based training needs at least 2")
+        if self.template.training.mode != "vtrace":
+            raise ValueError(PBT_NEEDS_VTRACE)
         if self.max_concurrent not in (None, self.members):
             raise ValueError(PBT_TOGETHER)
         return self

@@ -284,6 +284,13 @@ class OptimizerSpec(SpecModel):
     """Denominator epsilon, added after the square root as torch does (TensorFlow adds it inside:
     its 0.01 is about 0.1 here); omitted means 1e-8 for adam and 0.1 for rmsprop (RLlib's)."""
 
+    @property
+    def epsilon_or_default(self) -> float:
+        """epsilon as given, else the optimiser's default: 1e-8 for adam, 0.1 for rmsprop."""
+        if self.epsilon is not None:
+            return self.epsilon
+        return 1e-8 if self.type == "adam" else 0.1
+
 
 class TrainingSpec(SpecModel):
     """Algorithm hyperparameters: RLlib IMPALAConfig names in camelCase, RLlib defaults."""

@@ -26,7 +26,8 @@ from impala_trainer.learning.collective import (
     Rendezvous,
     plan_buckets,
 )
-from impala_trainer.learning.learner import Learner, LearnerConfig, MultiDeviceLearner
+from impala_trainer.learning.learner import Learner, LearnerConfig
+from impala_trainer.learning.towers import MultiDeviceLearner
 from tests.support.learner import learner_spec, make_batch, one_torch_thread
 
 MODELS: dict[str, tuple[dict[str, Any], tuple[int, ...]]] = {

@@ -22,7 +22,8 @@ from impala_trainer.learners.learner_thread import LearnerThread
 from impala_trainer.learners.multi_gpu_learner_thread import MultiGPULearnerThread
 from impala_trainer.learners.process import LearnerProcess
 from impala_trainer.learners.threads import make_learner_thread
-from impala_trainer.learning.learner import Learner, LearnerConfig, MultiDeviceLearner
+from impala_trainer.learning.learner import Learner, LearnerConfig
+from impala_trainer.learning.towers import MultiDeviceLearner
 from impala_trainer.rundir.checkpoint import DriverState, load_checkpoint, save_checkpoint
 from tests.support.jobs import make_spec
 from tests.support.learner import learner_spec, make_batch

@@ -18,7 +18,8 @@ from impala_trainer.learners.learner_thread import (
 from impala_trainer.learners.minibatch_buffer import MinibatchBuffer
 from impala_trainer.learners.multi_gpu_learner_thread import MultiGPULearnerThread
 from impala_trainer.learners.threads import make_learner_thread
-from impala_trainer.learning.learner import Learner, LearnerConfig, MultiDeviceLearner
+from impala_trainer.learning.learner import Learner, LearnerConfig
+from impala_trainer.learning.towers import MultiDeviceLearner
 from tests.support.jobs import make_job
 from tests.support.learner import learner_spec, make_batch, one_torch_thread
 

@@ -11,8 +11,9 @@ import torch
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.learners.learner_thread import POLICY_LAG
 from impala_trainer.learners.multi_gpu_learner_thread import MultiGPULearnerThread
-from impala_trainer.learning.learner import Learner, LearnerConfig, MultiDeviceLearner
+from impala_trainer.learning.learner import Learner, LearnerConfig
 from impala_trainer.learning.losses import model_inputs
+from impala_trainer.learning.towers import MultiDeviceLearner
 from tests.support.learner import learner_spec, make_batch, one_torch_thread
 
 

@@ -17,11 +17,11 @@ from impala_trainer.learning.distributions import Categorical
 from impala_trainer.learning.learner import (
     Learner,
     LearnerConfig,
-    MultiDeviceLearner,
     batch_to_tensors,
 )
 from impala_trainer.learning.losses import LossCoefficients, impala_loss
 from impala_trainer.learning.model_factory import build_model, model_problem
+from impala_trainer.learning.towers import MultiDeviceLearner
 from tests.support.jobs import make_spec
 from tests.support.learner import make_batch, one_torch_thread
 

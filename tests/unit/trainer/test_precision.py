@@ -16,11 +16,11 @@ from impala_api.manifest import ManifestError
 from impala_trainer.learning.learner import (
     Learner,
     LearnerConfig,
-    MultiDeviceLearner,
     batch_to_tensors,
 )
 from impala_trainer.learning.losses import impala_loss, model_inputs
 from impala_trainer.learning.precision import acting_dtype, autocast_dtype, cpu_flags, native_bf16
+from impala_trainer.learning.towers import MultiDeviceLearner
 from tests.support.jobs import make_spec
 from tests.support.learner import make_batch, one_torch_thread
 

@@ -15,8 +15,9 @@ import torch
 
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import Fragment, concat_fragments, split_sequences
-from impala_trainer.learning.learner import Learner, LearnerConfig, MultiDeviceLearner
+from impala_trainer.learning.learner import Learner, LearnerConfig
 from impala_trainer.learning.models import ActorCritic
+from impala_trainer.learning.towers import MultiDeviceLearner
 from impala_trainer.rollouts.worker import RolloutWorker
 from impala_trainer.rundir.checkpoint import DriverState, load_checkpoint, save_checkpoint
 from tests.support.jobs import make_spec

@@ -40,6 +40,7 @@ from impala_trainer.driver.evaluation import (
     shares,
 )
 from impala_trainer.driver.membership import ElasticMembership
+from impala_trainer.driver.steering import Steering
 from impala_trainer.learners.group import LearnerGroupError
 from impala_trainer.learners.policies import LearnerState, policy_set_state
 from impala_trainer.learners.process import LearnerProcessError
@@ -134,6 +135,8 @@ class Driver:
         # that imports torch and makes its envs, as a learner process does, and a GPU learner
         # makes its CUDA context; they overlap instead of adding up. Asked for work in _setup.
         self._new_actors = self.manager.ensure_targets()
+        self.steering = Steering(run_dir.path, self.spec)
+        """A population's requests to this run (rundir.control)."""
 
     # -- the run --------------------------------------------------------------------------------
 
@@ -182,6 +185,7 @@ class Driver:
                 )  # fmt: skip
         if self.spec.evaluation is not None:
             self.evaluations = EvaluationSchedule(self.spec.evaluation, self.stats.evaluation)
+        self._steer(force=True)  # a request the checkpoint had not caught up with: again
         self.learner.global_timestep = self.stats.counters.num_env_steps_trained
         self.stats.counters.policy_version = self.learner.policy_version
         # The first snapshot shows the restored counters before anything new is sampled.
@@ -193,6 +197,7 @@ class Driver:
 
     def _restore(self, restored: Restored) -> None:
         self.learner.load_state_dict(restored.learner_state)
+        self._use(self.steering.resume(restored.state.control, self.learner))
         self.stats = RunStats(self.job.name, self.spec.stop, restored.state,
                               _trend_source(self.spec), self.spec.agents.main_policy)  # fmt: skip
         self.stats.checkpoint = CheckpointInfo(
@@ -201,8 +206,19 @@ class Driver:
             num_env_steps_sampled=self.stats.counters.num_env_steps_sampled,
         )
 
+    def _steer(self, force: bool = False) -> None:
+        timesteps = self.stats.counters.num_env_steps_sampled
+        self._use(self.steering.poll(self.learner, timesteps, force))
+
+    def _use(self, spec: ImpalaJobSpec) -> None:
+        """Train with `spec` from now on (the same job with other live values)."""
+        if spec is not self.spec:
+            self.spec = spec
+            self.job = self.job.model_copy(update={"spec": spec})
+
     def _maintain(self) -> None:
         self.manager.poll()
+        self._steer()
         now = time.monotonic()
         if self.membership is not None:
             self.membership.tick(self)
@@ -251,11 +267,10 @@ class Driver:
             logger.error("checkpoint not written: %s; the last one stays (%s)", exc, kept)
             return
         try:
+            state = self.stats.driver_state()
+            state.control = self.steering.checkpoint_state(self.learner)
             path = save_checkpoint(
-                self.run_dir.checkpoints,
-                learner_state,
-                self.stats.driver_state(),
-                self.spec.checkpoint.keep,
+                self.run_dir.checkpoints, learner_state, state, self.spec.checkpoint.keep
             )
         except OSError as exc:  # a full or failing volume: train on, try again next interval
             kept = self.stats.checkpoint.path if self.stats.checkpoint else "none yet"

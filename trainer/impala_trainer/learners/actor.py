@@ -38,6 +38,9 @@ class LearnerActor:
     def load_state_dict(self, policy: str, state: bytes) -> int:
         return self.worker.load_state_dict(policy, state)
 
+    def change(self, policy: str, change: bytes) -> int:
+        return self.worker.change(policy, change)
+
     def start(self, global_timesteps: dict[str, int]) -> None:
         self.worker.start(global_timesteps)
 

@@ -24,6 +24,7 @@ from impala_trainer.learners.batch_slots import SlotReader
 from impala_trainer.learners.learner_thread import BatchQueue
 from impala_trainer.learners.messages import (
     POLL_SECONDS,
+    Change,
     Error,
     Failed,
     Final,
@@ -227,6 +228,8 @@ def _serve_requests(
                         thread.start()
                     case StateRequest() | Load():
                         ctl.send(_answer(learner, weights, request))
+                    case Change(change):
+                        learner.change(pickle.loads(change))
                     case Stop():
                         break
             if thread.is_alive() and time.monotonic() - last_stats >= STATS_SECONDS:

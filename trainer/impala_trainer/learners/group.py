@@ -26,10 +26,11 @@ takes the batch's arrays through shared memory).
 
 from __future__ import annotations
 
+import logging
 import pickle
 import queue
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import fmean
 from typing import Any, Protocol
 
@@ -47,13 +48,19 @@ from impala_trainer.learners.policies import (
 from impala_trainer.learners.process import LearnerProcess
 from impala_trainer.learners.worker import LearnerInfo, LearnerProgress
 from impala_trainer.learning.collective import RENDEZVOUS_TIMEOUT_SECONDS, Rendezvous
-from impala_trainer.learning.learner import Learner, LearnerConfig, LearnerPolicy
+from impala_trainer.learning.learner import Learner, LearnerChange, LearnerConfig, LearnerPolicy
 from impala_trainer.rollouts.agent_envs import PolicyModel
+
+logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.1
 """Longest a learner holds the driver's progress poll open while it has no update to report."""
 REPLY_TIMEOUT_SECONDS = 300.0
 """Longest a request to a learner (its state for a checkpoint, a state to load) may take."""
+CHANGE_LEAD_UPDATES = 20
+"""How many updates ahead of learner 0's last report a group's learners take a change: far
+more than the updates a report and a call to every learner take, a fraction of a second of
+training."""
 
 
 class LearnerGroupError(RuntimeError):
@@ -251,6 +258,21 @@ class GroupState:
         self.policy_version = versions[0]
         self.weights = None
 
+    def change(self, change: LearnerChange) -> None:
+        """Every learner takes `change` before the same update: before they start, their first;
+        then CHANGE_LEAD_UPDATES after the version learner 0 last reported (the learners step
+        in lock step, so each is within a step of it). A learner already past that step would
+        take it out of step with the others; that is logged."""
+        lead = CHANGE_LEAD_UPDATES if self._actors.started else 0
+        due = replace(change, at_version=self.policy_version + lead)
+        data = pickle.dumps(due, protocol=pickle.HIGHEST_PROTOCOL)
+        versions = self._actors.ask_all("change", self.policy, data,
+                                        timeout=REPLY_TIMEOUT_SECONDS)  # fmt: skip
+        late = [rank for rank, v in enumerate(versions) if v >= (due.at_version or 0)]
+        if late:
+            logger.warning("learners %s took policy %s's change late (at their versions %s)",
+                           late, self.policy, versions)  # fmt: skip
+
 
 class LearnerActors:
     """learner.replicas learners on the backend, each holding every trained policy; see the
@@ -288,7 +310,9 @@ class LearnerActors:
             self._kill()
             raise
         self.states = {name: GroupState(self, name, info) for name, info in infos.items()}
-        self.learner: LearnerState = PolicySetState({**self.states, **untrained}, pool)
+        self.learner: LearnerState = PolicySetState(
+            {**self.states, **untrained}, pool, frozenset(untrained)
+        )
         first = next(iter(infos.values()))
         self.device, self.autocast_dtype = first.device, first.autocast_dtype
         self._stats = {name: info.stats for name, info in infos.items()}
@@ -349,6 +373,10 @@ class LearnerActors:
 
     def ask(self, rank: int, method: LearnerMethod, *args: Any, timeout: float) -> Any:
         return self._wait_for([self._call(rank, method, *args)], time.monotonic() + timeout)[0]
+
+    @property
+    def started(self) -> bool:
+        return self._started
 
     def ask_all(self, method: LearnerMethod, *args: Any, timeout: float) -> list[Any]:
         refs = [self._call(rank, method, *args) for rank in range(self.world_size)]
@@ -522,9 +550,9 @@ def make_learner_group(
         untrained = _untrained(spec, models, trained)
         return LearnerActors(learned, seed, backend, intra_op_threads, untrained, pool)
     threads = {name: _learner_thread(p, seed, intra_op_threads) for name, p in learned.items()}
-    learners = {**{name: t.learner for name, t in threads.items()},
-                **_untrained(spec, models, trained)}  # fmt: skip
-    return LocalLearners(threads, PolicySetState(learners, pool))
+    untrained = _untrained(spec, models, trained)
+    learners = {**{name: t.learner for name, t in threads.items()}, **untrained}
+    return LocalLearners(threads, PolicySetState(learners, pool, frozenset(untrained)))
 
 
 def _untrained(

@@ -48,7 +48,14 @@ class Load:
     state: bytes
 
 
-Request = Start | Stop | StateRequest | Load
+@dataclass(frozen=True)
+class Change:
+    """Queue a `LearnerChange` (pickled) for the learner's next update; not answered."""
+
+    change: bytes
+
+
+Request = Start | Stop | StateRequest | Load | Change
 
 # -- learner process -> driver (control pipe) ---------------------------------------------------
 

@@ -28,7 +28,7 @@ from impala_trainer.learners.learner_thread import (
 from impala_trainer.learners.minibatch_buffer import MinibatchBuffer
 
 if TYPE_CHECKING:
-    from impala_trainer.learning.learner import MultiDeviceLearner
+    from impala_trainer.learning.towers import MultiDeviceLearner
 
 logger = logging.getLogger(__name__)
 

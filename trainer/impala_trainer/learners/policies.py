@@ -23,6 +23,7 @@ import torch
 
 from impala_api.spec import ImpalaJobSpec
 from impala_trainer.batches import policy_layout, policy_weights
+from impala_trainer.learning.learner import LearnerChange
 from impala_trainer.rundir.checkpoint import OLD_LAYOUT, policy_state
 
 
@@ -44,6 +45,10 @@ class LearnerState(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def change(self, change: LearnerChange) -> None:
+        """Queue a change for the learner's next update (`learning.learner.LearnerChange`)."""
+        ...
 
 
 NOTHING_TO_TRAIN = (
@@ -91,11 +96,18 @@ class SelfPlayPool:
 
 
 class PolicySetState:
-    """Several policies' learner states as one `LearnerState`."""
+    """Several policies' learner states as one `LearnerState`; `fixed` names the policies that
+    do not learn (no learner thread takes a change of theirs: it is applied at once)."""
 
-    def __init__(self, learners: dict[str, LearnerState], pool: SelfPlayPool | None = None) -> None:
+    def __init__(
+        self,
+        learners: dict[str, LearnerState],
+        pool: SelfPlayPool | None = None,
+        fixed: frozenset[str] = frozenset(),
+    ) -> None:
         self.learners = learners
         self.pool = pool
+        self.fixed = fixed
         self._timestep = 0
 
     @property
@@ -154,6 +166,29 @@ class PolicySetState:
             learner.load_state_dict(saved[name])
         if self.pool is not None and "self_play" in state:
             self.pool.load_state_dict(state["self_play"])
+
+    def change(self, change: LearnerChange) -> None:
+        """Every policy's part of `change`: `change.state` is a `state_dict` of this kind (each
+        policy's learner state, the self-play pool's snapshots), the training section every
+        policy's. The pool takes the snapshots at once, its next one an interval from now."""
+        saved = None if change.state is None else change.state.get("policies")
+        adopted = change.state is not None
+        if adopted and (not isinstance(saved, dict) or set(saved) != set(self.learners)):
+            raise ValueError(
+                f"the adopted state holds {sorted(saved or {})}, this job's policies are "
+                f"{sorted(self.learners)}: members of a population share their policies"
+            )
+        for name, learner in self.learners.items():
+            part = LearnerChange(None if saved is None else saved[name], change.training,
+                                 change.at_version)  # fmt: skip
+            if name in self.fixed:
+                if part.state is not None:
+                    learner.load_state_dict(part.state)
+            else:
+                learner.change(part)
+        if self.pool is not None and change.state is not None and "self_play" in change.state:
+            self.pool.load_state_dict(change.state["self_play"])
+            self.pool.next_at = self._timestep + self.pool.interval
 
 
 def policy_set_state(weights: dict[str, np.ndarray], global_timestep: int) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from impala_trainer.learners.batch_slots import SlotQueue, slot_count
 from impala_trainer.learners.child import serve
 from impala_trainer.learners.messages import (
     POLL_SECONDS,
+    Change,
     Error,
     Failed,
     Final,
@@ -56,7 +57,7 @@ from impala_trainer.learners.threads import batches_held_by_learner
 from impala_trainer.learning.distributions import ActionDistribution
 
 if TYPE_CHECKING:  # torch, which the learner module imports
-    from impala_trainer.learning.learner import LearnerConfig
+    from impala_trainer.learning.learner import LearnerChange, LearnerConfig
 
 R = TypeVar("R", bound=Ready | StateReply | Loaded)
 
@@ -129,6 +130,9 @@ class LearnerView:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._owner.load_state_dict(state)
+
+    def change(self, change: LearnerChange) -> None:
+        self._owner.change(change)
 
 
 class LearnerProcess:
@@ -253,6 +257,10 @@ class LearnerProcess:
             raise RuntimeError("a learner process loads a state only before it starts")
         self._ctl.send(Load(state_bytes(state)))
         self.learner.policy_version = self._reply(Loaded, REPLY_TIMEOUT_SECONDS).policy_version
+
+    def change(self, change: LearnerChange) -> None:
+        """Queue a change for the learner's next update, in the process."""
+        self._ctl.send(Change(pickle.dumps(change, protocol=pickle.HIGHEST_PROTOCOL)))
 
     def _reply(self, expected: type[R], timeout: float) -> R:
         kind = expected.kind

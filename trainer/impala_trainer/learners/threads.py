@@ -66,7 +66,8 @@ def make_learner_thread(
     Several devices (gpus > 1 or fakeDevices > 0), or one GPU with several tower stacks, use the
     MultiGPULearnerThread with loader threads; otherwise the plain LearnerThread.
     """
-    from impala_trainer.learning.learner import Learner, MultiDeviceLearner
+    from impala_trainer.learning.learner import Learner
+    from impala_trainer.learning.towers import MultiDeviceLearner
 
     # The learner thread computes with the process's intra-op threads; the calling (main) thread
     # drops to one before it runs any parallel op (the model's init included). Once the initial

@@ -128,6 +128,12 @@ class LearnerWorker:
         learner.load_state_dict(pickle.loads(state))
         return int(learner.policy_version)
 
+    def change(self, policy: str, change: bytes) -> int:
+        """Queue a `LearnerChange` (pickled) for `policy`'s learner; its version now."""
+        learner = self.learners[policy]
+        learner.change(pickle.loads(change))
+        return int(learner.policy_version)
+
     def start(self, global_timesteps: dict[str, int]) -> None:
         """Start every thread, each policy's schedules at its clock."""
         for name, thread in self.threads.items():

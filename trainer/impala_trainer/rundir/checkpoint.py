@@ -59,6 +59,8 @@ class DriverState:
     """The latest evaluation and the best so far (snapshot.EvaluationInfo), if any."""
     return_trend: dict[str, Any] | None = None
     """The training return's first and best window means (snapshot.ReturnTrend)."""
+    control: dict[str, Any] | None = None
+    """The control request in effect (rundir.control.ControlRequest), if one was applied."""
 
 
 def _seq(path: Path) -> int | None:
