@@ -291,3 +291,38 @@ def test_shared_weights_keep_each_entrys_dtype_and_shape_in_one_buffer() -> None
     for name, tensor in state.items():
         assert arrays[name].dtype == tensor.numpy().dtype and arrays[name].shape == tensor.shape
         np.testing.assert_array_equal(arrays[name], tensor.numpy())
+
+
+def test_a_change_reaches_the_learner_in_the_process_while_it_runs() -> None:
+    from impala_api.population.paths import with_values
+    from impala_trainer.learning.learner import LearnerChange
+
+    spec = learner_spec(lr=1e-3)
+    winner = Learner(LearnerConfig.of(spec), (4,), 2)
+    for i in range(3):
+        winner.learn_on_batch(make_batch(seed=10 + i))
+    process = _process(lr=1e-3)
+    try:
+        process.start()
+        process.inqueue.put(make_batch(seed=0))
+        (_, before), = _updates(process, 1)
+        assert before["cur_lr"] == pytest.approx(1e-3)
+        new = with_values(spec, {"training.lr": 4e-4}).training
+        process.learner.change(LearnerChange(state=winner.state_dict(), training=new))
+        # The change crosses the control pipe while batches cross the inqueue: batches until an
+        # update shows it, however busy the machine.
+        rates = [before["cur_lr"]]
+        for i in range(50):
+            process.inqueue.put(make_batch(seed=1 + i))
+            (_, stats), = _updates(process, 1)
+            rates.append(stats["cur_lr"])
+            if stats["cur_lr"] == pytest.approx(4e-4):
+                break
+        after = [r for r in rates if r == pytest.approx(4e-4)]
+        assert len(after) == 1 and rates[:-1] == [pytest.approx(1e-3)] * (len(rates) - 1)
+        state = process.state_dict()
+        assert state["policy_version"] == len(rates)  # its own updates, not the winner's too
+        steps = state["optimizers"][0]["state"][0]["step"]
+        assert float(torch.as_tensor(steps)) == 3 + 1  # the winner's 3 Adam steps, then one
+    finally:
+        _close(process)
