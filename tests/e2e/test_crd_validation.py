@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from harness.cluster import CommandError, Kube
-from impala_api.manifest import load_manifest, parse_manifest
+from impala_api.manifest import load_manifest, load_population, manifest_kind, parse_manifest
 from impala_api.spec import ImpalaJobSpec
 from tests.support.crd import install_crd
 from tests.support.crd_cases import INVALID, VALID, Invalid, base_job, job_with
@@ -113,7 +113,10 @@ def test_valid_job_is_accepted_and_defaulted_like_the_model(
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_examples_are_accepted(crd: Kube, namespace: str, path: Path) -> None:
-    load_manifest(path)  # the example's ImpalaJob document (its results claim rides along)
+    if manifest_kind(path) == "ImpalaPopulation":
+        load_population(path)
+    else:
+        load_manifest(path)  # the example's ImpalaJob document (its results claim rides along)
     crd.kubectl("apply", "-n", namespace, "--validate=strict", "--dry-run=server", "-f", str(path))
 
 
@@ -220,3 +223,54 @@ def test_kubectl_runs_the_plugin_on_the_context_and_namespace_named(
     final = json.loads(kubectl_impalajob(crd, "status", "done", "-n", namespace, "--json"))
     assert (final["namespace"], final["phase"]) == (namespace, "Succeeded")
     assert kubectl_impalajob(crd, "--help").startswith("usage: kubectl impalajob")
+
+
+def _population(**spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"members": 2, "template": {"stop": {"timesteps": 1000}}}
+    body.update(spec)
+    return {"apiVersion": "impala.dev/v1alpha1", "kind": "ImpalaPopulation",
+            "metadata": {"name": "pop"}, "spec": body}  # fmt: skip
+
+
+_PBT = {"readyIntervalTimesteps": 1000, "mutations": {"training.lr": {}}}
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ({"search": {"parameters": {"training.lrr": {"choice": [1e-3]}}}},
+         "each key is a field path of spec.template"),
+        ({"search": {"parameters": {"training.lr": {"choice": [1e-3], "uniform": [0, 1]}}}},
+         "exactly one of grid, choice, uniform, logUniform, integer"),
+        ({"search": {"parameters": {"training.lr": {"uniform": [0.2, 0.1]}}}},
+         "with low < high"),
+        ({"pbt": {**_PBT, "mutations": {"training.gamma": {}}}},
+         "may name only the fields a running learner takes"),
+        ({"pbt": {**_PBT, "mutations": {"training.lr": {"min": 1.0, "max": 0.1}}}},
+         "min must be below max"),
+        ({"template": {"stop": {"timesteps": 1}, "training": {"lr": 2.0}}},
+         "spec.template.training.lr"),
+        ({"template": {"training": {}}}, "spec.template.stop"),
+        ({"members": 0}, "spec.members"),
+    ],
+)  # fmt: skip
+def test_invalid_population_is_rejected_naming_the_field(
+    crd: Kube, namespace: str, spec: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(CommandError) as err:
+        _apply(crd, namespace, _population(**spec), "--dry-run=server")
+    assert says in err.value.stderr, err.value.stderr
+
+
+def test_a_population_is_stored_with_its_template_defaulted_as_a_job(
+    crd: Kube, namespace: str
+) -> None:
+    body = _population(search={"parameters": {"training.lr": {"logUniform": [1e-5, 1e-2]}}},
+                       pbt=_PBT)  # fmt: skip
+    _apply(crd, namespace, body)
+    stored = crd.get("impalapopulation", "pop", "-n", namespace)["spec"]
+    assert stored["template"]["training"]["lr"] == 5e-4  # the job's default
+    assert stored["pbt"]["selection"]["method"] == "tournament"
+    assert stored["pbt"]["mutations"]["training.lr"]["factors"] == [1.2, 1 / 1.2]
+    listed = crd.kubectl("get", "ipop", "-n", namespace).stdout
+    assert "pop" in listed and "EXPLOITS" in listed

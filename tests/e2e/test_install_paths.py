@@ -262,10 +262,12 @@ def test_crd_upgrade_path(kube: Kube, namespace: str, tmp_path: Path) -> None:
 
     old_chart = tmp_path / "impala-operator"
     shutil.copytree(CHART, old_chart)
-    old_crd = yaml.safe_load((MANIFESTS / "crd.yaml").read_text())
+    old_crd, population_crd = yaml.safe_load_all((MANIFESTS / "crd.yaml").read_text())
     schema = old_crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     del schema["properties"]["runPolicy"]["properties"]["startupDeadlineSeconds"]
-    (old_chart / "crds" / "impalajob-crd.yaml").write_text(yaml.safe_dump(old_crd))
+    (old_chart / "crds" / "impala-crds.yaml").write_text(
+        yaml.safe_dump_all([old_crd, population_crd])
+    )
     # Helm installs crds/ only where the CRD is absent: start from a cluster without it.
     kube.kubectl("delete", "crd", "impalajobs.impala.dev", "--ignore-not-found", "--wait=true")
     release = "impala-upgrade"

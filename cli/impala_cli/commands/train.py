@@ -34,6 +34,7 @@ from impala_cli.commands import (
     mirror_run,
     stopping,
 )
+from impala_cli.commands.population_run import SHARED_RAY_ENV
 
 
 def _positive(text: str) -> int:
@@ -99,6 +100,11 @@ def _init_ray(num_rollout: int, num_aggregator: int, num_learners: int) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
+    shared = os.environ.get(SHARED_RAY_ENV)
+    if shared:  # a member of a local population: the population's Ray has every member's units
+        ray.init(address=shared, logging_level=logging.ERROR, log_to_driver=False)
+        return
+
     # address="local": always a Ray of our own. Without it ray.init joins the cluster named by
     # RAY_ADDRESS or by the address file the last `ray start` left in Ray's temp dir, even a
     # stopped one, and then refuses num_cpus ("When connecting to an existing cluster ...").
@@ -149,7 +155,7 @@ def _shutdown_ray() -> None:
     # the shutdown is a second longer, no worse.
     node = getattr(ray._private.worker, "_global_node", None)
     with contextlib.suppress(Exception):
-        if node is not None:
+        if node is not None and not os.environ.get(SHARED_RAY_ENV):
             node.kill_monitor(check_alive=False)
     ray.shutdown()
 
@@ -185,6 +191,21 @@ storageUri, as long again as the last upload may take (`Mirror.close`)."""
 
 
 def run(args: argparse.Namespace) -> int:
+    from impala_api.manifest import ManifestError, load_population, manifest_kind
+
+    try:
+        kind = manifest_kind(args.file)
+    except ManifestError as err:
+        raise CommandError(str(err)) from None
+    if kind == "ImpalaPopulation":
+        try:
+            population = load_population(args.file, args.set)
+        except ManifestError as err:
+            raise CommandError(str(err)) from None
+        from impala_cli.commands.population_run import run_population
+
+        stopping.install(STOP_GRACE_SECONDS)
+        return run_population(population, args)
     job, chosen = load_job(args)
     # From here on a signal stops the run, also while Ray and the actors are still starting.
     upload = 0.0

@@ -19,12 +19,13 @@ from pydantic import BaseModel
 
 from impala_api import cel, crd
 from impala_api.manifest import ManifestError, parse_manifest
+from impala_api.population.crd import build_population_crd
 from impala_api.spec import ImpalaJobSpec
 from impala_cli.main import main as cli_main
 from tests.support.crd_cases import INVALID, VALID, job_with
 
 ROOT = Path(__file__).resolve().parents[3]
-GENERATED = [ROOT / "manifests/crd.yaml", ROOT / "charts/impala-operator/crds/impalajob-crd.yaml"]
+GENERATED = [ROOT / "manifests/crd.yaml", ROOT / "charts/impala-operator/crds/impala-crds.yaml"]
 CRD = crd.build_crd()
 VERSION = CRD["spec"]["versions"][0]
 ROOT_SCHEMA = VERSION["schema"]["openAPIV3Schema"]
@@ -108,7 +109,7 @@ def test_cli_prints_and_writes_the_crd(tmp_path: Path) -> None:
     assert out.getvalue() == crd.render()
     target = tmp_path / "crd.yaml"
     assert cli_main(["crd", "-o", str(target)]) == 0
-    assert yaml.safe_load(target.read_text()) == CRD
+    assert list(yaml.safe_load_all(target.read_text())) == [CRD, build_population_crd()]
 
 
 def test_names_and_subresources() -> None:

@@ -12,6 +12,8 @@ from impala_api.manifest import (
     ManifestError,
     apply_overrides,
     load_manifest,
+    load_population,
+    manifest_kind,
     parse_manifest,
 )
 from impala_api.spec import (
@@ -52,7 +54,10 @@ def test_camel_case_round_trip() -> None:
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
 def test_examples_are_valid(path: Path) -> None:
-    assert load_manifest(path).kind == "ImpalaJob"
+    if manifest_kind(path) == "ImpalaPopulation":
+        assert load_population(path).kind == "ImpalaPopulation"
+    else:
+        assert load_manifest(path).kind == "ImpalaJob"
 
 
 @pytest.mark.parametrize(

@@ -22,8 +22,8 @@ from impala_trainer.rundir.control import (
     write_applied,
 )
 
-POLL_SECONDS = 2.0
-"""How often the driver looks for a newer request: PBT's intervals are minutes of training."""
+POLL_SECONDS = 1.0
+"""How often the driver looks for a newer request (a stat and a small read)."""
 logger = logging.getLogger(__name__)
 
 
