@@ -1,4 +1,5 @@
-"""`impalajob crd [-o FILE]`: print (or write) the ImpalaJob CustomResourceDefinition."""
+"""`impalajob crd [-o FILE]`: print (or write) the ImpalaJob and ImpalaPopulation
+CustomResourceDefinitions."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from impala_api.crd import render
+from impala_api.crd_file import render
 
 
 def register(parser: argparse.ArgumentParser) -> None:

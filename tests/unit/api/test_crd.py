@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import copy
 import io
-import re
-import types
-import typing
-from collections.abc import Iterator
 from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -15,14 +11,14 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from pydantic import BaseModel
 
-from impala_api import cel, crd
+from impala_api import cel, crd, crd_file
 from impala_api.manifest import ManifestError, parse_manifest
-from impala_api.population.crd import build_population_crd
+from impala_api.population_crd import build_population_crd
 from impala_api.spec import ImpalaJobSpec
 from impala_cli.main import main as cli_main
 from tests.support.crd_cases import INVALID, VALID, job_with
+from tests.support.crd_schema import model_fields, schema_at, schema_nodes, structural_problems
 
 ROOT = Path(__file__).resolve().parents[3]
 GENERATED = [ROOT / "manifests/crd.yaml", ROOT / "charts/impala-operator/crds/impala-crds.yaml"]
@@ -32,45 +28,6 @@ ROOT_SCHEMA = VERSION["schema"]["openAPIV3Schema"]
 SPEC = ROOT_SCHEMA["properties"]["spec"]
 STATUS = ROOT_SCHEMA["properties"]["status"]
 
-
-def _nodes(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
-    yield path, node
-    for name, prop in node.get("properties", {}).items():
-        yield from _nodes(prop, f"{path}.{name}")
-    if isinstance(node.get("additionalProperties"), dict):
-        yield from _nodes(node["additionalProperties"], f"{path}{{*}}")
-    if "items" in node:
-        yield from _nodes(node["items"], f"{path}[]")
-
-
-def structural_problems(schema: dict[str, Any]) -> list[str]:
-    """What keeps a schema from being structural (the API server's rules, the parts we use)."""
-    problems = []
-    for path, node in _nodes(schema):
-        where = path or "(root)"
-        free = node.get("x-kubernetes-preserve-unknown-fields") is True
-        for banned in ("$ref", "anyOf", "oneOf", "allOf", "prefixItems", "title", "$defs"):
-            if banned in node:
-                problems.append(f"{where}: has {banned}")
-        if "type" not in node and not free and not node.get("x-kubernetes-int-or-string"):
-            problems.append(f"{where}: no type")
-        if node.get("type") == "object":
-            has_props = "properties" in node
-            has_map = isinstance(node.get("additionalProperties"), dict)
-            if has_props and has_map:
-                problems.append(f"{where}: both properties and additionalProperties")
-            if not (has_props or has_map or free):
-                problems.append(f"{where}: object without properties or preserve-unknown-fields")
-        if node.get("additionalProperties") is False or node.get("additionalProperties") is True:
-            problems.append(f"{where}: boolean additionalProperties")
-        if node.get("type") == "array" and "items" not in node:
-            problems.append(f"{where}: array without items")
-        for bound in ("exclusiveMinimum", "exclusiveMaximum"):
-            if bound in node and not isinstance(node[bound], bool):
-                problems.append(f"{where}: {bound} must be a boolean in OpenAPI v3.0")
-        if "default" in node and node.get("nullable") and node["default"] is None:
-            problems.append(f"{where}: null default")
-    return problems
 
 
 def test_schema_is_structural() -> None:
@@ -97,7 +54,7 @@ def test_structural_checker_catches_what_it_should() -> None:
 
 @pytest.mark.parametrize("path", GENERATED, ids=lambda p: str(p.relative_to(ROOT)))
 def test_generated_files_are_not_stale(path: Path) -> None:
-    assert path.read_text() == crd.render(), (
+    assert path.read_text() == crd_file.render(), (
         f"{path.relative_to(ROOT)} is stale: run `impalajob crd -o {path.relative_to(ROOT)}`"
     )
 
@@ -106,7 +63,7 @@ def test_cli_prints_and_writes_the_crd(tmp_path: Path) -> None:
     out = io.StringIO()
     with redirect_stdout(out):
         assert cli_main(["crd"]) == 0
-    assert out.getvalue() == crd.render()
+    assert out.getvalue() == crd_file.render()
     target = tmp_path / "crd.yaml"
     assert cli_main(["crd", "-o", str(target)]) == 0
     assert list(yaml.safe_load_all(target.read_text())) == [CRD, build_population_crd()]
@@ -120,68 +77,50 @@ def test_names_and_subresources() -> None:
     scale = VERSION["subresources"]["scale"]
     assert VERSION["subresources"]["status"] == {}
     for key in ("specReplicasPath", "statusReplicasPath", "labelSelectorPath"):
-        assert _at(ROOT_SCHEMA, scale[key])["type"] in ("integer", "string")
+        assert schema_at(ROOT_SCHEMA, scale[key])["type"] in ("integer", "string")
     assert scale["specReplicasPath"] == ".spec.rollouts.replicas"
 
 
-def _at(schema: dict[str, Any], json_path: str) -> dict[str, Any]:
-    """The schema node a printer column's path reads (`list[?(filter)]` reads an item)."""
-    node = schema
-    for part in re.sub(r"\[\?\(.*?\)\]", "[]", json_path).strip(".").split("."):
-        name, item = part.removesuffix("[]"), part.endswith("[]")
-        node = node["properties"][name]
-        node = node["items"] if item else node
-    return node
 
 
-def test_printer_columns_point_at_schema_fields() -> None:
+def test_printer_columns_point_at_schemamodel_fields() -> None:
     columns = {c["name"]: c for c in VERSION["additionalPrinterColumns"]}
     assert list(columns)[:8] == [
         "Phase", "Learners", "Rollouts", "Steps", "Return", "Done%", "ETA", "Age"
     ]  # fmt: skip
     for column in columns.values():
         if column["jsonPath"].startswith(".status"):
-            node = _at(ROOT_SCHEMA, column["jsonPath"])
+            node = schema_at(ROOT_SCHEMA, column["jsonPath"])
             assert node["type"] == column["type"] or (
                 column["type"] == "number" and node["type"] == "number"
             )
-    assert _at(ROOT_SCHEMA, ".status.phase")["enum"] == crd.PHASES
+    assert schema_at(ROOT_SCHEMA, ".status.phase")["enum"] == crd.PHASES
 
 
-def _fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    for name, field in model.model_fields.items():
-        alias = field.alias or name
-        yield f"{prefix}.{alias}", field
-        # A model, or an optional one (`Model | None`); lists of models are `items`, not here
-        optional = typing.get_origin(field.annotation) in (typing.Union, types.UnionType)
-        inner = typing.get_args(field.annotation) if optional else ()
-        for ann in (field.annotation, *inner):
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                yield from _fields(ann, f"{prefix}.{alias}")
 
 
 def test_every_model_field_is_in_the_schema_with_its_docstring() -> None:
-    for path, field in _fields(ImpalaJobSpec):
-        node = _at(SPEC, path)
+    for path, field in model_fields(ImpalaJobSpec):
+        node = schema_at(SPEC, path)
         assert node.get("description") == field.description, path
     # and nothing extra: the schema's spec properties are exactly the model's fields
-    schema_paths = {p for p, n in _nodes(SPEC) if p and "[" not in p and "{" not in p}
-    model_paths = {p for p, _ in _fields(ImpalaJobSpec)}
+    schema_paths = {p for p, n in schema_nodes(SPEC) if p and "[" not in p and "{" not in p}
+    model_paths = {p for p, _ in model_fields(ImpalaJobSpec)}
     assert schema_paths == model_paths
 
 
 def test_bounds_enums_and_patterns_are_converted() -> None:
-    lr = _at(SPEC, ".training.lr")
+    lr = schema_at(SPEC, ".training.lr")
     assert (lr["minimum"], lr["exclusiveMinimum"], lr["maximum"]) == (0.0, True, 1.0)
-    assert _at(SPEC, ".training.optimizer.momentum")["exclusiveMaximum"] is True
-    assert _at(SPEC, ".model.type")["enum"] == ["auto", "mlp", "cnn", "resnet", "custom"]
-    claim = _at(SPEC, ".checkpoint.volumeClaim")
+    assert schema_at(SPEC, ".training.optimizer.momentum")["exclusiveMaximum"] is True
+    assert schema_at(SPEC, ".model.type")["enum"] == ["auto", "mlp", "cnn", "resnet", "custom"]
+    claim = schema_at(SPEC, ".checkpoint.volumeClaim")
     assert claim["nullable"] is True and claim["pattern"].startswith("^")
-    cpu = _at(SPEC, ".learner.resources.requests")["additionalProperties"]
+    cpu = schema_at(SPEC, ".learner.resources.requests")["additionalProperties"]
     assert cpu["type"] == "string" and "pattern" in cpu
-    kwargs = _at(SPEC, ".env.kwargs")
+    kwargs = schema_at(SPEC, ".env.kwargs")
     assert kwargs["x-kubernetes-preserve-unknown-fields"] is True
-    point = _at(SPEC, ".training.lrSchedule")["items"]
+    point = schema_at(SPEC, ".training.lrSchedule")["items"]
     assert point["items"] == {"type": "number"} and point["minItems"] == point["maxItems"] == 2
 
 
@@ -215,7 +154,7 @@ def test_server_side_defaults_equal_the_model_defaults() -> None:
     assert partial["training"]["lr"] == 0.01 and partial["training"]["gamma"] == 0.99
 
 
-def test_cel_rules_sit_where_their_paths_say_and_name_fields() -> None:
+def test_cel_rules_sit_where_their_paths_say_and_namemodel_fields() -> None:
     for path, rules in cel.RULES.items():
         node = SPEC
         for part in path:
@@ -223,8 +162,8 @@ def test_cel_rules_sit_where_their_paths_say_and_name_fields() -> None:
         for rule in rules:
             assert rule in node["x-kubernetes-validations"]
             assert "spec." in rule["message"], rule
-    assert _at(SPEC, ".env")["x-kubernetes-validations"][0]["rule"] == "self == oldSelf"
-    assert _at(SPEC, ".model")["x-kubernetes-validations"][0]["rule"] == "self == oldSelf"
+    assert schema_at(SPEC, ".env")["x-kubernetes-validations"][0]["rule"] == "self == oldSelf"
+    assert schema_at(SPEC, ".model")["x-kubernetes-validations"][0]["rule"] == "self == oldSelf"
 
 
 def _json_schema(node: Any) -> Any:

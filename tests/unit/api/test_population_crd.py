@@ -9,9 +9,9 @@ import jsonschema
 
 from impala_api import cel
 from impala_api.crd import spec_schema as job_spec_schema
-from impala_api.population.crd import RULES, build_population_crd
 from impala_api.population.spec import ImpalaPopulationSpec
-from tests.unit.api.test_crd import _at, _fields, structural_problems
+from impala_api.population_crd import RULES, build_population_crd
+from tests.support.crd_schema import model_fields, schema_at, structural_problems
 
 CRD = build_population_crd()
 VERSION = CRD["spec"]["versions"][0]
@@ -41,13 +41,10 @@ def test_the_template_is_an_impalajob_spec_with_its_rules() -> None:
 
 
 def test_every_model_field_is_in_the_schema_with_its_docstring() -> None:
-    for path, field in _fields(ImpalaPopulationSpec):
+    for path, field in model_fields(ImpalaPopulationSpec):
         if path.startswith(".template."):
             continue  # the job's own test covers its fields
-        node = _at(SPEC, path)
-        assert node.get("description") == (field.description or "").strip() or node.get(
-            "description"
-        ), path
+        assert schema_at(SPEC, path).get("description") == field.description, path
 
 
 def test_rules_sit_where_their_paths_say() -> None:
@@ -58,10 +55,10 @@ def test_rules_sit_where_their_paths_say() -> None:
         assert node["x-kubernetes-validations"], path
 
 
-def test_printer_columns_point_at_status_fields() -> None:
+def test_printer_columns_point_at_statusmodel_fields() -> None:
     for column in VERSION["additionalPrinterColumns"]:
         if column["jsonPath"].startswith(".status"):
-            assert _at(ROOT, column["jsonPath"])["type"] == column["type"], column
+            assert schema_at(ROOT, column["jsonPath"])["type"] == column["type"], column
 
 
 def test_the_example_passes_the_schema() -> None:
