@@ -496,7 +496,7 @@ def build_crd() -> dict[str, Any]:
         "and aggregator pods.",
         required=["spec"],
     )
-    columns = [
+    columns: list[Column] = [
         ("Phase", "string", ".status.phase", 0),
         ("Learners", "string", ".status.learner.summary", 0),
         ("Rollouts", "string", ".status.rollouts.summary", 0),
@@ -509,21 +509,46 @@ def build_crd() -> dict[str, Any]:
         ("Eval", "number", ".status.progress.evaluationReturnMean", 1),
         ("Message", "string", ".status.message", 1),
     ]
+    subresources = {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.rollouts.replicas",
+            "statusReplicasPath": ".status.rollouts.replicas",
+            "labelSelectorPath": ".status.rollouts.selector",
+        },
+    }
+    kind_names = {"kind": KIND, "plural": PLURAL, "singular": SINGULAR, "shortNames": SHORT_NAMES}
+    return definition(kind_names, root, subresources, columns)
+
+
+Column = tuple[str, str, str, int]
+"""A printer column: name, type, JSON path, priority (0: always shown)."""
+
+
+def definition(
+    kind_names: dict[str, Any],
+    root: dict[str, Any],
+    subresources: dict[str, Any],
+    columns: list[Column],
+) -> dict[str, Any]:
+    """A CustomResourceDefinition of ours: `kind_names` (kind, plural, singular, shortNames),
+    the root schema, the subresources and the printer columns."""
+    kind, plural = kind_names["kind"], kind_names["plural"]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": CRD_NAME,
+            "name": f"{plural}.{API_GROUP}",
             "labels": {names.NAME: names.APP_NAME, names.PART_OF_KEY: names.PART_OF},
         },
         "spec": {
             "group": API_GROUP,
             "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": SHORT_NAMES,
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind_names["singular"],
+                "shortNames": kind_names["shortNames"],
                 "categories": CATEGORIES,
             },
             "scope": "Namespaced",
@@ -533,14 +558,7 @@ def build_crd() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "schema": {"openAPIV3Schema": root},
-                    "subresources": {
-                        "status": {},
-                        "scale": {
-                            "specReplicasPath": ".spec.rollouts.replicas",
-                            "statusReplicasPath": ".status.rollouts.replicas",
-                            "labelSelectorPath": ".status.rollouts.selector",
-                        },
-                    },
+                    "subresources": subresources,
                     "additionalPrinterColumns": [
                         {"name": n, "type": t, "jsonPath": p, **({"priority": pr} if pr else {})}
                         for n, t, p, pr in columns

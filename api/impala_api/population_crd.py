@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from impala_api import cel, crd, names
+from impala_api import cel, crd
 from impala_api.population.paths import LIVE_FIELDS, value_paths
 from impala_api.population.search import LOG_RANGE_POSITIVE, ONE_DISTRIBUTION, RANGE_ORDER
 from impala_api.population.spec import (
@@ -20,7 +20,7 @@ from impala_api.population.spec import (
     POPULATION_PLURAL,
     ImpalaPopulationSpec,
 )
-from impala_api.spec import API_GROUP, API_VERSION, ImpalaJobSpec, StopSpec
+from impala_api.spec import ImpalaJobSpec, StopSpec
 
 SHORT_NAMES = ["ipop"]
 PHASES = ["Pending", "Running", "Succeeded", "Failed"]
@@ -109,7 +109,7 @@ def build_population_crd() -> dict[str, Any]:
                     "type": "string", "maxLength": MAX_POPULATION_NAME_LENGTH,
                     "pattern": r"^[a-z]([-a-z0-9]*[a-z0-9])?$"}}},
                 "spec": spec_schema(), "status": status_schema()}}  # fmt: skip
-    columns = [
+    columns: list[crd.Column] = [
         ("Phase", "string", ".status.phase", 0),
         ("Members", "string", ".status.summary", 0),
         ("Best", "string", ".status.best", 0),
@@ -118,24 +118,6 @@ def build_population_crd() -> dict[str, Any]:
         ("Age", "date", ".metadata.creationTimestamp", 0),
         ("Message", "string", ".status.message", 1),
     ]
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{POPULATION_PLURAL}.{API_GROUP}",
-                     "labels": {names.NAME: names.APP_NAME, names.PART_OF_KEY: names.PART_OF}},
-        "spec": {
-            "group": API_GROUP,
-            "names": {"kind": POPULATION_KIND, "listKind": f"{POPULATION_KIND}List",
-                      "plural": POPULATION_PLURAL, "singular": POPULATION_KIND.lower(),
-                      "shortNames": SHORT_NAMES, "categories": crd.CATEGORIES},
-            "scope": "Namespaced",
-            "versions": [{
-                "name": API_VERSION, "served": True, "storage": True,
-                "schema": {"openAPIV3Schema": root},
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": [
-                    {"name": n, "type": t, "jsonPath": p, **({"priority": pr} if pr else {})}
-                    for n, t, p, pr in columns],
-            }],
-        },
-    }  # fmt: skip
+    kind_names = {"kind": POPULATION_KIND, "plural": POPULATION_PLURAL,
+                  "singular": POPULATION_KIND.lower(), "shortNames": SHORT_NAMES}  # fmt: skip
+    return crd.definition(kind_names, root, {"status": {}}, columns)
