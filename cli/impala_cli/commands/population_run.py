@@ -307,6 +307,25 @@ def _leaderboard(runs: list[MemberRun]) -> str:
     return "\n".join(lines)
 
 
+def population_table(summary: dict[str, Any]) -> str:
+    """`population.json` as `impalajob status` prints it: the leaderboard, best first, and the
+    exploits of the lineage."""
+    members = sorted(summary["members"], key=lambda m: -(m["fitness"] or float("-inf")))
+    lines = [f"ImpalaPopulation {summary['population']}: {len(members)} members, "
+             f"{summary['exploits']} exploits",
+             f"{'MEMBER':<24}{'FITNESS':>10}{'STEPS':>12}  {'PHASE':<10}{'PARENT':<24}VALUES"]
+    for m in members:
+        fit = "-" if m["fitness"] is None else f"{m['fitness']:.4g}"
+        lines.append(f"{m['name']:<24}{fit:>10}{m['envSteps']:>12,}  {m['phase']:<10}"
+                     f"{m['parent'] or '-':<24}{_values(m['values'] or m['drawn'])}")
+    exploits = [e for e in summary["lineage"] if e.get("parent")]
+    if exploits:
+        lines.append("exploits:")
+        lines += [f"  {e['member']} <- {e['parent']} at {e['timesteps']:,} env steps: "
+                  f"{e['reason']}; {_values(e['values'])}" for e in exploits]
+    return "\n".join(lines)  # fmt: skip
+
+
 def _write_summary(pop: ImpalaPopulation, root: Path, runs: list[MemberRun],
                    lineage: list[dict[str, Any]]) -> None:  # fmt: skip
     best = _best(runs)

@@ -1,6 +1,7 @@
 """`impalajob status TARGET`: a job's training status from its sidecar, as a table or JSON.
 
-TARGET is the sidecar's URL, or an ImpalaJob name: then the URL is the job's `status.statusURL`
+TARGET is the sidecar's URL, a local population's run directory (its leaderboard and lineage,
+from `population.json`), or an ImpalaJob name: then the URL is the job's `status.statusURL`
 (set by the operator), read with the Kubernetes client from the current (or --namespace)
 namespace, and the bearer token is the job's, from its auth Secret `<job>-auth` (unless
 --token-file or $IMPALA_STATUS_TOKEN gives one: never the token itself on argv, where `ps` shows
@@ -16,6 +17,7 @@ import os
 from pathlib import Path
 
 from impala_cli.commands import EXIT_FAILED, CommandError, add_cluster_arguments
+from impala_cli.commands.population_run import SUMMARY_FILE, population_table
 from impala_cli.commands.status_render import final_rows, print_rows, print_table
 from impala_cli.commands.status_transport import (
     FinishedJob,
@@ -29,7 +31,11 @@ from impala_trainer.sidecar.models import StatusResponse
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", help="sidecar URL (http://host:8080) or ImpalaJob name")
+    parser.add_argument(
+        "target",
+        help="sidecar URL (http://host:8080), ImpalaJob name, or a local population's run "
+        "directory (runs/<population>)",
+    )
     parser.add_argument("--json", action="store_true", help="print the raw /status JSON")
     parser.add_argument(
         "--token-file",
@@ -43,6 +49,11 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    local = Path(args.target) / SUMMARY_FILE
+    if local.is_file():  # a local population's run directory (`impalajob train -f population`)
+        summary = json.loads(local.read_text())
+        print(json.dumps(summary, indent=2) if args.json else population_table(summary))
+        return 0
     token = given_token(args.token_file)
     try:
         if is_url(args.target):

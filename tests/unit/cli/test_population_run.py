@@ -74,3 +74,24 @@ def test_readings_count_from_where_the_member_applied_its_exploit(tmp_path: Path
     _read(pop, loser)
     assert loser.figures.readings == [30.0] and loser.readings_from == 8000
     assert loser.figures.last_decision_timesteps == 8000 and loser.awaiting is None
+
+
+def test_status_of_a_local_population_prints_its_leaderboard_and_exploits(
+    tmp_path: Path, capsys: Any
+) -> None:
+    from impala_cli.commands.population_run import _write_summary
+    from impala_cli.main import main
+
+    pop = _population()
+    runs = _prepare(pop, tmp_path, resume=False, overwrite=False)
+    lineage: list[dict[str, Any]] = []
+    _record(tmp_path, lineage, _exploit(), runs)
+    runs[0].history, runs[1].history = [(5000, 90.0)], [(4000, 20.0)]
+    _write_summary(pop, tmp_path, runs, lineage)
+    capsys.readouterr()  # the exploit's own line
+    assert main(["status", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ImpalaPopulation pop: 2 members, 1 exploits")
+    rows = out.splitlines()
+    assert rows[2].startswith("pop-0") and rows[3].startswith("pop-1")  # best first
+    assert "pop-1 <- pop-0 at 4,000 env steps: test; lr=0.0012" in out
