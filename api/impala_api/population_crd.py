@@ -1,9 +1,11 @@
 """The ImpalaPopulation CustomResourceDefinition, generated from `population.spec`'s models as
 the ImpalaJob's is (`impala_api.crd`): the template is an ImpalaJob spec with every rule of
 one, and the population's own cross-field rules are restated as CEL where the API server can
-check them (the field paths a search and the mutations name, one distribution each, ranges in
-order). What CEL cannot see (a grid that does not divide the members, a drawn value a job would
-refuse) the operator refuses in the population's status, as `impalajob validate` does."""
+check them (the field paths a search and the mutations name, ranges and bounds in order). What
+CEL cannot see the model refuses (`impalajob validate`), and so will the operator: a grid that
+does not divide the members, a drawn value a job would refuse, and a parameter with two
+distributions (`grid` and `choice` hold any JSON, which CEL cannot type, so no rule can name
+them)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 
 from impala_api import cel, crd
 from impala_api.population.paths import LIVE_FIELDS, value_paths
-from impala_api.population.search import LOG_RANGE_POSITIVE, ONE_DISTRIBUTION, RANGE_ORDER
+from impala_api.population.search import LOG_RANGE_POSITIVE, RANGE_ORDER
 from impala_api.population.spec import (
     MAX_POPULATION_NAME_LENGTH,
     MUTATION_BOUNDS,
@@ -42,9 +44,6 @@ RULES: dict[tuple[str, ...], list[cel.Rule]] = {
         "spec.search.parameters: each key is a field path of spec.template that holds a value "
         "(training.lr, model.hidden, ...): `impalajob validate` names the fields")],
     ("search", "parameters", "{}"): [
-        {"rule": " + ".join(f"(has(self.{f}) ? 1 : 0)" for f in
-                            ("grid", "choice", "uniform", "logUniform", "integer")) + " == 1",
-         "message": ONE_DISTRIBUTION},
         _ordered("uniform"), _ordered("logUniform"), _ordered("integer"),
         {"rule": "!has(self.logUniform) || self.logUniform[0] > 0.0",
          "message": LOG_RANGE_POSITIVE},

@@ -240,8 +240,6 @@ _PBT = {"readyIntervalTimesteps": 1000, "mutations": {"training.lr": {}}}
     [
         ({"search": {"parameters": {"training.lrr": {"choice": [1e-3]}}}},
          "each key is a field path of spec.template"),
-        ({"search": {"parameters": {"training.lr": {"choice": [1e-3], "uniform": [0, 1]}}}},
-         "exactly one of grid, choice, uniform, logUniform, integer"),
         ({"search": {"parameters": {"training.lr": {"uniform": [0.2, 0.1]}}}},
          "with low < high"),
         ({"pbt": {**_PBT, "mutations": {"training.gamma": {}}}},
