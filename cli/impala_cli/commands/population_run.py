@@ -59,12 +59,9 @@ class MemberRun:
 
     @property
     def phase(self) -> str:
-        if self.process is None:
-            return "Pending" if self.exit_code is None else self._ended()
-        return "Running" if self.exit_code is None else self._ended()
-
-    def _ended(self) -> str:
-        return {0: "Succeeded", EXIT_STOPPED: "Stopped"}.get(self.exit_code or 0, "Failed")
+        if self.exit_code is None:
+            return "Pending" if self.process is None else "Running"
+        return {0: "Succeeded", EXIT_STOPPED: "Stopped"}.get(self.exit_code, "Failed")
 
 
 def run_population(pop: ImpalaPopulation, args: argparse.Namespace) -> int:
